@@ -1,0 +1,172 @@
+"""Keras callbacks of the training program: checkpoints, interruption, TensorBoard summaries.
+
+Only the chief writes checkpoints and summaries. Checkpoints go through
+`tf.train.CheckpointManager`, which writes a checkpoint's files completely before it updates the
+`checkpoint` index atomically, so the newest listed checkpoint is always whole.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+
+def all_finite(variables) -> bool:
+    """True when every variable is free of NaN and inf."""
+    return all(bool(tf.reduce_all(tf.math.is_finite(tf.cast(v, tf.float32)))) for v in variables)
+
+
+class CheckpointEvery(keras.callbacks.Callback):
+    """Saves `manager`'s checkpoint every `every` optimiser steps and when training ends.
+
+    A checkpoint is written only if every model weight is finite: a non-finite model stops the run
+    and the last good checkpoint stays the newest one.
+    """
+
+    def __init__(self, manager: tf.train.CheckpointManager, step_fn, every: int,
+                 writer: bool = True):
+        super().__init__()
+        self.manager, self.step_fn, self.every, self.writer = manager, step_fn, every, writer
+        self._last = None
+
+    def save(self) -> str | None:
+        step = self.step_fn()
+        if step == self._last or (self.manager.latest_checkpoint and
+                                  step == _checkpoint_step(self.manager.latest_checkpoint)):
+            return None
+        if not all_finite(self.model.weights):
+            logging.error("Non-finite weights at step %d: checkpoint NOT written; the newest "
+                          "checkpoint stays %s.", step, self.manager.latest_checkpoint)
+            self.model.stop_training = True
+            return None
+        path = self.manager.save(checkpoint_number=step)
+        self._last = step
+        if self.writer:
+            logging.info("Saved checkpoint %s (step %d).", path, step)
+        return path
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.step_fn() % self.every == 0:
+            self.save()
+
+    def on_train_end(self, logs=None):
+        self.save()
+
+
+def _checkpoint_step(path: str) -> int:
+    return int(path.rsplit("-", 1)[-1])
+
+
+class StopOnSignal(keras.callbacks.Callback):
+    """Turns SIGTERM/SIGINT into a clean stop at the end of the current step.
+
+    Training then ends normally, so `CheckpointEvery.on_train_end` writes a final checkpoint.
+    A second signal restores the default behaviour (an impatient Ctrl-C twice kills at once).
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.received = None
+        self._previous = {}
+
+    def _handler(self, signum, frame):
+        self.received = signal.Signals(signum).name
+        logging.warning("%s received: stopping after this step and writing a checkpoint.",
+                        self.received)
+        for sig, prev in self._previous.items():
+            signal.signal(sig, prev)
+
+    def on_train_begin(self, logs=None):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous[sig] = signal.signal(sig, self._handler)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.received:
+            self.model.stop_training = True
+
+    def on_train_end(self, logs=None):
+        for sig, prev in self._previous.items():
+            signal.signal(sig, prev)
+        self._previous = {}
+
+
+class StopOnSkippedStep(keras.callbacks.Callback):
+    """Logs every skipped (non-finite) step; with `stop=True`, ends training at the first one."""
+
+    def __init__(self, optimizer, step_fn, stop: bool):
+        super().__init__()
+        self.optimizer, self.step_fn, self.stop = optimizer, step_fn, stop
+        self._seen = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        counter = getattr(self.optimizer, "skipped_steps", None)
+        if counter is None:
+            return
+        skipped = int(counter.numpy())
+        if skipped > self._seen:
+            logging.error("Non-finite loss or gradient: %d step(s) skipped after step %d "
+                          "(total skipped: %d).", skipped - self._seen, self.step_fn(), skipped)
+            self._seen = skipped
+            if self.stop:
+                logging.error("--on_nonfinite=stop: ending training; no update was applied.")
+                self.model.stop_training = True
+
+
+class PretextSummaries(keras.callbacks.Callback):
+    """TensorBoard scalars every `every` steps and (x, t(x)) image pairs every `image_every` steps.
+
+    Scalars: `loss`, `geodesic_angle_deg`, `projection_residual` (Keras running means since the
+    start of the epoch), `learning_rate`, `pairs_per_sec`. Images `pairs`: x beside t(x), with the
+    true corner quadrilateral (green) and the predicted one (red) drawn on t(x).
+    """
+
+    SCALARS = ("loss", "geodesic_angle_deg", "projection_residual", "rotation_accuracy")
+
+    def __init__(self, log_dir: str, step_fn, lr_fn, every: int, image_every: int,
+                 global_batch: int, sample=None, draw_fn=None):
+        super().__init__()
+        self.writer = tf.summary.create_file_writer(log_dir)
+        self.step_fn, self.lr_fn = step_fn, lr_fn
+        self.every, self.image_every, self.global_batch = every, image_every, global_batch
+        self.sample, self.draw_fn = sample, draw_fn
+        self._t0 = self._s0 = None
+
+    def on_train_begin(self, logs=None):
+        self._t0, self._s0 = time.perf_counter(), self.step_fn()
+        if self.sample is not None and self._s0 == 0:
+            self._images(0)
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = self.step_fn()
+        if step % self.every == 0:
+            self._scalars(step, logs or {})
+        if self.sample is not None and self.image_every and step % self.image_every == 0:
+            self._images(step)
+
+    def on_train_end(self, logs=None):
+        self.writer.flush()
+
+    def _scalars(self, step: int, logs: dict) -> None:
+        now = time.perf_counter()
+        rate = (step - self._s0) * self.global_batch / max(now - self._t0, 1e-9)
+        self._t0, self._s0 = now, step
+        with self.writer.as_default(step=step):
+            for name in self.SCALARS:
+                if name in logs:
+                    tf.summary.scalar(name, float(logs[name]))
+            tf.summary.scalar("learning_rate", float(self.lr_fn(step)))
+            tf.summary.scalar("pairs_per_sec", rate)
+        self.writer.flush()
+
+    def _images(self, step: int) -> None:
+        (x, tx), params = self.sample
+        predicted = self.model.predict_on_batch((x, tx))
+        grid = self.draw_fn(x, tx, np.asarray(params), np.asarray(predicted))
+        with self.writer.as_default(step=step):
+            tf.summary.image("pairs", grid, max_outputs=len(grid))
+        self.writer.flush()

@@ -1,0 +1,275 @@
+"""Homographies of the AET pretext task: the model frame, the AETv1 sampler, warping.
+
+Frames and directions follow ``docs/conventions.md``:
+
+* the *model frame* is centred and normalised: the image is the square ``[-1, 1]^2`` whose corners
+  are the outer pixel edges; ``p_model = N @ p_pixel`` with ``N = normalization_matrix(H, W)``;
+* ``T`` maps points of the original image ``x`` to points of ``t(x)``; a pixel-frame warp with
+  ``H = N^{-1} T N`` (:func:`to_pixel_homography`) reproduces ``cv2.warpPerspective(x, H, (W, H))``.
+
+Rotations: ``k`` counts quarter turns COUNTER-CLOCKWISE on screen (y points down), so the exact
+model-frame rotation ``rotation_matrix(k) = [[c, s, 0], [-s, c, 0], [0, 0, 1]]`` with
+``c, s = cos(k pi/2), sin(k pi/2)`` warps an image to ``np.rot90(image, k)``. The sampler realises
+it as a cyclic shift of the corner list: corner ``i`` moves to the place of corner ``(i - k) mod 4``
+(corners listed top-left, top-right, bottom-right, bottom-left).
+
+Every function here is pure TensorFlow, batched, and usable inside ``tf.data``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from aetv2_tf.geometry import inverse_3x3, matrix_to_params
+
+#: AETv1's grey fill, ``(128, 128, 128)`` on uint8 images, as a float in ``[0, 1]``: 0.50196...
+AETV1_FILL = 128.0 / 255.0
+
+#: The image corners in the model frame, (4, 2) as (u, v): top-left, top-right, bottom-right,
+#: bottom-left (clockwise on screen, since v points down).
+CANONICAL_CORNERS = np.array([[-1.0, -1.0], [1.0, -1.0], [1.0, 1.0], [-1.0, 1.0]])
+
+_SHIFTS = ("integer", "continuous")
+
+
+def normalization_matrix(height: int, width: int, dtype: tf.DType = tf.float32) -> tf.Tensor:
+    """N (3, 3): pixel frame (centres at integers) -> model frame (edges at +-1)."""
+    return tf.constant(
+        [[2.0 / width, 0.0, -(width - 1.0) / width],
+         [0.0, 2.0 / height, -(height - 1.0) / height],
+         [0.0, 0.0, 1.0]],
+        dtype=dtype,
+    )
+
+
+def _denormalization_matrix(height: int, width: int, dtype: tf.DType) -> tf.Tensor:
+    """N^{-1} (3, 3): model frame -> pixel frame, written out exactly."""
+    return tf.constant(
+        [[width / 2.0, 0.0, (width - 1.0) / 2.0],
+         [0.0, height / 2.0, (height - 1.0) / 2.0],
+         [0.0, 0.0, 1.0]],
+        dtype=dtype,
+    )
+
+
+def _as_float_matrix(t) -> tf.Tensor:
+    t = tf.convert_to_tensor(t)
+    return t if t.dtype in (tf.float32, tf.float64) else tf.cast(t, tf.float32)
+
+
+def rotation_matrix(k, dtype: tf.DType = tf.float32) -> tf.Tensor:
+    """Exact model-frame rotations by ``k`` counter-clockwise quarter turns: (...,) -> (..., 3, 3).
+
+    ``warp(images, rotation_matrix(k))`` equals ``np.rot90(images, k, axes=(1, 2))`` for square
+    images (the pixel grid maps onto itself, so nearest and bilinear sampling are both exact).
+    """
+    k = tf.math.floormod(tf.cast(k, tf.int32), 4)
+    c = tf.gather(tf.constant([1.0, 0.0, -1.0, 0.0], dtype), k)
+    s = tf.gather(tf.constant([0.0, 1.0, 0.0, -1.0], dtype), k)
+    zero, one = tf.zeros_like(c), tf.ones_like(c)
+    rows = [[c, s, zero], [-s, c, zero], [zero, zero, one]]
+    return tf.stack([tf.stack(r, -1) for r in rows], axis=-2)
+
+
+def square_to_quad(quad) -> tf.Tensor:
+    """Homographies mapping the model-frame square onto quadrilaterals: (..., 4, 2) -> (..., 3, 3).
+
+    ``quad[..., i, :]`` is where ``CANONICAL_CORNERS[i]`` goes. Closed form (no linear solve):
+    the projective map of the unit square onto the quad, composed with ``[-1, 1]^2 -> [0, 1]^2``;
+    the result has ``T[..., 2, 2] == 1``. Computed in the dtype of ``quad`` (use float64 for
+    accuracy and cast afterwards).
+    """
+    quad = tf.convert_to_tensor(quad)
+    x0, x1, x2, x3 = tf.unstack(quad[..., 0], 4, axis=-1)
+    y0, y1, y2, y3 = tf.unstack(quad[..., 1], 4, axis=-1)
+    dx1, dx2, sx = x1 - x2, x3 - x2, x0 - x1 + x2 - x3
+    dy1, dy2, sy = y1 - y2, y3 - y2, y0 - y1 + y2 - y3
+    den = dx1 * dy2 - dx2 * dy1
+    g = (sx * dy2 - dx2 * sy) / den
+    h = (dx1 * sy - sx * dy1) / den
+    one = tf.ones_like(g)
+    unit = tf.stack(
+        [tf.stack([x1 - x0 + g * x1, x3 - x0 + h * x3, x0], -1),
+         tf.stack([y1 - y0 + g * y1, y3 - y0 + h * y3, y0], -1),
+         tf.stack([g, h, one], -1)],
+        axis=-2,
+    )
+    to_unit = tf.constant([[0.5, 0.0, 0.5], [0.0, 0.5, 0.5], [0.0, 0.0, 1.0]], quad.dtype)
+    t = unit @ to_unit
+    return t / t[..., 2:3, 2:3]
+
+
+def sample_homography_components(
+    batch_size,
+    height: int,
+    width: int,
+    seed,
+    shift: str = "integer",
+    scale_range: Sequence[float] = (0.8, 1.2),
+    shift_fraction: float = 0.125,
+) -> dict[str, tf.Tensor]:
+    """The AETv1 homography sampler, with its random components exposed.
+
+    Per sample: scale ``s ~ U(scale_range)`` of the corners about the centre, ``k ~ U{0..3}``
+    counter-clockwise quarter turns (cyclic shift of the corner list, see the module docstring),
+    and an independent shift of each of the 8 corner coordinates: ``shift="integer"`` draws whole
+    pixels in ``U{-m..m}`` with ``m = round(shift_fraction * side)`` (4 px for 32, 28 px for 224,
+    as AETv1), ``"continuous"`` draws ``U(-shift_fraction, shift_fraction) * side`` pixels.
+
+    Args:
+      batch_size: B, a Python int or a scalar int tensor.
+      height, width: image size in pixels (the side used for each coordinate's shift).
+      seed: a stateless seed, shape (2,) int32 or int64 (cast to int64); equal seeds give equal
+        samples.
+
+    Returns a dict of ``matrix`` (B, 3, 3) float32 ``T`` in the model frame with ``T[2, 2] = 1``,
+    ``rotation`` (B,) int32 ``k``, ``scale`` (B,) float32 ``s``, ``shift`` (B, 4, 2) float32 pixel
+    shifts (x, y) of the corners, and ``corners`` (B, 4, 2) float64 model-frame moved corners.
+    """
+    if shift not in _SHIFTS:
+        raise ValueError(f"shift must be one of {_SHIFTS}, got {shift!r}")
+    seed = tf.cast(tf.convert_to_tensor(seed), tf.int64)  # int32 and int64 seeds agree
+    seeds = tf.random.experimental.stateless_split(seed, 4)
+    batch_size = tf.convert_to_tensor(batch_size, tf.int32)
+    lo, hi = float(scale_range[0]), float(scale_range[1])
+    scale = tf.random.stateless_uniform([batch_size], seeds[0], lo, hi, tf.float32)
+    rotation = tf.random.stateless_uniform([batch_size], seeds[1], 0, 4, tf.int32)
+    per_axis = []
+    for axis_seed, side in ((seeds[2], width), (seeds[3], height)):
+        if shift == "integer":
+            m = int(round(shift_fraction * side))
+            d = tf.random.stateless_uniform([batch_size, 4], axis_seed, -m, m + 1, tf.int32)
+            d = tf.cast(d, tf.float32)
+        else:
+            m = shift_fraction * side
+            d = tf.random.stateless_uniform([batch_size, 4], axis_seed, -m, m, tf.float32)
+        per_axis.append(d)
+    pixel_shift = tf.stack(per_axis, axis=-1)
+
+    canonical = tf.constant(CANONICAL_CORNERS, tf.float64)
+    scaled = tf.cast(scale, tf.float64)[:, None, None] * canonical[None]
+    source_index = tf.math.floormod(tf.range(4)[None, :] - rotation[:, None], 4)
+    rotated = tf.gather(scaled, source_index, batch_dims=1)
+    to_model = tf.constant([2.0 / width, 2.0 / height], tf.float64)
+    moved = rotated + tf.cast(pixel_shift, tf.float64) * to_model
+    matrix = tf.cast(square_to_quad(moved), tf.float32)
+    return {"matrix": matrix, "rotation": rotation, "scale": scale, "shift": pixel_shift,
+            "corners": moved}
+
+
+def sample_homographies(
+    batch_size,
+    height: int,
+    width: int,
+    seed,
+    shift: str = "integer",
+    scale_range: Sequence[float] = (0.8, 1.2),
+    shift_fraction: float = 0.125,
+    return_rotation: bool = False,
+):
+    """AETv1 homographies ``T`` (B, 3, 3) float32 in the model frame, ``T[2, 2] = 1``.
+
+    See :func:`sample_homography_components` for the protocol. With ``return_rotation=True``
+    returns ``(T, k)`` where ``k`` (B,) int32 counts counter-clockwise quarter turns.
+    """
+    parts = sample_homography_components(
+        batch_size, height, width, seed, shift, scale_range, shift_fraction
+    )
+    if return_rotation:
+        return parts["matrix"], parts["rotation"]
+    return parts["matrix"]
+
+
+def to_pixel_homography(t, height: int, width: int) -> tf.Tensor:
+    """H = N^{-1} T N (..., 3, 3): the model-frame ``T`` acting on pixel coordinates.
+
+    ``cv2.warpPerspective(x, H, (W, H))`` (no ``WARP_INVERSE_MAP``) produces ``t(x)``. H is not
+    rescaled, so ``H[2, 2]`` need not be 1 (homogeneous; any scale is the same map).
+    """
+    t = _as_float_matrix(t)
+    n = normalization_matrix(height, width, t.dtype)
+    return _denormalization_matrix(height, width, t.dtype) @ t @ n
+
+
+def corners(t, height: int = 32, width: int | None = None) -> tf.Tensor:
+    """Where ``t`` moves the 4 image corners, in pixel coordinates: (..., 3, 3) -> (..., 4, 2).
+
+    The corners are the outer pixel edges ``(-0.5, -0.5), (W-0.5, -0.5), (W-0.5, H-0.5),
+    (-0.5, H-0.5)`` (top-left, top-right, bottom-right, bottom-left of the ORIGINAL image), given
+    as (x, y) pixel points of ``t(x)``: the quadrilateral outlining the warped image.
+    """
+    width = height if width is None else width
+    t = _as_float_matrix(t)
+    canonical = tf.constant(np.concatenate([CANONICAL_CORNERS, np.ones((4, 1))], 1), t.dtype)
+    moved = tf.linalg.matvec(t[..., None, :, :], canonical)  # (..., 4, 3) model frame
+    uv = moved[..., :2] / moved[..., 2:3]
+    scale = tf.constant([width / 2.0, height / 2.0], t.dtype)
+    offset = tf.constant([(width - 1.0) / 2.0, (height - 1.0) / 2.0], t.dtype)
+    return uv * scale + offset
+
+
+def warp(images, t, fill_value: float = 0.5, interpolation: str = "bilinear") -> tf.Tensor:
+    """t(x): warp a batch by model-frame homographies.
+
+    Args:
+      images: (B, H, W, C) float32 (or float64/uint8) images.
+      t: (B, 3, 3) model-frame ``T`` (original -> transformed, conventions.md).
+      fill_value: constant for points sampled outside the input (default exactly 0.5; AETv1's grey
+        is ``AETV1_FILL = 128/255``). Bilinear taps outside the image count as ``fill_value``,
+        like ``cv2.BORDER_CONSTANT``.
+      interpolation: ``"bilinear"`` or ``"nearest"``.
+
+    Returns (B, H, W, C) of the images' dtype: output pixel ``q`` samples the input at
+    ``H^{-1} q`` (``tf.raw_ops.ImageProjectiveTransformV3`` with the output -> input map).
+    """
+    images = tf.convert_to_tensor(images)
+    height, width = images.shape[1], images.shape[2]
+    if height is None or width is None:
+        raise ValueError("warp needs a static image height and width")
+    t = tf.cast(_as_float_matrix(t), tf.float64)
+    inverse = to_pixel_homography(inverse_3x3(t), height, width)
+    inverse = inverse / inverse[..., 2:3, 2:3]
+    transforms = tf.cast(tf.reshape(inverse, [-1, 9])[:, :8], tf.float32)
+    return tf.raw_ops.ImageProjectiveTransformV3(
+        images=images,
+        transforms=transforms,
+        output_shape=tf.constant([height, width], tf.int32),
+        fill_value=tf.constant(fill_value, tf.float32),
+        interpolation=interpolation.upper(),
+        fill_mode="CONSTANT",
+    )
+
+
+@functools.lru_cache(maxsize=32)
+def _statistics(height, width, shift, scale_range, shift_fraction, num_samples):
+    t = sample_homographies(
+        num_samples, height, width, tf.constant([1234, 5678], tf.int64), shift, scale_range,
+        shift_fraction,
+    )
+    p = tf.cast(matrix_to_params(tf.cast(t, tf.float64)), tf.float64).numpy()
+    return p.mean(axis=0).astype(np.float32), p.std(axis=0).astype(np.float32)
+
+
+def parameter_statistics(
+    height: int,
+    width: int,
+    shift: str = "integer",
+    scale_range: Sequence[float] = (0.8, 1.2),
+    shift_fraction: float = 0.125,
+    num_samples: int = 200_000,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Fixed mean and std (8,) float32 of the 8 parameters of :func:`sample_homographies`.
+
+    For the AETv1 loss: ``((p_hat - mean) / std - (p - mean) / std) ** 2``. Computed once from
+    ``num_samples`` homographies drawn with a fixed seed, then cached: the same numbers every call.
+    Call it eagerly (outside ``tf.function``) and feed the arrays to the loss as constants.
+    """
+    mean, std = _statistics(
+        int(height), int(width), shift, tuple(float(s) for s in scale_range),
+        float(shift_fraction), int(num_samples),
+    )
+    return mean.copy(), std.copy()

@@ -1,0 +1,342 @@
+"""tf.data pipelines: AET pretext pairs and classification batches, deterministic under a seed.
+
+Two image protocols:
+
+* fixed size (CIFAR-10, ``image_size`` equal to the images' size): whole batches are gathered,
+  then augmented in one op each (random crop with ``image_size // 8`` = 4 px zero padding and a
+  horizontal flip, as AETv1);
+* variable size (ImageNet/Places, ``image_size=224``): each image is resized so that its shorter
+  side is ``round(image_size * 256 / 224)`` = 256, then randomly cropped to 224 and flipped
+  (training) or centre-cropped (evaluation), before batching.
+
+Homographies are sampled and applied per batch (``map`` after ``batch``). All randomness is
+stateless, derived from ``(seed, batch index)`` or ``(seed, element index)``; shuffling uses a
+seeded ``shuffle``; parallel maps keep their order. So two pipelines built with the same seed yield
+identical batches (the seeded ``shuffle`` also depends on TensorFlow's global seed, if one is set:
+keep that equal too). Images are ``float32`` in ``[0, 1]`` until the final :func:`normalize`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from aetv2_tf.data.homographies import AETV1_FILL, sample_homographies, warp
+from aetv2_tf.geometry import matrix_to_params
+
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD = (0.2023, 0.1994, 0.2010)
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+AUTOTUNE = tf.data.AUTOTUNE
+_DATASET_SHUFFLE_BUFFER = 1024  # decoded variable-size images are large
+_SALT_SHUFFLE, _SALT_ELEMENT, _SALT_BATCH = 1, 2, 3
+
+
+def to_float(images) -> tf.Tensor:
+    """uint8 in [0, 255] -> float32 in [0, 1]; float images are cast to float32 unchanged."""
+    images = tf.convert_to_tensor(images)
+    if images.dtype == tf.uint8:
+        return tf.cast(images, tf.float32) / 255.0
+    return tf.cast(images, tf.float32)
+
+
+def normalize(images, mean: Sequence[float] = CIFAR10_MEAN,
+              std: Sequence[float] = CIFAR10_STD) -> tf.Tensor:
+    """``(x - mean) / std`` per channel, (..., 3) -> float32; uint8 is first divided by 255."""
+    x = to_float(images)
+    return (x - tf.constant(mean, tf.float32)) / tf.constant(std, tf.float32)
+
+
+def _seed_pair(seed) -> tf.Tensor:
+    """An int or an (int, int) pair -> a stateless seed (2,) int64."""
+    pair = (int(seed), 0) if np.ndim(seed) == 0 else tuple(int(s) for s in seed)
+    return tf.constant(pair, tf.int64)
+
+
+def _stream_seed(seed, salt: int) -> tf.Tensor:
+    return tf.random.experimental.stateless_fold_in(_seed_pair(seed), salt)
+
+
+def _shuffle_seed(seed) -> int:
+    a, b = (int(seed), 0) if np.ndim(seed) == 0 else tuple(int(s) for s in seed)
+    return (a * 1_000_003 + b * 7919 + 12345) % (2**31 - 1)
+
+
+def _options(ds: tf.data.Dataset) -> tf.data.Dataset:
+    options = tf.data.Options()
+    options.deterministic = True
+    return ds.with_options(options)
+
+
+# -------------------------------------------------------------------------------- augmentation
+def pad_crop_flip(images, seed, pad: int, flip: bool = True) -> tf.Tensor:
+    """Per-image random crop of the zero-padded batch, and a random horizontal flip.
+
+    images (B, H, W, C) float; seed a stateless seed (2,). Crop offsets are uniform in
+    ``{0..2 pad}`` (torchvision ``RandomCrop(H, padding=pad)``), flips have probability 1/2.
+    One gather per axis for the whole batch.
+    """
+    images = tf.convert_to_tensor(images)
+    height, width = images.shape[1], images.shape[2]
+    b = tf.shape(images)[0]
+    s_y, s_x, s_f = tf.unstack(tf.random.experimental.stateless_split(seed, 3))
+    oy = tf.random.stateless_uniform([b], s_y, 0, 2 * pad + 1, tf.int32)
+    ox = tf.random.stateless_uniform([b], s_x, 0, 2 * pad + 1, tf.int32)
+    cols = tf.range(width)[None, :]
+    if flip:
+        flipped = tf.random.stateless_uniform([b], s_f, 0, 2, tf.int32)[:, None] > 0
+        cols = tf.where(flipped, width - 1 - cols, cols)
+    padded = tf.pad(images, [[0, 0], [pad, pad], [pad, pad], [0, 0]])
+    out = tf.gather(padded, oy[:, None] + tf.range(height)[None, :], axis=1, batch_dims=1)
+    return tf.gather(out, ox[:, None] + cols, axis=2, batch_dims=1)
+
+
+def resize_shorter_side(image, size: int) -> tf.Tensor:
+    """(h, w, C) -> float32 [0, 1] image whose shorter side is ``size`` (bilinear, antialiased)."""
+    image = to_float(image)
+    hw = tf.cast(tf.shape(image)[:2], tf.float32)
+    new_hw = tf.cast(tf.floor(hw * (size / tf.reduce_min(hw))), tf.int32)
+    new_hw = tf.maximum(new_hw, size)
+    return tf.clip_by_value(tf.image.resize(image, new_hw, antialias=True), 0.0, 1.0)
+
+
+def resize_crop(image, seed, image_size: int, random: bool) -> tf.Tensor:
+    """ImageNet protocol for one image: resize shorter side to ``image_size * 256 / 224``, then a
+    random ``image_size`` crop and flip (``random``) or the centre crop; (S, S, 3) float32."""
+    resized = resize_shorter_side(image, int(round(image_size * 256 / 224)))
+    if random:
+        s_crop, s_flip = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+        crop = tf.image.stateless_random_crop(resized, [image_size, image_size, 3], s_crop)
+        crop = tf.image.stateless_random_flip_left_right(crop, s_flip)
+    else:
+        hw = tf.shape(resized)[:2]
+        top, left = (hw[0] - image_size) // 2, (hw[1] - image_size) // 2
+        crop = resized[top:top + image_size, left:left + image_size]
+    return tf.ensure_shape(crop, [image_size, image_size, 3])
+
+
+# --------------------------------------------------------------------------------- the sources
+def _epoch_batches(n: int, batch_size: int, seed, start_step: int) -> tf.data.Dataset:
+    """Global batch index i -> the (B,) example indices of batch i, from batch `start_step` on.
+
+    Epoch ``e = i // (n // B)`` visits a permutation seeded by ``(seed, e)``, so batch i is a pure
+    function of (seed, i): a run resumed at step i sees exactly the batches it would have seen.
+    """
+    per_epoch = n // batch_size
+    if per_epoch < 1:
+        raise ValueError(f"batch_size {batch_size} exceeds the {n} training images")
+    shuffle_seed = _stream_seed(seed, _SALT_SHUFFLE)
+
+    def indices(i):
+        epoch_seed = tf.random.experimental.stateless_fold_in(shuffle_seed, i // per_epoch)
+        order = tf.argsort(tf.random.stateless_uniform([n], epoch_seed))
+        j = (i % per_epoch) * batch_size
+        return order[j:j + batch_size]
+
+    return tf.data.Dataset.range(start_step, 2**62).map(indices, num_parallel_calls=AUTOTUNE)
+
+
+def _batches(images, labels, batch_size: int, seed, *, training: bool, augment: bool,
+             image_size: int, repeat: bool, drop_remainder: bool,
+             shuffle_buffer: int | None, start_step: int = 0) -> tf.data.Dataset:
+    """Enumerated batches ``(i, (float32 [0, 1] images (B, S, S, 3), labels (B,) int64))``.
+
+    ``training`` shuffles; ``augment`` crops and flips (variable-size images: random crop of the
+    resized image if ``augment``, else its centre crop). ``i`` is the global batch index, starting
+    at ``start_step``; in-memory training streams (``training`` and ``repeat``) are pure functions
+    of it (exact resume), streamed datasets are reshuffled with a seed that folds in start_step.
+    """
+    if isinstance(images, tf.data.Dataset):
+        if labels is not None:
+            raise ValueError("pass labels inside the dataset, not separately")
+        ds = images.map(_image_label, num_parallel_calls=AUTOTUNE)
+        if training:
+            ds = ds.shuffle(shuffle_buffer or _DATASET_SHUFFLE_BUFFER,
+                            seed=_shuffle_seed(seed) + start_step, reshuffle_each_iteration=True)
+        if repeat:
+            ds = ds.repeat()
+        fixed = list(ds.element_spec[0].shape) == [image_size, image_size, 3]
+        if not fixed:  # variable size: resize and crop each image, then batch
+            element_seed = _stream_seed(seed, _SALT_ELEMENT)
+
+            def per_element(i, element):
+                image, label = element
+                s = tf.random.experimental.stateless_fold_in(element_seed, i)
+                return resize_crop(image, s, image_size, augment), label
+
+            ds = ds.enumerate().map(per_element, num_parallel_calls=AUTOTUNE)
+            return ds.batch(batch_size, drop_remainder=drop_remainder).enumerate(start_step)
+        ds = ds.batch(batch_size, drop_remainder=drop_remainder)
+        ds = ds.map(lambda x, y: (to_float(x), y), num_parallel_calls=AUTOTUNE)
+    else:
+        images = np.asarray(images)
+        if images.ndim != 4 or images.shape[1:] != (image_size, image_size, 3):
+            raise ValueError(
+                f"images must be (N, {image_size}, {image_size}, 3), got {images.shape}; pass a "
+                f"tf.data.Dataset for images of other sizes"
+            )
+        n = len(images)
+        labels = np.zeros(n, np.int64) if labels is None else np.asarray(labels, np.int64)
+        if labels.shape != (n,):
+            raise ValueError(f"labels must be ({n},), got {labels.shape}")
+        images_t, labels_t = tf.constant(images), tf.constant(labels)
+        if training and repeat:
+            ds = _epoch_batches(n, batch_size, seed, start_step)
+        else:
+            ds = tf.data.Dataset.range(n)
+            if training:
+                ds = ds.shuffle(shuffle_buffer or n, seed=_shuffle_seed(seed),
+                                reshuffle_each_iteration=True)
+            if repeat:
+                ds = ds.repeat()
+            ds = ds.batch(batch_size, drop_remainder=drop_remainder)
+        ds = ds.map(lambda idx: (to_float(tf.gather(images_t, idx)), tf.gather(labels_t, idx)),
+                    num_parallel_calls=AUTOTUNE)
+    ds = ds.enumerate(start_step)
+    if augment:
+        aug_seed = _stream_seed(seed, _SALT_ELEMENT)
+
+        def augment_batch(i, batch):
+            x, y = batch
+            s = tf.random.experimental.stateless_fold_in(aug_seed, i)
+            return i, (pad_crop_flip(x, s, image_size // 8), y)
+
+        ds = ds.map(augment_batch, num_parallel_calls=AUTOTUNE)
+    return ds
+
+
+def _image_label(*element):
+    """A dataset element -> (image, label): (image, label) tuples, dicts or bare images."""
+    if len(element) == 1:
+        element = element[0]
+        if isinstance(element, dict):
+            return element["image"], tf.cast(element.get("label", tf.constant(0)), tf.int64)
+        return element, tf.constant(0, tf.int64)
+    return element[0], tf.cast(element[1], tf.int64)
+
+
+# ------------------------------------------------------------------------------- the pipelines
+def pretext_dataset(
+    images_or_dataset,
+    batch_size: int,
+    seed,
+    *,
+    training: bool = True,
+    augment: bool = True,
+    shift: str = "integer",
+    image_size: int = 32,
+    fill_value: float = AETV1_FILL,
+    repeat: bool = True,
+    drop_remainder: bool = True,
+    mean: Sequence[float] = CIFAR10_MEAN,
+    std: Sequence[float] = CIFAR10_STD,
+    shuffle_buffer: int | None = None,
+    with_rotation: bool = False,
+    start_step: int = 0,
+) -> tf.data.Dataset:
+    """AET training pairs: a dataset of ``((x, tx), params)``.
+
+    Args:
+      images_or_dataset: uint8 images (N, S, S, 3) as numpy, or a ``tf.data.Dataset`` of
+        (image, label) / images of any size (variable-size images use the ImageNet protocol).
+      batch_size: B. seed: an int (or a pair of ints); equal seeds give identical batches.
+      training: shuffle (seeded). augment: pre-augment x (crop + flip; ImageNet: random crop of the
+        resized image, else its centre crop).
+      shift: ``"integer"`` (AETv1) or ``"continuous"`` corner shifts (homographies.py).
+      fill_value: grey for pixels of t(x) that come from outside x, in [0, 1] before
+        normalisation (default AETv1's 128/255).
+      start_step: the first global batch index: a run resumed at step s passes s and continues
+        the stream of batches (order, crops, homographies) exactly where it stopped.
+
+    Yields ``x``, ``tx``: (B, S, S, 3) float32 normalised with (mean, std); ``params``: (B, 8)
+    float32, the 8 parameters (conventions.md) of the model-frame ``T`` with ``tx = t(x)``.
+    With ``with_rotation=True`` the target is ``(params, k)``, k (B,) int32 quarter turns.
+    """
+    ds = _batches(images_or_dataset, None, batch_size, seed, training=training, augment=augment,
+                  image_size=image_size, repeat=repeat, drop_remainder=drop_remainder,
+                  shuffle_buffer=shuffle_buffer, start_step=start_step)
+    batch_seed = _stream_seed(seed, _SALT_BATCH)
+
+    def make_pairs(i, batch):
+        x = batch[0]
+        s = tf.random.experimental.stateless_fold_in(batch_seed, i)
+        t, k = sample_homographies(tf.shape(x)[0], image_size, image_size, s, shift,
+                                   return_rotation=True)
+        tx = warp(x, t, fill_value=fill_value)
+        params = matrix_to_params(t)
+        pair = (normalize(x, mean, std), normalize(tx, mean, std))
+        return (pair, (params, k)) if with_rotation else (pair, params)
+
+    ds = ds.map(make_pairs, num_parallel_calls=AUTOTUNE)
+    return _options(ds.prefetch(AUTOTUNE))
+
+
+def classification_dataset(
+    images,
+    labels,
+    batch_size: int,
+    seed,
+    *,
+    training: bool,
+    augment: bool = True,
+    image_size: int = 32,
+    repeat: bool = False,
+    drop_remainder: bool = False,
+    mean: Sequence[float] = CIFAR10_MEAN,
+    std: Sequence[float] = CIFAR10_STD,
+    shuffle_buffer: int | None = None,
+) -> tf.data.Dataset:
+    """Batches ``(x, label)`` for the probes: x (B, S, S, 3) float32 normalised, label (B,) int64.
+
+    ``images``/``labels``: numpy (N, S, S, 3) uint8 and (N,) ints, or a ``tf.data.Dataset`` of
+    (image, label) with ``labels=None``. Training shuffles (seeded) and, if ``augment``, crops and
+    flips (ImageNet: resize 256, random crop 224, flip); evaluation keeps the order and does not
+    augment (ImageNet: resize 256, centre crop 224).
+    """
+    ds = _batches(images, labels, batch_size, seed, training=training,
+                  augment=training and augment,
+                  image_size=image_size, repeat=repeat, drop_remainder=drop_remainder,
+                  shuffle_buffer=shuffle_buffer)
+    ds = ds.map(lambda i, batch: (normalize(batch[0], mean, std), batch[1]),
+                num_parallel_calls=AUTOTUNE)
+    return _options(ds.prefetch(AUTOTUNE))
+
+
+def rotation_dataset(
+    images_or_dataset,
+    batch_size: int,
+    seed,
+    *,
+    augment: bool = True,
+    image_size: int = 32,
+    mean: Sequence[float] = CIFAR10_MEAN,
+    std: Sequence[float] = CIFAR10_STD,
+    start_step: int = 0,
+) -> tf.data.Dataset:
+    """RotNet pretext batches ``(x, k)``: each of ``batch_size // 4`` images in all 4 rotations.
+
+    x (batch_size, S, S, 3) float32 normalised; k (batch_size,) int32, the counter-clockwise
+    quarter turns (``np.rot90(image, k)``), as RotNet trains on all four rotations at once.
+    """
+    if batch_size % 4:
+        raise ValueError(f"the rotation pretext needs a batch size divisible by 4: {batch_size}")
+    ds = _batches(images_or_dataset, None, batch_size // 4, seed, training=True,
+                  augment=augment, image_size=image_size, repeat=True, drop_remainder=True,
+                  shuffle_buffer=None, start_step=start_step)
+
+    def rotations(i, batch):
+        x = normalize(batch[0], mean, std)
+        rotated = tf.concat([tf.image.rot90(x, k) for k in range(4)], axis=0)
+        labels = tf.repeat(tf.range(4, dtype=tf.int32), tf.shape(x)[0])
+        return rotated, labels
+
+    return _options(ds.map(rotations, num_parallel_calls=AUTOTUNE).prefetch(AUTOTUNE))
+
+
+def normalization_constants(dataset: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(mean, std) per channel of the images a model trained on `dataset` expects."""
+    return (CIFAR10_MEAN, CIFAR10_STD) if dataset == "cifar10" else (IMAGENET_MEAN, IMAGENET_STD)

@@ -1,0 +1,259 @@
+"""Where images come from: local CIFAR-10, tensorflow-datasets, folders of class folders.
+
+Nothing here downloads unless asked (``download=True``); offline, a missing dataset is a fast
+:class:`DataError` that says how to prepare it.
+
+* :func:`load_cifar10` reads the official python layout (``cifar-10-batches-py``) with a restricted
+  unpickler: only the numpy array reconstructors those files use are admitted, so a crafted file
+  raises a :class:`DataError` instead of running code.
+* :func:`load_tfds` wraps a prepared tensorflow-datasets directory.
+* :func:`load_image_folder` reads ``root/split/<class>/<image>`` (ImageNet/Places-style folders).
+* :func:`load_source` is the single entry point used by the programs.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import pickle
+
+import numpy as np
+import tensorflow as tf
+
+CIFAR10_DIRNAME = "cifar-10-batches-py"
+CIFAR10_FILES = {
+    "train": tuple(f"data_batch_{i}" for i in range(1, 6)),
+    "test": ("test_batch",),
+}
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
+_CIFAR10_HELP = (
+    "download cifar-10-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html and "
+    "extract it (tar xzf) so that DIR/cifar-10-batches-py/data_batch_1 exists, then pass DIR "
+    "or DIR/cifar-10-batches-py"
+)
+
+
+class DataError(ValueError):
+    """A dataset is missing, incomplete, corrupt or unsafe; the message says how to fix it."""
+
+
+# ------------------------------------------------------------------------------------ CIFAR-10
+def _numpy_reconstruct():
+    try:  # numpy >= 2
+        from numpy._core.multiarray import _reconstruct
+    except ImportError:  # numpy 1.x
+        from numpy.core.multiarray import _reconstruct
+    return _reconstruct
+
+
+_ALLOWED_GLOBALS = {
+    ("numpy.core.multiarray", "_reconstruct"): _numpy_reconstruct,
+    ("numpy._core.multiarray", "_reconstruct"): _numpy_reconstruct,
+    ("numpy", "ndarray"): lambda: np.ndarray,
+    ("numpy", "dtype"): lambda: np.dtype,
+}
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """Admits only numpy's array reconstruction globals; anything else is refused."""
+
+    def find_class(self, module: str, name: str):
+        factory = _ALLOWED_GLOBALS.get((module, name))
+        if factory is None:
+            raise pickle.UnpicklingError(
+                f"refused global {module}.{name}: a CIFAR-10 batch holds only numpy arrays"
+            )
+        return factory()
+
+
+def _unpickle(path: pathlib.Path) -> dict:
+    try:
+        with open(path, "rb") as f:
+            obj = _RestrictedUnpickler(f, encoding="bytes").load()
+    except pickle.UnpicklingError as e:
+        raise DataError(
+            f"{path}: not unpickled ({e}); this is not an official CIFAR-10 batch (corrupt, or "
+            f"crafted: nothing in it was executed); replace it: {_CIFAR10_HELP}"
+        ) from e
+    except (EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError,
+            MemoryError, OverflowError) as e:
+        raise DataError(
+            f"{path}: truncated or corrupt CIFAR-10 batch ({type(e).__name__}: {e}); "
+            f"delete it and extract it again: {_CIFAR10_HELP}"
+        ) from e
+    if not isinstance(obj, dict):
+        raise DataError(f"{path}: expected a dict, got {type(obj).__name__}; {_CIFAR10_HELP}")
+    return obj
+
+
+def _cifar10_root(data_dir) -> pathlib.Path:
+    """The ``cifar-10-batches-py`` directory given it or its parent; DataError if absent."""
+    if data_dir is None:
+        raise DataError(f"no CIFAR-10 directory given; {_CIFAR10_HELP}")
+    path = pathlib.Path(data_dir).expanduser()
+    if not path.is_dir():
+        raise DataError(f"CIFAR-10 directory {path} does not exist; {_CIFAR10_HELP}")
+    if (path / CIFAR10_DIRNAME).is_dir() and not (path / "data_batch_1").exists():
+        path = path / CIFAR10_DIRNAME
+    return path
+
+
+def is_cifar10_dir(data_dir) -> bool:
+    """True when ``data_dir`` (or its ``cifar-10-batches-py`` child) holds the python layout."""
+    if data_dir is None:
+        return False
+    path = pathlib.Path(data_dir).expanduser()
+    return any((p / "data_batch_1").is_file() or (p / "test_batch").is_file()
+               for p in (path, path / CIFAR10_DIRNAME))
+
+
+def load_cifar10(data_dir, split: str = "train") -> tuple[np.ndarray, np.ndarray]:
+    """CIFAR-10 from the official python layout, in the official order.
+
+    Args:
+      data_dir: the ``cifar-10-batches-py`` directory or its parent.
+      split: ``"train"`` (data_batch_1..5, 50000 images) or ``"test"`` (test_batch, 10000).
+
+    Returns ``(images, labels)``: images (N, 32, 32, 3) uint8 RGB (HWC), labels (N,) int64 in 0..9.
+    Raises DataError (naming the file and the fix) for a missing directory or file, a truncated,
+    corrupt or unsafe pickle, or arrays of the wrong shape.
+    """
+    if split not in CIFAR10_FILES:
+        raise DataError(f"CIFAR-10 split must be one of {sorted(CIFAR10_FILES)}, got {split!r}")
+    root = _cifar10_root(data_dir)
+    paths = [root / name for name in CIFAR10_FILES[split]]
+    missing = [p.name for p in paths if not p.is_file()]
+    if missing:
+        raise DataError(f"CIFAR-10 directory {root} lacks {', '.join(missing)}; {_CIFAR10_HELP}")
+    images, labels = [], []
+    for path in paths:
+        batch = _unpickle(path)
+        if b"data" not in batch or b"labels" not in batch:
+            raise DataError(f"{path}: no b'data'/b'labels' entries; {_CIFAR10_HELP}")
+        data = np.asarray(batch[b"data"])
+        label = np.asarray(batch[b"labels"])
+        if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
+            raise DataError(
+                f"{path}: data has shape {data.shape} dtype {data.dtype}, expected (N, 3072) "
+                f"uint8; {_CIFAR10_HELP}"
+            )
+        if label.shape != (data.shape[0],) or not np.issubdtype(label.dtype, np.integer):
+            raise DataError(
+                f"{path}: labels have shape {label.shape}, expected ({data.shape[0]},) integers; "
+                f"{_CIFAR10_HELP}"
+            )
+        if label.size and (label.min() < 0 or label.max() > 9):
+            raise DataError(f"{path}: labels outside 0..9; {_CIFAR10_HELP}")
+        images.append(data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
+        labels.append(label.astype(np.int64))
+    return np.ascontiguousarray(np.concatenate(images)), np.concatenate(labels)
+
+
+# ------------------------------------------------------------------------ tensorflow-datasets
+def load_tfds(name: str, split: str, data_dir=None, download: bool = False) -> tf.data.Dataset:
+    """A tensorflow-datasets split as a ``tf.data.Dataset`` of (image uint8 (H, W, 3), label int64).
+
+    With ``download=False`` (the default) the prepared data must already be in ``data_dir``
+    (default: ``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``); this is checked on disk before
+    anything that could reach the network, and a :class:`DataError` says how to prepare it.
+    ``download=True`` runs ``download_and_prepare`` (manual datasets such as ImageNet read their
+    archives from ``data_dir/downloads/manual``).
+    """
+    import tensorflow_datasets as tfds  # slow import, only when used
+
+    try:
+        builder = tfds.builder(name, data_dir=None if data_dir is None else os.fspath(data_dir),
+                               try_gcs=False)
+    except Exception as e:  # unknown name, bad config
+        raise DataError(f"tensorflow-datasets has no dataset {name!r}: {e}") from e
+    if not builder.is_prepared():
+        if not download:
+            raise DataError(
+                f"tensorflow-datasets {name!r} is not prepared in {builder.data_dir} and "
+                f"download=False; prepare it on a machine with internet access "
+                f"(`tfds build {name} --data_dir DIR`, or pass download=True; ImageNet/Places need "
+                f"their archives in DIR/downloads/manual) and pass data_dir=DIR"
+            )
+        builder.download_and_prepare()
+    return builder.as_dataset(split=split, as_supervised=True, shuffle_files=False)
+
+
+# ------------------------------------------------------------------------- folders of images
+def list_image_folder(root, split: str | None = None) -> tuple[list[str], np.ndarray, list[str]]:
+    """Files of ``root/split/<class>/*`` in sorted order: (paths, labels int64 (N,), class_names).
+
+    Class names are the sorted sub-directory names; label ``i`` is ``class_names[i]``. Files are
+    the images with extensions in ``IMAGE_EXTENSIONS`` (case-insensitive), sorted within a class.
+    """
+    base = pathlib.Path(root).expanduser()
+    folder = base / split if split else base
+    if not folder.is_dir():
+        raise DataError(
+            f"image folder {folder} does not exist; expected ROOT/{split or ''}/<class>/<image> "
+            f"with one sub-directory per class"
+        )
+    class_names = sorted(p.name for p in folder.iterdir() if p.is_dir())
+    if not class_names:
+        raise DataError(f"image folder {folder} has no class sub-directories")
+    paths, labels = [], []
+    for label, name in enumerate(class_names):
+        files = sorted(p for p in (folder / name).iterdir()
+                       if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
+        paths += [os.fspath(p) for p in files]
+        labels += [label] * len(files)
+    if not paths:
+        raise DataError(f"image folder {folder} has class folders but no images {IMAGE_EXTENSIONS}")
+    return paths, np.asarray(labels, np.int64), class_names
+
+
+def _decode_image(path: tf.Tensor, label: tf.Tensor):
+    image = tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
+    image = tf.ensure_shape(tf.cast(image, tf.uint8), [None, None, 3])
+    return image, label
+
+
+def load_image_folder(root, split: str | None = None) -> tf.data.Dataset:
+    """``root/split/<class>/<image>`` as a dataset of (image uint8 (h, w, 3), label int64).
+
+    Images keep their own size (decoded as RGB); classes are numbered in sorted name order (see
+    :func:`list_image_folder`); elements come in sorted (class, file name) order.
+    """
+    paths, labels, _ = list_image_folder(root, split)
+    ds = tf.data.Dataset.from_tensor_slices((paths, labels))
+    return ds.map(_decode_image, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+# ---------------------------------------------------------------------------- one entry point
+_TFDS_NAMES = {"imagenet2012": "imagenet2012", "imagenet": "imagenet2012",
+               "places365_small": "places365_small", "places365": "places365_small"}
+
+
+def load_source(dataset: str, data_dir=None, split: str = "train", download: bool = False):
+    """Load a dataset by name.
+
+    * ``"cifar10"``: the python layout if ``data_dir`` holds it, else tensorflow-datasets in
+      ``data_dir`` (a fast DataError offline); returns numpy ``(images (N, 32, 32, 3) uint8,
+      labels (N,) int64)`` either way.
+    * ``"imagenet2012"``, ``"places365_small"``: tensorflow-datasets (prepared from the manual
+      archives); returns a ``tf.data.Dataset`` of (image uint8 (h, w, 3), label int64).
+    * ``"folder"``: :func:`load_image_folder` ``(data_dir, split)``; a ``tf.data.Dataset`` likewise.
+    """
+    name = dataset.lower()
+    if name == "cifar10":
+        if is_cifar10_dir(data_dir):
+            return load_cifar10(data_dir, split)
+        ds = load_tfds("cifar10", split, data_dir, download)
+        images, labels = [], []
+        for image, label in ds.batch(10_000).as_numpy_iterator():
+            images.append(image)
+            labels.append(label)
+        return np.concatenate(images).astype(np.uint8), np.concatenate(labels).astype(np.int64)
+    if name in _TFDS_NAMES:
+        return load_tfds(_TFDS_NAMES[name], split, data_dir, download)
+    if name == "folder":
+        if data_dir is None:
+            raise DataError("dataset 'folder' needs data_dir=ROOT holding ROOT/<split>/<class>/")
+        return load_image_folder(data_dir, split)
+    raise DataError(
+        f"unknown dataset {dataset!r}; choose cifar10, imagenet2012, places365_small or folder"
+    )

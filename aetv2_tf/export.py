@@ -1,0 +1,109 @@
+"""SavedModel export of the encoder, for feature extraction without this package.
+
+    python -m aetv2_tf.export --model_dir=runs/quickstart [--output=DIR]
+
+The SavedModel's `serving_default` signature takes a batch of uint8 images (B, H, W, 3) (32x32 for
+NIN, 224x224 for AlexNet), normalises them inside, and returns a dict of float32 feature maps
+named `block1`..`block4` (NIN) or `conv1`..`conv5`, `fc6`, `fc7` (AlexNet):
+
+    import tensorflow as tf
+    encoder = tf.saved_model.load("runs/quickstart/export/encoder")
+    features = encoder.signatures["serving_default"](images=uint8_batch)   # dict of tensors
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+
+import keras
+import tensorflow as tf
+from absl import app, flags, logging
+
+from aetv2_tf.data.pipelines import normalization_constants
+from aetv2_tf.models import build_backbone
+
+FLAGS = flags.FLAGS
+
+
+def export_encoder(encoder: keras.Model, output: str, dataset: str) -> str:
+    """Writes `encoder` as a SavedModel at `output` with a uint8 -> named-features signature."""
+    height, width = encoder.input_shape[1:3]
+    mean, std = normalization_constants(dataset)
+    mean = tf.constant(mean, tf.float32)
+    std = tf.constant(std, tf.float32)
+
+    def serve(images):
+        x = (tf.cast(images, tf.float32) / 255.0 - mean) / std
+        features = encoder(x, training=False)
+        return {name: tf.cast(value, tf.float32) for name, value in features.items()}
+
+    archive = keras.export.ExportArchive()
+    archive.track(encoder)
+    archive.add_endpoint(
+        "serving_default", serve,
+        input_signature=[tf.TensorSpec([None, height, width, 3], tf.uint8, name="images")])
+    tmp = output.rstrip("/") + ".tmp"
+    archive.write_out(tmp, verbose=False)
+    if os.path.isdir(output):
+        shutil.rmtree(output)
+    os.replace(tmp, output)
+    return output
+
+
+def load_saved_flags(model_dir: str) -> dict:
+    """The flags.json that `aetv2_tf.train` wrote in `model_dir` (clear error when absent)."""
+    path = os.path.join(model_dir, "flags.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} not found: --model_dir must be a directory written by "
+                                "`python -m aetv2_tf.train`.")
+    with open(path) as f:
+        return json.load(f)
+
+
+def restore_encoder(model_dir: str) -> tuple[keras.Model, dict]:
+    """Rebuilds the pretext model of `model_dir` and restores its newest checkpoint's encoder."""
+    from aetv2_tf.models import build_aet_model, build_rotation_model
+
+    saved = load_saved_flags(model_dir)
+    size = 32 if saved["dataset"] == "cifar10" else 224
+    encoder = build_backbone(saved["backbone"], (size, size, 3), batch_norm=saved["batch_norm"])
+    if saved.get("stage") == "pretext" and saved.get("pretext") == "rotation":
+        model = build_rotation_model(encoder)
+    elif saved.get("stage") == "pretext":
+        model = build_aet_model(encoder)
+    else:
+        raise ValueError(f"{model_dir} holds a {saved.get('stage')!r} run, not a pretext run.")
+    latest = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
+    if latest is None:
+        raise FileNotFoundError(f"no checkpoint in {model_dir}/checkpoints: train first.")
+    tf.train.Checkpoint(model=model).read(latest).expect_partial()
+    logging.info("Restored the encoder from %s.", latest)
+    return encoder, saved
+
+
+def _define_flags() -> None:
+    # Defined only when run as a program: `aetv2_tf.train` imports this module and owns its flags.
+    flags.DEFINE_string("model_dir", None, "A pretraining --model_dir (its newest checkpoint).")
+    flags.DEFINE_string("output", None, "Where to write the SavedModel (default "
+                        "MODEL_DIR/export/encoder).")
+
+
+def main(argv) -> None:
+    del argv
+    if not FLAGS.model_dir:
+        sys.exit("error: --model_dir is required.")
+    try:
+        encoder, saved = restore_encoder(FLAGS.model_dir)
+    except (FileNotFoundError, ValueError) as e:
+        sys.exit(f"error: {e}")
+    output = FLAGS.output or os.path.join(FLAGS.model_dir, "export", "encoder")
+    export_encoder(encoder, output, saved["dataset"])
+    print(f"Exported the encoder to {output}")
+
+
+if __name__ == "__main__":
+    _define_flags()
+    app.run(main)

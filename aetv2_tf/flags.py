@@ -1,0 +1,154 @@
+"""Command-line flags of `python -m aetv2_tf.train` (absl), with their validation.
+
+Every flag is documented by `--helpfull`; a flagfile is just these flags, one per line
+(`configs/*.cfg`), and flags given after `--flagfile` on the command line override it.
+A wrong value stops the program before anything is written, with a message that names the flag
+and the fix.
+"""
+
+from __future__ import annotations
+
+from absl import flags
+
+# --- what to run -----------------------------------------------------------------------------
+flags.DEFINE_enum("stage", "pretext", ["pretext", "probe", "supervised"],
+                  "pretext: self-supervised pretraining; probe: evaluate a frozen encoder "
+                  "(KNN or a trained head); supervised: the fully supervised NIN baseline.")
+flags.DEFINE_enum("pretext", "aet", ["aet", "rotation"],
+                  "aet: regress the homography (AETv1/AETv2, see --loss); rotation: RotNet, "
+                  "predict which of the 4 rotations was applied.")
+flags.DEFINE_enum("loss", "geodesic", ["geodesic", "mse"],
+                  "geodesic: AETv2, Eq. (11) of the paper; mse: AETv1, MSE on the 8 parameters.")
+flags.DEFINE_float("projection_weight", 1.0,
+                   "lambda of Eq. (11): weight of the projection residual ||M - P||_F^2 (>= 0).")
+flags.DEFINE_bool("mse_normalize", True,
+                  "mse loss only: divide each parameter error by the parameter's fixed std under "
+                  "the sampler (the AETv1 normalisation).")
+
+# --- model -------------------------------------------------------------------------------------
+flags.DEFINE_enum("backbone", "nin", ["nin", "alexnet"], "Encoder: NIN (CIFAR) or AlexNet.")
+flags.DEFINE_enum("batch_norm", "fused", ["fused", "keras"],
+                  "fused: BatchNormalization through tf.nn.fused_batch_norm (faster on CPU and "
+                  "GPU); keras: keras.layers.BatchNormalization. Checkpoints are interchangeable.")
+
+# --- data --------------------------------------------------------------------------------------
+flags.DEFINE_enum("dataset", "cifar10", ["cifar10", "imagenet2012", "places365_small", "folder"],
+                  "Training data. cifar10 reads the official python layout from --data_dir if it "
+                  "is there, else tensorflow-datasets; folder reads class sub-folders.")
+flags.DEFINE_string("data_dir", None,
+                    "cifar10: the cifar-10-batches-py directory (or its parent); tfds datasets: "
+                    "the tensorflow-datasets data dir; folder: the root with train/ and val/.")
+flags.DEFINE_bool("download", False,
+                  "Let tensorflow-datasets download and prepare the data (needs the internet). "
+                  "Off: fail at once with instructions when the data is not prepared.")
+flags.DEFINE_integer("train_examples", 0,
+                     "Use only the first N training images (0: all). For smoke tests and budgets.")
+flags.DEFINE_enum("shift", "integer", ["integer", "continuous"],
+                  "Corner shifts of the homography sampler: integer pixels (AETv1) or continuous.")
+flags.DEFINE_bool("augment", True,
+                  "Pre-augment x before warping (CIFAR: 4-px padded random crop + flip).")
+
+# --- optimisation ------------------------------------------------------------------------------
+flags.DEFINE_string("model_dir", None, "Checkpoints, TensorBoard logs, flags and exports.")
+flags.DEFINE_bool("overwrite", False,
+                  "Start afresh in a --model_dir that holds a run with different essential flags "
+                  "(its checkpoints are deleted). Without it such a run is refused.")
+flags.DEFINE_integer("batch_size", 128, "Global batch size (pairs), split across replicas.")
+flags.DEFINE_integer("epochs", 0, "Training epochs over the training set (0: use --train_steps).")
+flags.DEFINE_integer("train_steps", 0, "Training steps (overrides --epochs when > 0).")
+flags.DEFINE_integer("steps_per_execution", 1,
+                     "Steps run inside one tf.function call (fewer Python round trips).")
+flags.DEFINE_enum("optimizer", "adam", ["adam", "sgd"], "adam (AETv2) or SGD Nesterov (AETv1).")
+flags.DEFINE_float("learning_rate", 1e-5, "Peak learning rate.")
+flags.DEFINE_enum("lr_schedule", "constant", ["constant", "aetv1", "cosine", "step"],
+                  "constant; aetv1: the AETv1 piecewise table scaled to the run length; cosine; "
+                  "step: x0.2 at 30%, 60%, 80% of the run (probe heads).")
+flags.DEFINE_integer("warmup_steps", 0, "Linear learning-rate warm-up steps.")
+flags.DEFINE_float("momentum", 0.9, "SGD momentum (Nesterov).")
+flags.DEFINE_float("adam_beta1", 0.9, "Adam beta_1.")
+flags.DEFINE_float("adam_beta2", 0.999, "Adam beta_2.")
+flags.DEFINE_float("weight_decay", 5e-4, "Weight decay on kernels (>= 0).")
+flags.DEFINE_enum("weight_decay_mode", "l2", ["l2", "decoupled"],
+                  "l2: add wd/2 ||w||^2 to the loss (PyTorch optimizer semantics, as the AETv1 "
+                  "code and the paper); decoupled: AdamW/SGDW-style decay in the optimizer.")
+flags.DEFINE_integer("seed", 0, "Seed of weights, data order, augmentation and homographies.")
+flags.DEFINE_bool("deterministic", False,
+                  "tf.config.experimental.enable_op_determinism(): bitwise repeatable runs.")
+flags.DEFINE_enum("mixed_precision", "auto", ["auto", "none", "mixed_float16", "mixed_bfloat16"],
+                  "auto: mixed_bfloat16 on CPUs with AMX and on TPUs, mixed_float16 on GPUs, "
+                  "none elsewhere. The loss and the SO(3) projection are always float32.")
+flags.DEFINE_enum("on_nonfinite", "skip", ["skip", "stop"],
+                  "A step with a non-finite loss or gradient: skip the update, or stop training. "
+                  "Either way no non-finite weights are ever checkpointed.")
+
+# --- distribution ------------------------------------------------------------------------------
+flags.DEFINE_enum("strategy", "auto",
+                  ["auto", "default", "one_device", "mirrored", "multi_worker_mirrored", "tpu"],
+                  "tf.distribute strategy (see aetv2_tf/distribute.py and BUILD.md).")
+flags.DEFINE_string("tpu", None, "TPU name or address for --strategy=tpu ('' or 'local' on a VM).")
+flags.DEFINE_integer("cpu_devices", 1,
+                     "Split the CPU into this many logical devices (mirrored on a CPU, for tests).")
+
+# --- bookkeeping -------------------------------------------------------------------------------
+flags.DEFINE_integer("checkpoint_every_steps", 1000, "Checkpoint interval in steps (> 0).")
+flags.DEFINE_integer("keep_checkpoints", 3, "How many recent checkpoints to keep.")
+flags.DEFINE_integer("summary_every_steps", 100, "TensorBoard scalar interval in steps (> 0).")
+flags.DEFINE_integer("image_summary_every_steps", 0,
+                     "TensorBoard image interval (0: 10x --summary_every_steps).")
+flags.DEFINE_bool("export", True, "Export the encoder as a SavedModel at the end of training.")
+flags.DEFINE_integer("verbose", 1, "Keras progress: 0 silent, 1 progress bar, 2 one line/epoch.")
+
+# --- probe stages ------------------------------------------------------------------------------
+flags.DEFINE_string("pretrained", None,
+                    "probe: a pretraining --model_dir, an exported SavedModel dir, or 'none' "
+                    "(random-init encoder).")
+flags.DEFINE_string("feature", None,
+                    "probe: the frozen feature (NIN: block1..block4, default block2; "
+                    "AlexNet: conv1..conv5, fc6, fc7).")
+flags.DEFINE_enum("probe", "knn", ["knn", "fc1", "fc2", "fc3", "conv", "linear", "nonlinear"],
+                  "probe: the classifier on the frozen feature.")
+flags.DEFINE_integer("knn_k", 10, "probe=knn: number of neighbours.")
+flags.DEFINE_enum("knn_metric", "cosine", ["cosine", "euclidean"],
+                  "probe=knn: similarity of average-pooled features (cosine is the usual "
+                  "self-supervised protocol).")
+flags.DEFINE_integer("val_examples", 5000,
+                     "probe: training examples held out for model selection (never the test set).")
+flags.DEFINE_integer("test_examples", 0, "probe: use only the first N test images (0: all).")
+
+FLAGS = flags.FLAGS
+
+# Flags that define what a model_dir contains: resuming with other values is refused.
+ESSENTIAL = ("stage", "pretext", "loss", "backbone", "dataset", "batch_norm", "shift",
+             "optimizer", "projection_weight", "batch_size", "seed", "probe", "feature")
+
+
+def _positive(name: str, allow_zero: bool = False) -> None:
+    bound = 0 if allow_zero else 1
+    kind = "non-negative" if allow_zero else "positive"
+    flags.register_validator(name, lambda v: v is None or v >= bound,
+                             message=f"--{name} must be >= {bound}; pass a {kind} integer.")
+
+
+for _name in ("batch_size", "steps_per_execution", "checkpoint_every_steps", "summary_every_steps",
+              "keep_checkpoints", "knn_k", "cpu_devices"):
+    _positive(_name)
+for _name in ("epochs", "train_steps", "train_examples", "image_summary_every_steps",
+              "val_examples", "test_examples", "warmup_steps"):
+    _positive(_name, allow_zero=True)
+flags.register_validator("projection_weight", lambda v: v >= 0,
+                         message="--projection_weight must be >= 0 (the paper uses 1).")
+flags.register_validator("weight_decay", lambda v: v >= 0, message="--weight_decay must be >= 0.")
+flags.register_validator("learning_rate", lambda v: v > 0, message="--learning_rate must be > 0.")
+flags.register_validator("model_dir", lambda v: bool(v),
+                         message="--model_dir is required: where checkpoints and logs go.")
+
+
+def run_flags() -> dict:
+    """The values of this module's flags, as a dict (written to results and compared on resume)."""
+    return {f.name: f.value for f in FLAGS.get_flags_for_module(__name__)}
+
+
+def flagfile_text() -> str:
+    """This run's flags as a reusable flagfile (`--flagfile=<model_dir>/flags.cfg`)."""
+    lines = (f.serialize() for f in FLAGS.get_flags_for_module(__name__) if f.value is not None)
+    return "".join(f"{line}\n" for line in lines if line)

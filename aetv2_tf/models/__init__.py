@@ -1,0 +1,45 @@
+"""Backbones (NIN, AlexNet), the AET/RotNet pretext models, probe heads and shared layers."""
+
+from aetv2_tf.models.aet import (
+    BACKBONES,
+    DEFAULT_FEATURES,
+    DEFAULT_INPUT_SHAPES,
+    PairConcat,
+    build_aet_model,
+    build_backbone,
+    build_rotation_model,
+    identity_params,
+)
+from aetv2_tf.models.alexnet import build_alexnet
+from aetv2_tf.models.heads import HEAD_KINDS, adaptive_pool_size, build_head
+from aetv2_tf.models.layers import (
+    BATCH_NORM_KINDS,
+    AdaptivePooling2D,
+    FusedBatchNormalization,
+    conv_bn_relu,
+    dense_bn_relu,
+    make_batch_norm,
+)
+from aetv2_tf.models.nin import build_nin
+
+__all__ = [
+    "BACKBONES",
+    "BATCH_NORM_KINDS",
+    "DEFAULT_FEATURES",
+    "DEFAULT_INPUT_SHAPES",
+    "HEAD_KINDS",
+    "AdaptivePooling2D",
+    "FusedBatchNormalization",
+    "PairConcat",
+    "adaptive_pool_size",
+    "build_aet_model",
+    "build_alexnet",
+    "build_backbone",
+    "build_head",
+    "build_nin",
+    "build_rotation_model",
+    "conv_bn_relu",
+    "dense_bn_relu",
+    "identity_params",
+    "make_batch_norm",
+]

@@ -1,0 +1,132 @@
+"""The AET pretext model (Siamese encoder + homography decoder) and the RotNet pretext model.
+
+AET: the same encoder E sees an image x and its warped copy t(x); the decoder regresses the 8
+parameters of t (docs/conventions.md) from the concatenated features [E(x), E(t(x))]:
+
+    x, t(x) --concat on batch--> E --feature--> GAP --split & concat--> Dense(8) --> T_hat params
+    (B,H,W,3) x 2  ->  (2B,H,W,3)  ->  (2B,h,w,C)  ->  (2B,C)  ->  (B,2C)  ->  (B,8) float32
+
+Choices:
+* Weight sharing: ONE encoder runs ONCE on the joint batch `concat([x, t(x)], axis=0)`; one
+  larger batch is faster on CPU than two calls. Batch norm therefore normalizes with the joint
+  statistics of the original and the transformed images (in training mode).
+* Decoder init: the bias is the identity `(1, 0, 0, 0, 1, 0, 0, 0)` and the kernel is small
+  (truncated normal, std `0.1 / sqrt(fan_in)`), so at step 0 `T_hat` is close to the identity, a
+  regular matrix: the geodesic loss needs `T^{-1} T_hat` well away from singular. A non-zero
+  kernel lets the gradient reach the encoder from the first step.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from aetv2_tf.models.alexnet import build_alexnet
+from aetv2_tf.models.nin import build_nin
+
+BACKBONES = ("nin", "alexnet")
+DEFAULT_INPUT_SHAPES = {"nin": (32, 32, 3), "alexnet": (224, 224, 3)}
+DEFAULT_FEATURES = {"nin": "block4", "alexnet": "fc7"}
+
+
+def identity_params(num_params: int = 8) -> np.ndarray:
+    """The first `num_params` row-major entries of the 3x3 identity: (1, 0, 0, 0, 1, 0, 0, 0)."""
+    if not 1 <= num_params <= 8:
+        raise ValueError(f"num_params must be in 1..8, got {num_params}")
+    return np.eye(3, dtype="float32").reshape(-1)[:num_params]
+
+
+@keras.saving.register_keras_serializable(package="aetv2_tf")
+class PairConcat(keras.layers.Layer):
+    """Joint-batch features `(2B, D)` -> per-pair features `(B, 2D)`.
+
+    Row `i` of the output is `concat([f[i], f[B + i]])`, i.e. `[E(x_i), E(t(x_i))]` when the
+    joint batch is `concat([x, t(x)], axis=0)`.
+    """
+
+    def call(self, inputs):
+        first, second = tf.split(inputs, 2, axis=0)
+        return tf.concat([first, second], axis=-1)
+
+    def compute_output_shape(self, input_shape):
+        batch = None if input_shape[0] is None else input_shape[0] // 2
+        return (batch, 2 * input_shape[-1])
+
+
+def _vector_feature(features, feature: str, pooled: bool):
+    """Pick `features[feature]`; reduce a map `(N, h, w, C)` to `(N, C)` (GAP) or flatten it."""
+    if feature not in features:
+        raise KeyError(f"encoder has no output {feature!r}; it has {sorted(features)}")
+    x = features[feature]
+    if len(x.shape) == 4:
+        layer = keras.layers.GlobalAveragePooling2D if pooled else keras.layers.Flatten
+        x = layer(name=f"{feature}_{'gap' if pooled else 'flatten'}")(x)
+    return x
+
+
+def build_aet_model(
+    encoder: keras.Model,
+    feature: str = "block4",
+    pooled: bool = True,
+    num_params: int = 8,
+    name: str = "aet",
+) -> keras.Model:
+    """The AET pretext model: inputs `[x, tx]`, each `(B, H, W, 3)`; output `(B, num_params)`.
+
+    Args:
+        encoder: a backbone from `build_nin`/`build_alexnet` (dict outputs), shared by x and tx.
+        feature: which encoder output feeds the decoder ("block4" for NIN, "fc7" for AlexNet).
+        pooled: global-average-pool a feature map (NIN: 192 + 192 inputs to the decoder);
+            if False the map is flattened. Vector features (fc7: 4096 + 4096) are used as they are.
+        num_params: number of regressed parameters (8 for a homography).
+        name: model name.
+
+    Returns:
+        A `keras.Model` mapping `[x, tx]` to float32 parameters; the decoder layer is "decoder"
+        and the pair features `(B, 2D)` are the output of the layer "pair_features".
+    """
+    input_shape = tuple(encoder.inputs[0].shape[1:])
+    x = keras.Input(shape=input_shape, name="x")
+    tx = keras.Input(shape=input_shape, name="tx")
+    joint = keras.layers.Concatenate(axis=0, name="joint_batch")([x, tx])
+    features = _vector_feature(encoder(joint), feature, pooled)
+    pair = PairConcat(name="pair_features")(features)
+    params = keras.layers.Dense(
+        num_params,
+        dtype="float32",
+        kernel_initializer=keras.initializers.VarianceScaling(0.01, "fan_in", "truncated_normal"),
+        bias_initializer=keras.initializers.Constant(identity_params(num_params)),
+        name="decoder",
+    )(pair)
+    return keras.Model([x, tx], params, name=name)
+
+
+def build_rotation_model(
+    encoder: keras.Model,
+    feature: str = "block4",
+    num_classes: int = 4,
+    name: str = "rotnet",
+) -> keras.Model:
+    """The RotNet pretext model: image `(B, H, W, 3)` -> rotation logits `(B, 4)` float32.
+
+    The feature map is global-average-pooled (vector features are used as they are).
+    """
+    inputs = keras.Input(shape=tuple(encoder.inputs[0].shape[1:]), name="image")
+    features = _vector_feature(encoder(inputs), feature, pooled=True)
+    logits = keras.layers.Dense(num_classes, dtype="float32", name="rotation_logits")(features)
+    return keras.Model(inputs, logits, name=name)
+
+
+def build_backbone(
+    name: str = "nin",
+    input_shape: tuple[int, int, int] | None = None,
+    batch_norm: str = "fused",
+) -> keras.Model:
+    """`build_nin` or `build_alexnet` by name, with the default input shape of each."""
+    if name not in BACKBONES:
+        raise ValueError(f"backbone must be one of {BACKBONES}, got {name!r}")
+    input_shape = tuple(input_shape or DEFAULT_INPUT_SHAPES[name])
+    if name == "nin":
+        return build_nin(input_shape, batch_norm=batch_norm)
+    return build_alexnet(input_shape, batch_norm=batch_norm)

@@ -1,0 +1,134 @@
+"""Optimisers, learning-rate schedules and weight decay for every stage.
+
+Schedules are functions of the optimiser's step counter only, so a resumed run continues exactly
+where the interrupted one was (the AETv1 code restarts its schedule on resume; this does not).
+"""
+
+from __future__ import annotations
+
+import math
+
+import keras
+from keras import ops
+
+# The AETv1 CIFAR table (1500 epochs): multiplier x1 until epoch 240, x0.2 to 480, x0.04 to 640,
+# x0.008 to 800, x0.0016 to 1000, then linear decay to ~1e-5 (x1e-4). Stored as fractions of the
+# run so that the same shape applies to any run length.
+AETV1_BOUNDARIES = (240 / 1500, 480 / 1500, 640 / 1500, 800 / 1500, 1000 / 1500)
+AETV1_MULTIPLIERS = (1.0, 0.2, 0.04, 0.008, 0.0016)
+AETV1_FINAL_MULTIPLIER = 1e-4
+
+
+@keras.saving.register_keras_serializable(package="aetv2_tf")
+class Schedule(keras.optimizers.schedules.LearningRateSchedule):
+    """Learning rate at a step: `constant`, `aetv1`, `cosine` or `step`, with linear warm-up.
+
+    `step` multiplies by 0.2 at 30%, 60% and 80% of `total_steps` (the probe-head schedules).
+    """
+
+    def __init__(self, kind: str, peak: float, total_steps: int, warmup_steps: int = 0):
+        if kind not in ("constant", "aetv1", "cosine", "step"):
+            raise ValueError(f"unknown --lr_schedule={kind!r}")
+        self.kind, self.peak = kind, float(peak)
+        self.total_steps, self.warmup_steps = max(int(total_steps), 1), int(warmup_steps)
+
+    def _multiplier(self, frac):
+        if self.kind == "constant":
+            return ops.ones_like(frac)
+        if self.kind == "cosine":
+            return 0.5 * (1.0 + ops.cos(math.pi * ops.minimum(frac, 1.0)))
+        if self.kind == "step":
+            bounds, mults = (0.3, 0.6, 0.8), (1.0, 0.2, 0.04, 0.008)
+        else:
+            bounds, mults = AETV1_BOUNDARIES, AETV1_MULTIPLIERS
+        m = ops.full_like(frac, mults[0])
+        for b, v in zip(bounds, mults[1:], strict=True):
+            m = ops.where(frac >= b, v, m)
+        if self.kind == "aetv1":  # linear decay over the last third of the run
+            start, end = AETV1_BOUNDARIES[-1], AETV1_MULTIPLIERS[-1]
+            t = ops.clip((frac - start) / (1.0 - start), 0.0, 1.0)
+            m = ops.where(frac >= start, end + t * (AETV1_FINAL_MULTIPLIER - end), m)
+        return m
+
+    def __call__(self, step):
+        step = ops.cast(step, "float32")
+        frac = step / float(self.total_steps)
+        lr = self.peak * self._multiplier(frac)
+        if self.warmup_steps > 0:
+            lr = lr * ops.minimum(1.0, (step + 1.0) / float(self.warmup_steps))
+        return lr
+
+    def get_config(self) -> dict:
+        return dict(kind=self.kind, peak=self.peak, total_steps=self.total_steps,
+                    warmup_steps=self.warmup_steps)
+
+
+@keras.saving.register_keras_serializable(package="aetv2_tf")
+class SkipNonFinite(keras.optimizers.LossScaleOptimizer):
+    """Applies a step only when every gradient is finite; otherwise skips it and counts it.
+
+    Built on Keras' `LossScaleOptimizer` (whose distributed finite-check is reused) with the loss
+    scale fixed at 1: nothing is rescaled, a non-finite step changes no weight, no optimiser slot
+    and not the step counter, and `skipped_steps` grows by one. Under `mixed_float16` use the real
+    dynamic `LossScaleOptimizer` instead, which skips non-finite steps the same way.
+    """
+
+    def __init__(self, inner_optimizer, **kwargs):
+        kwargs.pop("initial_scale", None)
+        kwargs.pop("dynamic_growth_steps", None)
+        super().__init__(inner_optimizer, initial_scale=1.0, dynamic_growth_steps=2**31 - 1,
+                         **kwargs)
+
+    def build(self, var_list):
+        self.skipped_steps = self.add_variable(
+            shape=(), dtype="int", initializer="zeros", aggregation="none",
+            name="skipped_steps")
+        super().build(var_list)
+
+    def scale_loss(self, loss):
+        return loss
+
+    def _stateful_handle_finite_grads(self, grads, trainable_variables):
+        self.inner_optimizer.apply(grads, trainable_variables=trainable_variables)
+
+    def _stateful_handle_non_finite_grads(self):
+        self.skipped_steps.assign_add(1)
+
+
+def build_optimizer(name: str, schedule, *, momentum: float = 0.9, beta_1: float = 0.9,
+                    beta_2: float = 0.999, weight_decay: float = 0.0,
+                    weight_decay_mode: str = "l2", mixed_float16: bool = False):
+    """The stage's optimiser: Adam or SGD Nesterov, wrapped to skip non-finite steps.
+
+    With `weight_decay_mode="l2"` the optimiser itself does no decay: call `add_l2_decay` on the
+    model instead (PyTorch's `weight_decay`, which the AETv1 code and the paper's settings mean).
+    """
+    decoupled = weight_decay if weight_decay_mode == "decoupled" and weight_decay > 0 else None
+    if name == "adam":
+        inner = keras.optimizers.Adam(schedule, beta_1=beta_1, beta_2=beta_2,
+                                      weight_decay=decoupled)
+    elif name == "sgd":
+        inner = keras.optimizers.SGD(schedule, momentum=momentum, nesterov=True,
+                                     weight_decay=decoupled)
+    else:
+        raise ValueError(f"unknown --optimizer={name!r}; use adam or sgd")
+    if mixed_float16:
+        return keras.optimizers.LossScaleOptimizer(inner)
+    return SkipNonFinite(inner)
+
+
+def add_l2_decay(model: keras.Model, weight_decay: float) -> int:
+    """Adds `weight_decay / 2 * ||w||^2` of every conv/dense kernel to `model.losses`.
+
+    Its gradient is `weight_decay * w`, PyTorch's coupled weight decay. Biases and BatchNorm
+    parameters are not decayed. Returns the number of decayed kernels.
+    """
+    if weight_decay <= 0:
+        return 0
+    count = 0
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        kernel = getattr(layer, "kernel", None)
+        if kernel is not None and getattr(kernel, "trainable", False):
+            kernel.regularizer = keras.regularizers.L2(weight_decay / 2.0)
+            count += 1
+    return count

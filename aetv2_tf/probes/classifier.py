@@ -1,0 +1,367 @@
+"""Classifier probes on a FROZEN encoder, selected on a held-out validation split.
+
+Protocol (REFERENCE.md, section 2, with the one deliberate change it asks for):
+
+* The encoder is frozen: ``trainable = False`` (no weight is updated, weight decay included) AND
+  it is called with ``training=False`` (BatchNorm uses and keeps its moving statistics); its
+  output additionally goes through ``tf.stop_gradient``. Only the head learns.
+* The head is trained on the training set minus a seeded validation split (`split_train_val`,
+  5,000 images for CIFAR-10), validated after every epoch; the weights of the epoch with the best
+  validation top-1 are restored at the end (the earliest such epoch on ties), and the TEST set is
+  evaluated exactly once, with those weights. The published AETv1/RotNet code selected the epoch
+  on test accuracy; this does not.
+* Optimiser (`probe_optimizer`, `step_lr_schedule`): SGD, momentum 0.9, Nesterov, lr 0.1, weight
+  decay 5e-4 added to the gradient (PyTorch's coupled ``weight_decay``, applied to every trainable
+  variable as in the AETv1 code), lr x0.2 at 30%, 60% and 80% of the epochs (60/120/160 of 200,
+  the AETv1/RotNet classifier schedule; boundaries scale with the epoch count).
+
+All accuracies returned are top-1 in PERCENT.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import keras
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import summary_pb2
+
+# --- optimiser and schedule -------------------------------------------------------------------
+
+
+class _CoupledL2:
+    """Mixin: adds ``l2 * w`` to the gradient of every decayed variable (PyTorch weight_decay).
+
+    Unlike Keras' ``weight_decay`` (decoupled: ``w -= lr * wd * w`` outside the momentum), the
+    decay term goes through momentum/Nesterov exactly as in ``torch.optim.SGD``. Variables can be
+    excluded with Keras' ``exclude_from_weight_decay``.
+    """
+
+    def __init__(self, *args, l2: float = 0.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.l2 = float(l2)
+
+    def update_step(self, gradient, variable, learning_rate):
+        if self.l2 > 0 and self._use_weight_decay(variable):
+            gradient = gradient + keras.ops.cast(self.l2, variable.dtype) * variable
+        return super().update_step(gradient, variable, learning_rate)
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "l2": self.l2}
+
+
+@keras.saving.register_keras_serializable(package="aetv2_tf")
+class CoupledL2SGD(_CoupledL2, keras.optimizers.SGD):
+    """``keras.optimizers.SGD`` with PyTorch-style (coupled) L2 weight decay ``l2``."""
+
+
+@keras.saving.register_keras_serializable(package="aetv2_tf")
+class CoupledL2Adam(_CoupledL2, keras.optimizers.Adam):
+    """``keras.optimizers.Adam`` with PyTorch-style (coupled) L2 weight decay ``l2``."""
+
+
+def probe_optimizer(
+    kind: str = "sgd",
+    learning_rate: float = 0.1,
+    momentum: float = 0.9,
+    nesterov: bool = True,
+    weight_decay: float = 5e-4,
+) -> keras.optimizers.Optimizer:
+    """The probe-head optimiser: by default SGD, momentum 0.9, Nesterov, lr 0.1, L2 5e-4.
+
+    ``kind="adam"`` gives Adam (betas 0.9, 0.999) with the same coupled L2. The learning rate is a
+    plain float so that `step_lr_schedule` can set it once per epoch.
+    """
+    if kind == "sgd":
+        return CoupledL2SGD(learning_rate, momentum=momentum, nesterov=nesterov, l2=weight_decay)
+    if kind == "adam":
+        return CoupledL2Adam(learning_rate, l2=weight_decay)
+    raise ValueError(f"unknown probe optimizer {kind!r}; use 'sgd' or 'adam'")
+
+
+def step_lr_schedule(
+    epochs: int,
+    base_lr: float = 0.1,
+    factor: float = 0.2,
+    milestones: Sequence[float] = (0.3, 0.6, 0.8),
+) -> Callable[[int], float]:
+    """Per-epoch step schedule ``epoch (0-based) -> lr``.
+
+    The lr is multiplied by ``factor`` at each boundary ``round(m * epochs)``; for 200 epochs the
+    boundaries are 60, 120, 160 (lr 0.1, 0.02, 0.004, 0.0008), for 100 epochs 30, 60, 80.
+    """
+    boundaries = [int(round(m * epochs)) for m in milestones]
+
+    def schedule(epoch: int, lr: float | None = None) -> float:
+        del lr  # keras.callbacks.LearningRateScheduler also passes the current lr
+        return float(base_lr * factor ** sum(epoch >= b for b in boundaries))
+
+    schedule.boundaries = boundaries  # type: ignore[attr-defined]
+    return schedule
+
+
+# --- the probe model --------------------------------------------------------------------------
+
+
+class FrozenEncoderProbe(keras.Model):
+    """``images (B, H, W, 3) -> encoder (frozen) -> features[feature] -> head -> logits (B, K)``.
+
+    ``encoder`` is a Keras model/layer (set to ``trainable=False`` here) or any callable feature
+    function; dict outputs (``build_nin``: ``{"block1".."block4"}``) are indexed by ``feature``.
+    """
+
+    def __init__(self, encoder: Callable, feature: str | None, head: Callable, **kwargs):
+        super().__init__(**kwargs)
+        if isinstance(encoder, keras.layers.Layer):
+            encoder.trainable = False
+        self.encoder = encoder
+        self.feature = feature
+        self.head = head
+
+    def features(self, images):
+        """The frozen feature map, e.g. ``(B, 8, 8, 192)`` for NIN block 2."""
+        outputs = self.encoder(images, training=False) if isinstance(
+            self.encoder, keras.layers.Layer) else self.encoder(images)
+        if isinstance(outputs, dict):
+            if self.feature is None:
+                raise ValueError(f"encoder returns {sorted(outputs)}; pass feature=")
+            outputs = outputs[self.feature]
+        return tf.stop_gradient(outputs)
+
+    def call(self, images, training=None):
+        return self.head(self.features(images), training=training)
+
+
+def build_probe_model(
+    feature_fn_or_encoder: Callable, feature: str | None, head: Callable
+) -> FrozenEncoderProbe:
+    """Wrap a frozen encoder (or feature function) and a head into one trainable-head model.
+
+    Args:
+      feature_fn_or_encoder: a Keras encoder (made non-trainable, called with training=False) or a
+        callable ``images -> feature map``.
+      feature: key of the encoder's dict output (``"block2"``, ``"conv4"``...), or None.
+      head: a Keras model/layer mapping the feature map to float32 logits ``(B, K)``.
+    """
+    return FrozenEncoderProbe(feature_fn_or_encoder, feature, head, name="probe")
+
+
+def build_probe(
+    encoder: Callable,
+    feature: str | None,
+    head_kind: str,
+    num_classes: int,
+    input_shape: Sequence[int] = (32, 32, 3),
+) -> FrozenEncoderProbe:
+    """`build_probe_model` with a head from ``aetv2_tf.models.heads.build_head(head_kind, ...)``.
+
+    The feature shape (without batch) is found by running the encoder on one zero image.
+    """
+    from aetv2_tf.models.heads import build_head
+
+    probe = build_probe_model(encoder, feature, keras.layers.Identity())
+    feature_shape = tuple(probe.features(tf.zeros((1, *input_shape))).shape[1:])
+    return build_probe_model(encoder, feature, build_head(head_kind, feature_shape, num_classes))
+
+
+# --- TensorBoard scalars without the tensorboard package ---------------------------------------
+
+_SCALAR_METADATA = summary_pb2.SummaryMetadata(
+    plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars")
+)
+
+
+def write_scalar(name: str, value: float, step: int) -> None:
+    """A TensorBoard scalar via the raw ``tf.summary.write`` (into the default writer).
+
+    ``tf.summary.scalar`` and ``keras.callbacks.TensorBoard`` need the ``tensorboard`` pip package
+    (TBNotInstalledError otherwise); this writes the same event (a float32 scalar tensor tagged
+    for the "scalars" plugin) with TensorFlow alone.
+    """
+    tf.summary.write(name, tf.constant(float(value), tf.float32), step=int(step),
+                     metadata=_SCALAR_METADATA)
+
+
+class EpochScalars(keras.callbacks.Callback):
+    """Per-epoch logs to ``log_dir/train`` and ``log_dir/validation`` (``val_`` prefix removed),
+    as ``epoch_<name>`` like Keras' TensorBoard callback, plus the learning rate."""
+
+    def __init__(self, log_dir: str):
+        super().__init__()
+        self.log_dir = log_dir
+        self._writers: dict[str, Any] = {}
+
+    def _writer(self, split: str):
+        if split not in self._writers:
+            self._writers[split] = tf.summary.create_file_writer(os.path.join(self.log_dir, split))
+        return self._writers[split]
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None):
+        logs = dict(logs or {})
+        logs.setdefault("learning_rate", float(keras.ops.convert_to_numpy(
+            self.model.optimizer.learning_rate)))
+        for split, items in (
+            ("train", {k: v for k, v in logs.items() if not k.startswith("val_")}),
+            ("validation", {k[4:]: v for k, v in logs.items() if k.startswith("val_")}),
+        ):
+            if items:
+                with self._writer(split).as_default():
+                    for name, value in items.items():
+                        write_scalar(f"epoch_{name}", value, epoch)
+
+    def on_train_end(self, logs: dict | None = None):
+        for writer in self._writers.values():
+            writer.flush()
+
+
+# --- training with validation-based selection --------------------------------------------------
+
+
+class BestValidationSnapshot(keras.callbacks.Callback):
+    """Keeps in memory the head weights of the epoch with the best ``val_top1``; restores them.
+
+    Ties keep the earliest epoch. Snapshots ``model.head.weights`` when the model has a ``head``
+    (the frozen encoder cannot change), otherwise all ``model.weights``. With ``model_dir`` the
+    whole model's best weights are also saved to ``model_dir/best.weights.h5``.
+    """
+
+    def __init__(self, monitor: str = "val_top1", model_dir: str | None = None):
+        super().__init__()
+        self.monitor, self.model_dir = monitor, model_dir
+        self.best_value, self.best_epoch, self._weights = -np.inf, None, None
+        self.history: list[float] = []
+
+    def _variables(self):
+        head = getattr(self.model, "head", None)
+        return head.weights if isinstance(head, keras.layers.Layer) else self.model.weights
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None):
+        if logs is None or self.monitor not in logs:
+            raise KeyError(f"{self.monitor!r} not in the epoch logs; is validation data given?")
+        value = float(logs[self.monitor])
+        self.history.append(value)
+        if value > self.best_value:
+            self.best_value, self.best_epoch = value, epoch + 1
+            self._weights = [np.array(v.numpy(), copy=True) for v in self._variables()]
+            if self.model_dir:
+                self.model.save_weights(os.path.join(self.model_dir, "best.weights.h5"))
+
+    def restore(self) -> None:
+        if self._weights is None:
+            raise RuntimeError("no epoch finished: nothing to restore")
+        for variable, value in zip(self._variables(), self._weights, strict=True):
+            variable.assign(value)
+
+
+def train_probe(
+    model: keras.Model,
+    train_ds: tf.data.Dataset,
+    val_ds: tf.data.Dataset,
+    test_ds: tf.data.Dataset,
+    *,
+    epochs: int,
+    optimizer: keras.optimizers.Optimizer | None = None,
+    lr_schedule: Callable[[int], float] | str | None = "step",
+    model_dir: str | None = None,
+    log_dir: str | None = None,
+    callbacks: Sequence[keras.callbacks.Callback] = (),
+    verbose: int = 0,
+) -> dict[str, Any]:
+    """Train the head, select the epoch on ``val_ds``, evaluate ``test_ds`` once.
+
+    Args:
+      model: e.g. `build_probe_model(...)`, images -> logits ``(B, K)``; compiled here with sparse
+        softmax cross-entropy and a ``top1`` accuracy metric.
+      train_ds, val_ds, test_ds: batched ``(images, int labels)`` datasets; train_ds is iterated
+        once per epoch (shuffle/augment it inside the pipeline), val_ds once per epoch, test_ds
+        exactly once at the end.
+      epochs: training epochs.
+      optimizer: default `probe_optimizer()`.
+      lr_schedule: ``"step"`` (`step_lr_schedule(epochs, base_lr=<optimizer lr>)`), a callable
+        ``epoch (0-based) -> lr``, or None to leave the optimiser's learning rate alone.
+      model_dir: if given, ``best.weights.h5`` (best epoch so far) is saved there.
+      log_dir: if given, TensorBoard scalars per epoch go to ``train/`` and ``validation/``
+        (`EpochScalars`) and the final test top-1 to ``test/`` (at step = selected epoch).
+
+    Returns:
+      ``dict(selected_epoch (1-based), val_top1, test_top1, test_error, epochs_run, wall_time_s,
+      val_top1_history)``; accuracies and error in percent.
+    """
+    start = time.perf_counter()
+    optimizer = optimizer if optimizer is not None else probe_optimizer()
+    model.compile(
+        optimizer=optimizer,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=[keras.metrics.SparseCategoricalAccuracy(name="top1")],
+    )
+    snapshot = BestValidationSnapshot("val_top1", model_dir)
+    all_callbacks: list[keras.callbacks.Callback] = [snapshot, *callbacks]
+    if lr_schedule == "step":
+        base_lr = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+        lr_schedule = step_lr_schedule(epochs, base_lr=base_lr)
+    if lr_schedule is not None:
+        all_callbacks.append(keras.callbacks.LearningRateScheduler(lr_schedule))
+    if log_dir:
+        all_callbacks.append(EpochScalars(log_dir))
+    if model_dir:
+        os.makedirs(model_dir, exist_ok=True)
+
+    history = model.fit(
+        train_ds, validation_data=val_ds, epochs=epochs, callbacks=all_callbacks, verbose=verbose,
+        shuffle=False,  # datasets shuffle themselves; Keras would only warn
+    )
+    snapshot.restore()
+    test = model.evaluate(test_ds, return_dict=True, verbose=verbose)
+    test_top1 = 100.0 * float(test["top1"])
+    if log_dir:
+        writer = tf.summary.create_file_writer(os.path.join(log_dir, "test"))
+        with writer.as_default():
+            write_scalar("top1", test_top1, step=snapshot.best_epoch)
+        writer.flush()
+    return dict(
+        selected_epoch=snapshot.best_epoch,
+        val_top1=100.0 * snapshot.best_value,
+        test_top1=test_top1,
+        test_error=100.0 - test_top1,
+        epochs_run=len(history.history.get("loss", [])),
+        wall_time_s=time.perf_counter() - start,
+        val_top1_history=[100.0 * v for v in snapshot.history],
+    )
+
+
+# --- train/validation split ---------------------------------------------------------------------
+
+
+class Split(NamedTuple):
+    """A disjoint split of a training set; indices index the original arrays (ascending)."""
+
+    train_images: np.ndarray
+    train_labels: np.ndarray
+    val_images: np.ndarray
+    val_labels: np.ndarray
+    train_indices: np.ndarray
+    val_indices: np.ndarray
+
+
+def split_train_val(images, labels, val_examples: int = 5000, seed: int = 0) -> Split:
+    """Hold out ``val_examples`` random training examples for model selection.
+
+    The held-out indices are the first ``val_examples`` of ``np.random.default_rng(seed)``'s
+    permutation of ``range(N)``; both parts keep the original order. ``images (N, ...)``,
+    ``labels (N,)``.
+    """
+    images, labels = np.asarray(images), np.asarray(labels)
+    n = len(images)
+    if len(labels) != n:
+        raise ValueError(f"{len(labels)} labels for {n} images")
+    if not 0 < val_examples < n:
+        raise ValueError(f"val_examples={val_examples} must be in [1, {n - 1}]")
+    permutation = np.random.default_rng(seed).permutation(n)
+    val_idx = np.sort(permutation[:val_examples])
+    train_idx = np.sort(permutation[val_examples:])
+    return Split(images[train_idx], labels[train_idx], images[val_idx], labels[val_idx],
+                 train_idx, val_idx)

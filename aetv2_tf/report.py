@@ -1,0 +1,278 @@
+"""Gather ``results.json`` files into markdown tables laid out like the paper's, beside its numbers.
+
+Usage::
+
+    python -m aetv2_tf.report runs/ other/results.json [--output=report.md]
+
+Every argument is a ``results.json`` file or a directory searched recursively for them (see
+`aetv2_tf.probes.results` for the keys). The report holds
+
+* CIFAR-10, the paper's Table 2: test ERROR (%) of KNN / 1-FC / 2-FC / 3-FC / conv classifiers on
+  frozen NIN block-2 features, one "ours" row per method next to the "paper" row;
+* ImageNet and Places linear probes (and ImageNet nonlinear heads): top-1 (%) on AlexNet
+  conv1..conv5, when such results exist;
+* a table of every run (all probes and features, validation accuracy, selected epoch, sizes).
+
+Methods (rows) come from the results' ``method`` key, else from the ``pretrained`` path (see
+`method_of`). Several runs of one cell are averaged and shown as ``mean ± std (n=...)``. A ``*``
+marks cells with a run on fewer test images than the full test set. Exits non-zero with a message
+when an argument is missing, a file is invalid, or nothing is found.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import sys
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from aetv2_tf.probes.results import RESULTS_FILENAME, ResultsError, read_results
+
+# The paper's numbers, in one place (REFERENCE.md, section 1). "metric" is the results key shown:
+# test_error (%, lower is better) for CIFAR-10, test_top1 (%, higher is better) elsewhere.
+PAPER_TABLES: dict[str, dict[str, Any]] = {
+    "cifar10": dict(
+        title="CIFAR-10 (paper Table 2): test error (%) of classifiers on frozen NIN block-2 "
+              "features, lower is better",
+        dataset="cifar10", probes=("knn", "fc1", "fc2", "fc3", "conv"), feature="block2",
+        columns=("KNN", "1-FC", "2-FC", "3-FC", "conv"), metric="test_error", digits=2,
+        rows={
+            "AETv1": (22.39, 16.65, 9.41, 9.92, 7.82),
+            "AETv2": (21.26, 15.03, 9.09, 9.55, 7.44),
+            "supervised": (None, None, None, None, 7.20),
+            "random": (None, None, None, None, 27.50),
+        },
+    ),
+    "imagenet_linear": dict(
+        title="ImageNet: top-1 (%) of linear probes on frozen AlexNet features, higher is better",
+        dataset="imagenet", probes=("linear",), feature=("conv1", "conv2", "conv3", "conv4",
+                                                        "conv5"),
+        columns=("conv1", "conv2", "conv3", "conv4", "conv5"), metric="test_top1", digits=1,
+        rows={"AETv2": (19.6, 34.1, 41.9, 40.4, 37.9)},
+    ),
+    "imagenet_nonlinear": dict(
+        title="ImageNet: top-1 (%) of nonlinear heads on frozen AlexNet features, higher is "
+              "better",
+        dataset="imagenet", probes=("nonlinear",), feature=("conv4", "conv5"),
+        columns=("conv4", "conv5"), metric="test_top1", digits=1,
+        rows={"AETv2": (54.3, 47.5)},
+    ),
+    "places_linear": dict(
+        title="Places: top-1 (%) of linear probes on frozen ImageNet-pretrained AlexNet "
+              "features, higher is better (paper: Places205)",
+        dataset="places", probes=("linear",), feature=("conv1", "conv2", "conv3", "conv4",
+                                                      "conv5"),
+        columns=("conv1", "conv2", "conv3", "conv4", "conv5"), metric="test_top1", digits=1,
+        rows={"AETv2": (22.8, 33.2, 38.1, 36.8, 35.3)},
+    ),
+}
+
+ROW_LABELS = {
+    "supervised": "supervised NIN (lower bound)",
+    "random": "random init (upper bound)",
+}
+CANONICAL_METHODS = {"aetv1": "AETv1", "aetv2": "AETv2", "rotnet": "RotNet",
+                     "supervised": "supervised", "random": "random"}
+FULL_TEST_SIZE = {"cifar10": 10000, "imagenet": 50000}
+MISSING = "-"
+
+
+class ReportError(ValueError):
+    """Nothing to report, or an argument that is not a results file or directory."""
+
+
+# --- gathering ---------------------------------------------------------------------------------
+
+
+def find_results(paths: Sequence[str]) -> list[str]:
+    """``results.json`` files named by ``paths`` (files as given, directories recursively)."""
+    if not paths:
+        raise ReportError("give at least one results.json or directory")
+    found: list[str] = []
+    for path in paths:
+        if os.path.isfile(path):
+            found.append(path)
+        elif os.path.isdir(path):
+            for root, dirs, files in os.walk(path):
+                dirs.sort()
+                if RESULTS_FILENAME in files:
+                    found.append(os.path.join(root, RESULTS_FILENAME))
+        else:
+            raise ReportError(f"{path}: no such file or directory")
+    if not found:
+        raise ReportError(f"no {RESULTS_FILENAME} found under: {', '.join(paths)}")
+    return list(dict.fromkeys(found))
+
+
+def load_all(paths: Sequence[str]) -> list[dict[str, Any]]:
+    """Validated results of every file found, each with its ``_path``."""
+    return [{**read_results(path), "_path": path} for path in find_results(paths)]
+
+
+def dataset_key(name: Any) -> str:
+    """Family: ``CIFAR-10`` -> cifar10, ``imagenet2012`` -> imagenet, ``places*`` -> places."""
+    key = re.sub(r"[^a-z0-9]", "", str(name).lower())
+    for prefix in ("cifar10", "imagenet", "places"):
+        if key.startswith(prefix) and not (prefix == "cifar10" and key.startswith("cifar100")):
+            return prefix
+    return key
+
+
+def method_of(result: dict[str, Any]) -> str:
+    """The row label: ``method`` if given, else derived from ``pretrained``.
+
+    ``pretrained`` of None/""/"none"/"random" -> ``random``; a path mentioning ``supervised``,
+    ``aetv1``, ``aetv2`` or ``rotnet`` (case-insensitive) -> that method; else the path's last
+    component. Known names are canonicalised (``aetv2`` -> ``AETv2``).
+    """
+    method = result.get("method")
+    if not method:
+        pretrained = result.get("pretrained")
+        text = "" if pretrained is None else str(pretrained).strip()
+        if text.lower() in ("", "none", "random", "random_init"):
+            method = "random"
+        else:
+            lowered = text.lower()
+            method = next((name for name in ("supervised", "aetv1", "aetv2", "rotnet")
+                           if name in lowered), None)
+            method = method or os.path.basename(os.path.normpath(text))
+    return CANONICAL_METHODS.get(str(method).lower(), str(method))
+
+
+# --- rendering ---------------------------------------------------------------------------------
+
+
+def _fmt(values: list[float], digits: int, partial: bool) -> str:
+    if not values:
+        return MISSING
+    text = f"{statistics.fmean(values):.{digits}f}"
+    if len(values) > 1:
+        text += f" ± {statistics.stdev(values):.{digits}f} (n={len(values)})"
+    return text + ("*" if partial else "")
+
+
+def _markdown(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def _cells(spec: dict[str, Any], results: list[dict[str, Any]]):
+    """{method: [(values, partial) per column]} for the results that belong to ``spec``."""
+    features = spec["feature"] if isinstance(spec["feature"], tuple) else None
+    cells: dict[str, list[tuple[list[float], bool]]] = {}
+    full = FULL_TEST_SIZE.get(spec["dataset"])
+    for result in results:
+        if dataset_key(result["dataset"]) != spec["dataset"] or result["probe"] not in spec[
+                "probes"]:
+            continue
+        if features is None:  # columns are probes, one feature
+            if result["feature"] != spec["feature"]:
+                continue
+            column = spec["probes"].index(result["probe"])
+        elif result["feature"] in features:  # columns are features, one probe
+            column = features.index(result["feature"])
+        else:
+            continue
+        value = result.get(spec["metric"])
+        if value is None:
+            continue
+        row = cells.setdefault(method_of(result), [([], False) for _ in spec["columns"]])
+        values, partial = row[column]
+        tests = result.get("test_examples")
+        partial = partial or bool(full and isinstance(tests, int) and tests < full)
+        row[column] = ([*values, float(value)], partial)
+    return cells
+
+
+def render_table(spec: dict[str, Any], results: list[dict[str, Any]]) -> list[str]:
+    """Markdown lines of one paper-style table, or [] when no result belongs to it."""
+    cells = _cells(spec, results)
+    if not cells:
+        return []
+    paper_rows = spec["rows"]
+    methods = [m for m in paper_rows] + sorted(m for m in cells if m not in paper_rows)
+    rows = []
+    for method in methods:
+        label = ROW_LABELS.get(method, method)
+        if method in cells:
+            rows.append([label, "ours", *(_fmt(v, 2, p) for v, p in cells[method])])
+        if method in paper_rows:
+            rows.append([label, "paper", *(MISSING if v is None else f"{v:.{spec['digits']}f}"
+                                           for v in paper_rows[method])])
+    lines = [f"### {spec['title']}", ""] + _markdown(["Method", "Source", *spec["columns"]], rows)
+    if any(p for row in cells.values() for _, p in row):
+        lines += ["", "`*` at least one run used fewer test images than the full test set."]
+    return lines
+
+
+def render_runs(results: list[dict[str, Any]], base: str | None = None) -> list[str]:
+    """Markdown lines of a table with one row per run (every probe, feature and dataset)."""
+
+    def num(value, digits=2):
+        return MISSING if value is None else f"{float(value):.{digits}f}"
+
+    rows = []
+    ordered = sorted(results, key=lambda r: (str(r["dataset"]), method_of(r), str(r["probe"]),
+                                             str(r["feature"]), r["_path"]))
+    for r in ordered:
+        path = os.path.relpath(r["_path"], base) if base else r["_path"]
+        rows.append([method_of(r), str(r["dataset"]), str(r["probe"]), str(r["feature"]),
+                     num(r["test_error"]), num(r["test_top1"]), num(r["val_top1"]),
+                     MISSING if r["selected_epoch"] is None else str(r["selected_epoch"]),
+                     f"{r['train_examples']}/{r['val_examples']}/{r['test_examples']}",
+                     num(r["wall_time_s"], 0), f"`{path}`"])
+    header = ["Method", "Dataset", "Probe", "Feature", "Test error %", "Test top-1 %",
+              "Val top-1 %", "Epoch", "Train/val/test", "Time s", "File"]
+    return ["### All runs", ""] + _markdown(header, rows)
+
+
+def render_report(results: list[dict[str, Any]], base: str | None = None) -> str:
+    """The whole markdown report for validated results (each with a ``_path``)."""
+    if not results:
+        raise ReportError("no results to report")
+    lines = ["# aetv2_tf evaluation report", "",
+             "Ours: epoch selected on a held-out part of the training set, test set evaluated "
+             "once. Paper: AETv2, CVPR 2020 (the published predecessors selected on test).", ""]
+    for spec in PAPER_TABLES.values():
+        table = render_table(spec, results)
+        if table:
+            lines += table + [""]
+    lines += render_runs(results, base)
+    return "\n".join(lines) + "\n"
+
+
+# --- command line --------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str]) -> int:
+    from absl import flags
+
+    paths = list(argv[1:])
+    try:
+        results = load_all(paths)
+        report = render_report(results, base=os.getcwd())
+    except (ReportError, ResultsError) as err:
+        print(f"aetv2_tf.report: error: {err}", file=sys.stderr)
+        return 1
+    output = flags.FLAGS.output
+    if output:
+        os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+        with open(output, "w", encoding="utf-8") as handle:
+            handle.write(report)
+    sys.stdout.write(report)
+    return 0
+
+
+def run() -> None:
+    """Entry point: define the flags (only here, so importing this module defines none)."""
+    from absl import app, flags
+
+    flags.DEFINE_string("output", None, "Also write the markdown report to this file.")
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

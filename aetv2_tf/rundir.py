@@ -1,0 +1,83 @@
+"""The model directory: checked before any work starts, flags written beside the checkpoints.
+
+Layout of a `--model_dir`:
+
+    flags.cfg          this run's flags, reusable as --flagfile (command line included)
+    flags.json         the same, machine-readable (compared when a run resumes)
+    checkpoints/       tf.train.CheckpointManager: ckpt-<step>.{index,data-*}, checkpoint
+    train/             TensorBoard event files
+    aet_model.keras    the whole pretext model (end of training)
+    export/encoder/    SavedModel of the encoder for feature extraction (end of training)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+
+
+class UsageError(ValueError):
+    """A bad flag, path or combination: the message names the problem and the fix."""
+
+
+MIN_FREE_BYTES = 64 * 2**20
+
+
+def check_writable(model_dir: str, min_free_bytes: int = MIN_FREE_BYTES) -> None:
+    """Fails now, not after an hour, when `model_dir` cannot hold checkpoints."""
+    try:
+        os.makedirs(model_dir, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=model_dir, prefix=".write_test_") as f:
+            f.write(b"x" * 4096)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise UsageError(f"--model_dir={model_dir} is not writable ({e.strerror}); choose a "
+                         "directory you can write to.") from e
+    free = shutil.disk_usage(model_dir).free
+    if free < min_free_bytes:
+        raise UsageError(f"--model_dir={model_dir} has only {free / 2**20:.1f} MiB free; "
+                         f"checkpoints need at least {min_free_bytes / 2**20:.0f} MiB. Free some "
+                         "space or choose another --model_dir.")
+
+
+def prepare(model_dir: str, run_flags: dict, flagfile: str, essential: tuple[str, ...],
+            overwrite: bool, chief: bool = True) -> None:
+    """Checks `model_dir`, refuses to mix runs, and writes this run's flags beside the checkpoints.
+
+    A directory holding a run whose essential flags differ is refused (the differing flags are
+    listed) unless `overwrite`, which deletes its checkpoints, logs and exports first.
+    """
+    check_writable(model_dir)
+    saved_path = os.path.join(model_dir, "flags.json")
+    if os.path.exists(saved_path):
+        with open(saved_path) as f:
+            saved = json.load(f)
+        diff = {k: (saved.get(k), run_flags.get(k)) for k in essential
+                if saved.get(k) != run_flags.get(k)}
+        if diff and not overwrite:
+            lines = ", ".join(f"--{k}: saved {a!r}, now {b!r}" for k, (a, b) in diff.items())
+            raise UsageError(f"--model_dir={model_dir} holds a run with different essential "
+                             f"flags ({lines}). Resume with the saved flags "
+                             f"(--flagfile={os.path.join(model_dir, 'flags.cfg')}), pass "
+                             "--overwrite to start afresh there, or choose a new --model_dir.")
+        if diff and overwrite and chief:
+            for name in ("checkpoints", "train", "export", "aet_model.keras", "results.json",
+                         "probe"):
+                path = os.path.join(model_dir, name)
+                if os.path.isdir(path):
+                    shutil.rmtree(path)
+                elif os.path.exists(path):
+                    os.remove(path)
+    if chief:
+        _atomic_write(os.path.join(model_dir, "flags.cfg"), flagfile)
+        _atomic_write(saved_path, json.dumps(run_flags, indent=2, sort_keys=True, default=str))
+
+
+def _atomic_write(path: str, text: str) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)

@@ -1,0 +1,250 @@
+"""The training program: `python -m aetv2_tf.train --flagfile=configs/<experiment>.cfg`.
+
+One absl entry point for every stage (see `aetv2_tf/flags.py` or `--helpfull`):
+
+- `--stage=pretext`: self-supervised pretraining, AETv2 (`--loss=geodesic`), AETv1
+  (`--loss=mse`) or RotNet (`--pretext=rotation`);
+- `--stage=probe`: a frozen encoder evaluated by KNN or a trained classifier head;
+- `--stage=supervised`: the fully supervised NIN baseline.
+
+Everything a run produces lives under `--model_dir` (layout in `aetv2_tf/rundir.py`); rerunning
+the same command resumes from the newest checkpoint, at the same step and learning rate.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import sys
+import time
+
+import keras
+import tensorflow as tf
+from absl import app, logging
+
+from aetv2_tf import distribute, optim, rundir
+from aetv2_tf.callbacks import CheckpointEvery, PretextSummaries, StopOnSignal, StopOnSkippedStep
+from aetv2_tf.data.sources import DataError
+from aetv2_tf.flags import ESSENTIAL, FLAGS, flagfile_text, run_flags
+from aetv2_tf.rundir import UsageError
+
+IMAGE_SIZE = {"nin": 32, "alexnet": 224}
+
+
+def choose_precision(name: str) -> str:
+    """The Keras dtype policy for `--mixed_precision` (`auto` picks the fastest correct one)."""
+    if name == "none":
+        return "float32"
+    if name != "auto":
+        return name
+    if tf.config.list_logical_devices("TPU"):
+        return "mixed_bfloat16"
+    if tf.config.list_logical_devices("GPU"):
+        return "mixed_float16"
+    return "mixed_bfloat16" if cpu_has_amx() else "float32"
+
+
+def cpu_has_amx() -> bool:
+    """True on CPUs with AMX bfloat16 tiles (where bfloat16 matmuls are several times faster)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return "amx_bf16" in f.read()
+    except OSError:
+        return False
+
+
+def check_flags(num_replicas: int) -> None:
+    """Rejects contradictory flags before anything is written."""
+    F = FLAGS
+    if F.stage == "pretext" and not (F.epochs or F.train_steps):
+        raise UsageError("pass --epochs or --train_steps (both are 0).")
+    if F.batch_size % num_replicas:
+        raise UsageError(f"--batch_size={F.batch_size} is not divisible by the {num_replicas} "
+                         f"replicas of --strategy={F.strategy}; use a multiple of {num_replicas}.")
+    if F.dataset == "cifar10" and F.backbone == "alexnet":
+        raise UsageError("--backbone=alexnet expects 224x224 images, --dataset=cifar10 has 32x32; "
+                         "use --backbone=nin for CIFAR-10.")
+    if F.dataset != "cifar10" and F.backbone == "nin":
+        raise UsageError(f"--backbone=nin is the CIFAR-10 network; use --backbone=alexnet for "
+                         f"--dataset={F.dataset}.")
+    if F.stage == "probe" and not F.pretrained:
+        raise UsageError("--stage=probe needs --pretrained=<model_dir|SavedModel dir|none>.")
+    if F.pretext == "rotation" and F.loss == "mse" and F.stage == "pretext":
+        logging.info("--loss is ignored by --pretext=rotation (cross-entropy over 4 rotations).")
+    if F.mixed_precision == "mixed_float16" and not tf.config.list_logical_devices("GPU"):
+        raise UsageError("--mixed_precision=mixed_float16 needs a GPU; on a CPU use "
+                         "mixed_bfloat16 (fast with AMX) or none.")
+
+
+def load_train_images(split: str = "train"):
+    """The stage's images: numpy (N, H, W, 3) uint8 + labels for CIFAR-10, else a tf.data."""
+    from aetv2_tf.data.sources import load_source
+
+    source = load_source(FLAGS.dataset, FLAGS.data_dir, split, download=FLAGS.download)
+    if isinstance(source, tuple):
+        images, labels = source
+        if split == "train" and FLAGS.train_examples:
+            images, labels = images[: FLAGS.train_examples], labels[: FLAGS.train_examples]
+        return images, labels, len(images)
+    if split == "train" and FLAGS.train_examples:
+        source = source.take(FLAGS.train_examples)
+        return source, None, FLAGS.train_examples
+    return source, None, None
+
+
+def total_steps(num_examples: int | None) -> tuple[int, int]:
+    """(steps per epoch, total steps) from --epochs / --train_steps."""
+    if num_examples is None and not FLAGS.train_steps:
+        raise UsageError("the dataset size is unknown here: pass --train_steps.")
+    per_epoch = max((num_examples or FLAGS.train_steps * FLAGS.batch_size) // FLAGS.batch_size, 1)
+    steps = FLAGS.train_steps or FLAGS.epochs * per_epoch
+    return min(per_epoch, steps), steps
+
+
+def restore(manager: tf.train.CheckpointManager, step_fn) -> int:
+    """Restores the newest complete checkpoint, if any; returns the step to continue from."""
+    latest = manager.latest_checkpoint
+    if latest is None:
+        logging.info("No checkpoint in %s: starting at step 0.", manager.directory)
+        return 0
+    manager.checkpoint.restore(latest).assert_existing_objects_matched()
+    step = step_fn()
+    message = f"Resumed from checkpoint {latest} at step {step}."
+    logging.info(message)
+    print(message, flush=True)
+    return step
+
+
+def pretext_stage(strategy: tf.distribute.Strategy, chief: bool) -> dict:
+    """Self-supervised pretraining (AETv2, AETv1 or RotNet). Returns the end-of-run summary."""
+    from aetv2_tf import losses, metrics
+    from aetv2_tf.data import pipelines
+    from aetv2_tf.data.homographies import parameter_statistics
+    from aetv2_tf.export import export_encoder
+    from aetv2_tf.models import build_aet_model, build_backbone, build_rotation_model
+    from aetv2_tf.visualize import draw_pairs
+
+    F = FLAGS
+    images, _, num_examples = load_train_images()
+    size = IMAGE_SIZE[F.backbone]
+    per_epoch, steps = total_steps(num_examples)
+    rotation = F.pretext == "rotation"
+
+    with strategy.scope():
+        encoder = build_backbone(F.backbone, (size, size, 3), batch_norm=F.batch_norm)
+        model = build_rotation_model(encoder) if rotation else build_aet_model(encoder)
+        if F.weight_decay_mode == "l2":
+            optim.add_l2_decay(model, F.weight_decay)
+        schedule = optim.Schedule(F.lr_schedule, F.learning_rate, steps, F.warmup_steps)
+        optimizer = optim.build_optimizer(
+            F.optimizer, schedule, momentum=F.momentum, beta_1=F.adam_beta1,
+            beta_2=F.adam_beta2, weight_decay=F.weight_decay,
+            weight_decay_mode=F.weight_decay_mode,
+            mixed_float16=keras.mixed_precision.dtype_policy().name == "mixed_float16")
+        if rotation:
+            loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+            compiled_metrics = [keras.metrics.SparseCategoricalAccuracy(name="rotation_accuracy")]
+        elif F.loss == "geodesic":
+            loss, compiled_metrics = losses.GeodesicLoss(F.projection_weight), \
+                metrics.pretext_metrics()
+        else:
+            std = parameter_statistics(size, size, F.shift)[1] if F.mse_normalize else None
+            loss, compiled_metrics = losses.ParameterMSELoss(std=std), metrics.pretext_metrics()
+        model.compile(optimizer=optimizer, loss=loss, metrics=compiled_metrics,
+                      steps_per_execution=F.steps_per_execution, jit_compile=False)
+        optimizer.build(model.trainable_variables)
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    step_fn = lambda: int(optimizer.iterations.numpy())  # noqa: E731
+    ckpt_dir = os.path.join(F.model_dir, "checkpoints") if chief else os.path.join(
+        F.model_dir, ".worker_tmp", str(strategy.cluster_resolver.task_id), "checkpoints")
+    manager = tf.train.CheckpointManager(checkpoint, ckpt_dir, max_to_keep=F.keep_checkpoints)
+    start = restore(manager, step_fn)
+
+    build = pipelines.rotation_dataset if rotation else pipelines.pretext_dataset
+    dataset = build(images, F.batch_size, seed=F.seed, start_step=start, image_size=size,
+                    **({} if rotation else {"shift": F.shift, "augment": F.augment}))
+    callbacks = [StopOnSignal(), StopOnSkippedStep(optimizer, step_fn, F.on_nonfinite == "stop"),
+                 StopAtStep(steps, step_fn),
+                 CheckpointEvery(manager, step_fn, F.checkpoint_every_steps, writer=chief)]
+    if chief:
+        sample = None if rotation else next(iter(build(
+            images, 4, seed=F.seed + 1, image_size=size, shift=F.shift, augment=False)))
+        mean, std = pipelines.normalization_constants(F.dataset)
+        callbacks.append(PretextSummaries(
+            os.path.join(F.model_dir, "train"), step_fn, lambda s: schedule(s).numpy(),
+            F.summary_every_steps, F.image_summary_every_steps or 10 * F.summary_every_steps,
+            F.batch_size, sample,
+            lambda x, tx, p, q: draw_pairs(x.numpy(), tx.numpy(), p, q, mean, std)))
+
+    t0 = time.perf_counter()
+    history = {}
+    if start < steps:
+        fit = model.fit(dataset, epochs=math.ceil(steps / per_epoch), steps_per_epoch=per_epoch,
+                        initial_epoch=start // per_epoch, callbacks=callbacks, verbose=F.verbose)
+        history = {k: float(v[-1]) for k, v in fit.history.items()}
+    wall = time.perf_counter() - t0
+    done = step_fn()
+    summary = dict(steps=done, start_step=start, wall_time_s=round(wall, 1),
+                   pairs_per_sec=round((done - start) * F.batch_size / max(wall, 1e-9), 1),
+                   **history)
+    interrupted = callbacks[0].received
+    if chief and done >= steps and F.export and not interrupted:
+        model.save(os.path.join(F.model_dir, "aet_model.keras"))
+        export_encoder(encoder, os.path.join(F.model_dir, "export", "encoder"), F.dataset)
+        summary["export"] = os.path.join(F.model_dir, "export", "encoder")
+    if not chief:
+        shutil.rmtree(os.path.join(F.model_dir, ".worker_tmp"), ignore_errors=True)
+    if interrupted:
+        summary["interrupted_by"] = interrupted
+    return summary
+
+
+class StopAtStep(keras.callbacks.Callback):
+    """Ends `fit` at exactly `steps` optimiser steps (epochs may be offset after a resume)."""
+
+    def __init__(self, steps: int, step_fn):
+        super().__init__()
+        self.steps, self.step_fn = steps, step_fn
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.step_fn() >= self.steps:
+            self.model.stop_training = True
+
+
+def run() -> dict:
+    """Sets up devices, precision and the model_dir, then runs the chosen stage."""
+    F = FLAGS
+    distribute.configure_cpu_devices(F.cpu_devices)
+    if F.deterministic:
+        tf.config.experimental.enable_op_determinism()
+    keras.utils.set_random_seed(F.seed)
+    strategy = distribute.get_strategy(F.strategy, F.tpu)
+    check_flags(strategy.num_replicas_in_sync)
+    chief = distribute.is_chief(strategy)
+    policy = choose_precision(F.mixed_precision)
+    keras.mixed_precision.set_global_policy(policy)
+    rundir.prepare(F.model_dir, run_flags(), flagfile_text(), ESSENTIAL, F.overwrite, chief)
+    logging.info("Strategy %s with %d replica(s), dtype policy %s.", type(strategy).__name__,
+                 strategy.num_replicas_in_sync, policy)
+    if F.stage == "pretext":
+        return pretext_stage(strategy, chief)
+    from aetv2_tf.probes import stage as probe_stage
+    return probe_stage.run(strategy, chief)
+
+
+def main(argv) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments {argv[1:]}: every option is a --flag.")
+    try:
+        summary = run()
+    except (UsageError, DataError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    line = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                     for k, v in summary.items())
+    print(f"Done ({FLAGS.stage}): {line}. Outputs in {FLAGS.model_dir}", flush=True)
+
+
+if __name__ == "__main__":
+    app.run(main)
