@@ -120,8 +120,9 @@ class StopOnSkippedStep(keras.callbacks.Callback):
 class PretextSummaries(keras.callbacks.Callback):
     """TensorBoard scalars every `every` steps and (x, t(x)) image pairs every `image_every` steps.
 
-    Scalars: `loss`, `geodesic_angle_deg`, `projection_residual` (Keras running means since the
-    start of the epoch), `learning_rate`, `pairs_per_sec`. Images `pairs`: x beside t(x), with the
+    Scalars: `loss`, `geodesic_angle_deg`, `projection_residual`, `rotation_accuracy` (means over
+    the steps since the previous summary, recovered from Keras' running means since the start of
+    the epoch), `learning_rate`, `pairs_per_sec`. Images `pairs`: x beside t(x), with the
     true corner quadrilateral (green) and the predicted one (red) drawn on t(x).
     """
 
@@ -135,18 +136,33 @@ class PretextSummaries(keras.callbacks.Callback):
         self.every, self.image_every, self.global_batch = every, image_every, global_batch
         self.sample, self.draw_fn = sample, draw_fn
         self._t0 = self._s0 = None
+        self._seen, self._sums = 0, {}
 
     def on_train_begin(self, logs=None):
         self._t0, self._s0 = time.perf_counter(), self.step_fn()
         if self.sample is not None and self._s0 == 0:
             self._images(0)
 
+    def on_epoch_begin(self, epoch, logs=None):
+        self._seen, self._sums = 0, {}
+
     def on_train_batch_end(self, batch, logs=None):
         step = self.step_fn()
         if step % self.every == 0:
-            self._scalars(step, logs or {})
+            self._scalars(step, self._interval_means(batch + 1, logs or {}))
         if self.sample is not None and self.image_every and step % self.image_every == 0:
             self._images(step)
+
+    def _interval_means(self, seen: int, logs: dict) -> dict:
+        """Means over the batches since the last summary, from running means over the epoch."""
+        means = {}
+        for name in self.SCALARS:
+            if name in logs:
+                total = float(logs[name]) * seen
+                means[name] = (total - self._sums.get(name, 0.0)) / max(seen - self._seen, 1)
+                self._sums[name] = total
+        self._seen = seen
+        return means
 
     def on_train_end(self, logs=None):
         self.writer.flush()

@@ -46,7 +46,9 @@ flags.DEFINE_integer("train_examples", 0,
 flags.DEFINE_enum("shift", "integer", ["integer", "continuous"],
                   "Corner shifts of the homography sampler: integer pixels (AETv1) or continuous.")
 flags.DEFINE_bool("augment", True,
-                  "Pre-augment x before warping (CIFAR: 4-px padded random crop + flip).")
+                  "pretext: pre-augment x before warping; probe/supervised: augment the training "
+                  "batches (CIFAR: 4-px padded random crop + flip; 224 protocol: random crop of "
+                  "the image resized to 256, + flip).")
 
 # --- optimisation ------------------------------------------------------------------------------
 flags.DEFINE_string("model_dir", None, "Checkpoints, TensorBoard logs, flags and exports.")
@@ -56,6 +58,9 @@ flags.DEFINE_bool("overwrite", False,
 flags.DEFINE_integer("batch_size", 128, "Global batch size (pairs), split across replicas.")
 flags.DEFINE_integer("epochs", 0, "Training epochs over the training set (0: use --train_steps).")
 flags.DEFINE_integer("train_steps", 0, "Training steps (overrides --epochs when > 0).")
+flags.DEFINE_integer("stop_after_steps", 0,
+                     "End this invocation after this many steps (checkpointed; 0: run to the end). "
+                     "For time-limited job slots: rerun the same command to continue.")
 flags.DEFINE_integer("steps_per_execution", 1,
                      "Steps run inside one tf.function call (fewer Python round trips).")
 flags.DEFINE_enum("optimizer", "adam", ["adam", "sgd"], "adam (AETv2) or SGD Nesterov (AETv1).")
@@ -100,26 +105,41 @@ flags.DEFINE_integer("verbose", 1, "Keras progress: 0 silent, 1 progress bar, 2 
 
 # --- probe stages ------------------------------------------------------------------------------
 flags.DEFINE_string("pretrained", None,
-                    "probe: a pretraining --model_dir, an exported SavedModel dir, or 'none' "
-                    "(random-init encoder).")
+                    "probe: a pretraining --model_dir (its newest checkpoint), an exported "
+                    "SavedModel dir (<model_dir>/export/encoder), or 'none' (random-init encoder "
+                    "seeded by --seed).")
 flags.DEFINE_string("feature", None,
-                    "probe: the frozen feature (NIN: block1..block4, default block2; "
-                    "AlexNet: conv1..conv5, fc6, fc7).")
+                    "probe/supervised: the frozen feature (NIN: block1..block4, default block2; "
+                    "AlexNet: conv1..conv5, fc6, fc7, no default).")
 flags.DEFINE_enum("probe", "knn", ["knn", "fc1", "fc2", "fc3", "conv", "linear", "nonlinear"],
-                  "probe: the classifier on the frozen feature.")
+                  "probe: the classifier on the frozen feature (supervised: the head on the "
+                  "trained blocks, conv for the paper's row).")
+flags.DEFINE_enum("probe_pool", "avg", ["avg", "max"],
+                  "probe=linear: adaptive pooling of the feature map to about 9,000 values, "
+                  "average or max.")
+flags.DEFINE_string("method", None,
+                    "probe/supervised: the method label of results.json and reports (AETv2, "
+                    "AETv1, RotNet, random, supervised...). Default: derived from the pretrained "
+                    "run's flags.json (loss geodesic: AETv2, mse: AETv1, pretext rotation: "
+                    "RotNet), 'random' for --pretrained=none.")
+flags.DEFINE_string("dataset_name", None,
+                    "probe/supervised: the dataset's name in results.json and reports (default "
+                    "--dataset; e.g. places205 for --dataset=folder holding Places205).")
 flags.DEFINE_integer("knn_k", 10, "probe=knn: number of neighbours.")
 flags.DEFINE_enum("knn_metric", "cosine", ["cosine", "euclidean"],
                   "probe=knn: similarity of average-pooled features (cosine is the usual "
                   "self-supervised protocol).")
 flags.DEFINE_integer("val_examples", 5000,
-                     "probe: training examples held out for model selection (never the test set).")
+                     "probe heads and supervised: training examples held out for model "
+                     "selection (never the test set); KNN uses the whole training set.")
 flags.DEFINE_integer("test_examples", 0, "probe: use only the first N test images (0: all).")
 
 FLAGS = flags.FLAGS
 
 # Flags that define what a model_dir contains: resuming with other values is refused.
 ESSENTIAL = ("stage", "pretext", "loss", "backbone", "dataset", "batch_norm", "shift",
-             "optimizer", "projection_weight", "batch_size", "seed", "probe", "feature")
+             "optimizer", "projection_weight", "batch_size", "seed", "probe", "feature",
+             "pretrained")
 
 
 def _positive(name: str, allow_zero: bool = False) -> None:
@@ -132,8 +152,8 @@ def _positive(name: str, allow_zero: bool = False) -> None:
 for _name in ("batch_size", "steps_per_execution", "checkpoint_every_steps", "summary_every_steps",
               "keep_checkpoints", "knn_k", "cpu_devices"):
     _positive(_name)
-for _name in ("epochs", "train_steps", "train_examples", "image_summary_every_steps",
-              "val_examples", "test_examples", "warmup_steps"):
+for _name in ("epochs", "train_steps", "stop_after_steps", "train_examples",
+              "image_summary_every_steps", "val_examples", "test_examples", "warmup_steps"):
     _positive(_name, allow_zero=True)
 flags.register_validator("projection_weight", lambda v: v >= 0,
                          message="--projection_weight must be >= 0 (the paper uses 1).")

@@ -70,6 +70,10 @@ def check_flags(num_replicas: int) -> None:
                          f"--dataset={F.dataset}.")
     if F.stage == "probe" and not F.pretrained:
         raise UsageError("--stage=probe needs --pretrained=<model_dir|SavedModel dir|none>.")
+    if F.stage != "pretext":
+        from aetv2_tf.probes.stage import check_flags as check_probe_flags
+
+        check_probe_flags()
     if F.pretext == "rotation" and F.loss == "mse" and F.stage == "pretext":
         logging.info("--loss is ignored by --pretext=rotation (cross-entropy over 4 rotations).")
     if F.mixed_precision == "mixed_float16" and not tf.config.list_logical_devices("GPU"):
@@ -165,7 +169,8 @@ def pretext_stage(strategy: tf.distribute.Strategy, chief: bool) -> dict:
     dataset = build(images, F.batch_size, seed=F.seed, start_step=start, image_size=size,
                     **({} if rotation else {"shift": F.shift, "augment": F.augment}))
     callbacks = [StopOnSignal(), StopOnSkippedStep(optimizer, step_fn, F.on_nonfinite == "stop"),
-                 StopAtStep(steps, step_fn),
+                 StopAtStep(min(steps, start + F.stop_after_steps) if F.stop_after_steps
+                            else steps, step_fn),
                  CheckpointEvery(manager, step_fn, F.checkpoint_every_steps, writer=chief)]
     if chief:
         sample = None if rotation else next(iter(build(

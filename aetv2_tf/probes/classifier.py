@@ -156,16 +156,19 @@ def build_probe(
     head_kind: str,
     num_classes: int,
     input_shape: Sequence[int] = (32, 32, 3),
+    **head_kwargs: Any,
 ) -> FrozenEncoderProbe:
     """`build_probe_model` with a head from ``aetv2_tf.models.heads.build_head(head_kind, ...)``.
 
-    The feature shape (without batch) is found by running the encoder on one zero image.
+    The feature shape (without batch) is found by running the encoder on one zero image;
+    ``head_kwargs`` (``batch_norm``, ``pool``, ``extra_convs``) go to ``build_head``.
     """
     from aetv2_tf.models.heads import build_head
 
     probe = build_probe_model(encoder, feature, keras.layers.Identity())
     feature_shape = tuple(probe.features(tf.zeros((1, *input_shape))).shape[1:])
-    return build_probe_model(encoder, feature, build_head(head_kind, feature_shape, num_classes))
+    head = build_head(head_kind, feature_shape, num_classes, **head_kwargs)
+    return build_probe_model(encoder, feature, head)
 
 
 # --- TensorBoard scalars without the tensorboard package ---------------------------------------

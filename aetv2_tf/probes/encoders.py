@@ -1,0 +1,198 @@
+"""The frozen encoder of a probe: a pretraining run, an exported SavedModel, or a random init.
+
+``--pretrained`` takes three kinds of value (`pretrained_kind`):
+
+* a pretraining ``--model_dir`` (it holds ``flags.json``): the encoder is rebuilt and restored from
+  the run's newest checkpoint (`aetv2_tf.export.restore_encoder`); its backbone must be the
+  probe's ``--backbone``.
+* an exported SavedModel (it holds ``saved_model.pb``, e.g. ``<model_dir>/export/encoder``): its
+  ``serving_default`` signature takes uint8 ``images (B, S, S, 3)`` and returns named float32
+  feature maps. The probe pipelines yield normalised batches ``x = (u / 255 - mean) / std``;
+  `saved_model_features` maps them back to the uint8 pixels ``u = round((x * std + mean) * 255)``
+  and calls the signature. For CIFAR-10 this is exact (crops, zero padding and flips only move or
+  zero pixels); in the 224 protocol the resized image is rounded to 8 bits, which is what any
+  caller of the uint8 signature gives it. The whole SavedModel runs (all its outputs).
+* ``none``: a randomly initialised backbone, seeded by ``--seed`` (the "random init" rows).
+
+A Keras encoder is cut to the layers its feature needs (`truncate`): a probe on NIN block 2 does
+not run blocks 3-4, an AlexNet conv probe skips fc6/fc7. Every failure is a `UsageError` naming
+the problem and the fix; `check_pretrained` makes the cheap checks (path, kind, backbone) before
+the run writes anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Sequence
+
+import keras
+import tensorflow as tf
+
+from aetv2_tf.export import load_saved_flags, restore_encoder
+from aetv2_tf.models import DEFAULT_INPUT_SHAPES, build_backbone
+from aetv2_tf.rundir import UsageError
+
+FEATURES = {"nin": ("block1", "block2", "block3", "block4"),
+            "alexnet": ("conv1", "conv2", "conv3", "conv4", "conv5", "fc6", "fc7")}
+DEFAULT_FEATURE = {"nin": "block2"}
+_EXPORT_HINT = ("export an encoder with `python -m aetv2_tf.export --model_dir=<pretraining "
+                "run>` (it writes <model_dir>/export/encoder), or pass the pretraining "
+                "--model_dir itself")
+
+
+@dataclasses.dataclass(frozen=True)
+class Encoder:
+    """A frozen feature extractor and where it came from.
+
+    ``model`` maps normalised images ``(B, S, S, 3)`` float32 to a dict of feature maps (e.g.
+    ``{"block2": (B, 8, 8, 192)}``): a Keras model, or a function for a SavedModel.
+    """
+
+    model: Callable
+    feature: str
+    kind: str  # "model_dir" | "saved_model" | "none"
+    source: str | None  # absolute path of --pretrained, None for a random init
+    method: str | None  # AETv2 / AETv1 / RotNet / random; None when unknown
+    checkpoint: str | None = None
+
+
+def resolve_feature(backbone: str, feature: str | None) -> str:
+    """``--feature``, checked against the backbone's outputs (NIN default: block2)."""
+    feature = feature or DEFAULT_FEATURE.get(backbone)
+    if feature is None:
+        raise UsageError(f"--backbone={backbone} needs --feature, one of "
+                         f"{', '.join(FEATURES[backbone])} (the paper: conv1..conv5).")
+    if feature not in FEATURES[backbone]:
+        raise UsageError(f"--feature={feature} is not an output of --backbone={backbone}; use one "
+                         f"of {', '.join(FEATURES[backbone])}.")
+    return feature
+
+
+def pretrained_kind(pretrained: str) -> str:
+    """``"none"``, ``"model_dir"`` or ``"saved_model"``; a UsageError for anything else."""
+    if pretrained.strip().lower() == "none":
+        return "none"
+    path = os.path.expanduser(pretrained)
+    if not os.path.exists(path):
+        raise UsageError(f"--pretrained={pretrained} does not exist; pass a pretraining "
+                         "--model_dir, its export/encoder SavedModel, or --pretrained=none for "
+                         "a random-init encoder.")
+    if os.path.isfile(os.path.join(path, "saved_model.pb")):
+        return "saved_model"
+    if os.path.isfile(os.path.join(path, "flags.json")):
+        return "model_dir"
+    raise UsageError(f"--pretrained={pretrained} is neither a pretraining --model_dir (no "
+                     "flags.json) nor a SavedModel (no saved_model.pb); pass the --model_dir "
+                     "of a `python -m aetv2_tf.train --stage=pretext` run or its export/encoder.")
+
+
+def check_pretrained(pretrained: str, backbone: str) -> str:
+    """The cheap checks of ``--pretrained`` (exists, kind, a run's backbone); returns the kind."""
+    kind = pretrained_kind(pretrained)
+    if kind == "model_dir":
+        saved = load_saved_flags(os.path.expanduser(pretrained))
+        if saved.get("stage") != "pretext":
+            raise UsageError(f"--pretrained={pretrained} holds a --stage={saved.get('stage')} "
+                             "run, not a pretraining run; pass the --model_dir of a "
+                             "--stage=pretext run.")
+        if saved.get("backbone") != backbone:
+            raise UsageError(
+                f"--pretrained={pretrained} was pretrained with --backbone="
+                f"{saved.get('backbone')} (dataset {saved.get('dataset')}), but this probe uses "
+                f"--backbone={backbone}; pass a {backbone} run, or probe this one with "
+                f"--backbone={saved.get('backbone')} on a dataset of its image size.")
+    return kind
+
+
+def method_from_flags(saved: dict | None) -> str | None:
+    """The pretext method of a pretraining run's flags: RotNet, AETv2 (geodesic), AETv1 (mse)."""
+    if not saved or saved.get("stage") != "pretext":
+        return None
+    if saved.get("pretext") == "rotation":
+        return "RotNet"
+    return {"geodesic": "AETv2", "mse": "AETv1"}.get(saved.get("loss"))
+
+
+def truncate(encoder: keras.Model, feature: str) -> keras.Model:
+    """The sub-model of a dict-output encoder computing only ``{feature: ...}`` (shared weights)."""
+    outputs = encoder.output
+    if feature not in outputs:
+        raise UsageError(f"the encoder has no output --feature={feature}; it has "
+                         f"{', '.join(sorted(outputs))}.")
+    return keras.Model(encoder.inputs, {feature: outputs[feature]}, name=f"{encoder.name}_"
+                       f"{feature}")
+
+
+def saved_model_features(path: str, feature: str, image_size: int, mean: Sequence[float],
+                         std: Sequence[float]) -> Callable:
+    """A feature function on normalised images, backed by the SavedModel at ``path``.
+
+    Returns ``fn(images (B, S, S, 3) float32, training=None) -> dict`` of the signature's
+    outputs; the images are mapped back to uint8 exactly (module docstring).
+    """
+    try:
+        loaded = tf.saved_model.load(path)
+    except Exception as e:  # noqa: BLE001 - any load failure is the user's path
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UsageError(f"--pretrained={path} is not a loadable SavedModel ({reason}); "
+                         f"{_EXPORT_HINT}.") from e
+    signature = loaded.signatures.get("serving_default")
+    if signature is None:
+        raise UsageError(f"--pretrained={path} is a SavedModel without the serving_default "
+                         f"signature (it has {sorted(loaded.signatures) or 'none'}); "
+                         f"{_EXPORT_HINT}.")
+    spec = signature.structured_input_signature[1].get("images")
+    wanted = (image_size, image_size, 3)
+    if spec is None or spec.dtype != tf.uint8 or tuple(spec.shape[1:]) != wanted:
+        got = "no 'images' input" if spec is None else f"images {spec.dtype.name} {spec.shape}"
+        raise UsageError(f"--pretrained={path}: serving_default takes {got}, but this probe feeds "
+                         f"uint8 images (B, {image_size}, {image_size}, 3) (the backbone's "
+                         f"input size); {_EXPORT_HINT}.")
+    outputs = signature.structured_outputs
+    if feature not in outputs:
+        raise UsageError(f"--pretrained={path}: serving_default returns "
+                         f"{', '.join(sorted(outputs))}, not --feature={feature}; pick one of "
+                         "them.")
+    mean_t, std_t = tf.constant(mean, tf.float32), tf.constant(std, tf.float32)
+
+    def features(images, training=None):
+        del training  # the exported encoder always runs in inference mode
+        pixels = (tf.cast(images, tf.float32) * std_t + mean_t) * 255.0
+        pixels = tf.cast(tf.round(tf.clip_by_value(pixels, 0.0, 255.0)), tf.uint8)
+        return signature(images=pixels)
+
+    features.saved_model = loaded  # keeps the loaded variables alive
+    return features
+
+
+def _exporting_run_flags(saved_model: str) -> dict | None:
+    """The flags of the run that exported ``<model_dir>/export/encoder``, if it is one."""
+    export_dir = os.path.dirname(saved_model)
+    run_dir = os.path.dirname(export_dir)
+    if os.path.basename(export_dir) != "export" or not os.path.isfile(
+            os.path.join(run_dir, "flags.json")):
+        return None
+    return load_saved_flags(run_dir)
+
+
+def load_encoder(pretrained: str, backbone: str, feature: str, *, batch_norm: str,
+                 mean: Sequence[float], std: Sequence[float]) -> Encoder:
+    """The frozen encoder named by ``--pretrained`` (module docstring), cut to ``feature``."""
+    kind = check_pretrained(pretrained, backbone)
+    input_shape = DEFAULT_INPUT_SHAPES[backbone]
+    if kind == "none":
+        model = build_backbone(backbone, input_shape, batch_norm=batch_norm)
+        return Encoder(truncate(model, feature), feature, kind, None, "random")
+    path = os.path.abspath(os.path.expanduser(pretrained))
+    if kind == "saved_model":
+        fn = saved_model_features(path, feature, input_shape[0], mean, std)
+        return Encoder(fn, feature, kind, path, method_from_flags(_exporting_run_flags(path)))
+    try:
+        model, saved = restore_encoder(path)
+    except (ValueError, FileNotFoundError, tf.errors.OpError) as e:
+        raise UsageError(f"--pretrained={pretrained}: the encoder could not be restored ({e}); "
+                         "pass a pretraining --model_dir with a checkpoint.") from e
+    checkpoint = tf.train.latest_checkpoint(os.path.join(path, "checkpoints"))
+    return Encoder(truncate(model, feature), feature, kind, path, method_from_flags(saved),
+                   checkpoint)

@@ -1,0 +1,130 @@
+"""`python -m aetv2_tf.train --stage=probe` end to end on a real CIFAR-10 slice (subprocesses).
+
+A session fixture pretrains for 4 steps and exports the encoder; the probes read it as a
+SavedModel, as a model_dir, or use a random init. Tiny slices keep every run to seconds.
+"""
+
+import json
+import pathlib
+
+import pytest
+from probe_cli import SLICE, run_cli, run_ok
+
+from aetv2_tf.probes.results import RESULTS_FILENAME, read_results
+
+
+def probe(model_dir: pathlib.Path, cifar10_dir, *args: str) -> dict:
+    """Runs a probe into ``model_dir`` and returns its validated results.json."""
+    proc = run_ok("--stage=probe", f"--model_dir={model_dir}", f"--data_dir={cifar10_dir}",
+                  *SLICE, *args)
+    assert "Done (probe): probe=" in proc.stdout
+    return read_results(model_dir / RESULTS_FILENAME)
+
+
+@pytest.fixture(scope="session")
+def pretrained(tmp_path_factory, cifar10_dir) -> pathlib.Path:
+    """A 4-step AETv2 pretraining run (model_dir with checkpoints and export/encoder)."""
+    model_dir = tmp_path_factory.mktemp("pretext") / "run"
+    run_ok("--flagfile=configs/quickstart.cfg", f"--model_dir={model_dir}",
+           f"--data_dir={cifar10_dir}", "--train_steps=4", "--batch_size=16",
+           "--train_examples=256", "--verbose=0")
+    assert (model_dir / "export" / "encoder" / "saved_model.pb").is_file()
+    return model_dir
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> pathlib.Path:
+    """Where this module's probes write (one sub-directory per run; the report reads them all)."""
+    return tmp_path_factory.mktemp("probes")
+
+
+@pytest.fixture(scope="module")
+def knn_saved_model(pretrained, runs, cifar10_dir) -> dict:
+    return probe(runs / "knn_saved_model", cifar10_dir, "--probe=knn",
+                 f"--pretrained={pretrained / 'export' / 'encoder'}")
+
+
+def test_knn_from_saved_model(knn_saved_model, pretrained):
+    r = knn_saved_model
+    assert (r["probe"], r["feature"], r["dataset"], r["method"]) == ("knn", "block2", "cifar10",
+                                                                      "AETv2")
+    assert r["pretrained_kind"] == "saved_model"
+    assert r["pretrained"] == str(pretrained / "export" / "encoder")
+    # KNN fits the whole training pool: no validation split, no selection.
+    assert (r["train_examples"], r["val_examples"], r["test_examples"]) == (600, 0, 200)
+    assert r["selected_epoch"] is None and r["val_top1"] is None
+    assert 0.0 <= r["test_top1"] <= 100.0
+    assert r["test_error"] == pytest.approx(100.0 - r["test_top1"])
+    assert r["knn"] == {"k": 10, "metric": "cosine", "feature_dim": 192}
+    assert r["flags"]["probe"] == "knn" and r["wall_time_s"] > 0
+
+
+def test_knn_from_model_dir_equals_saved_model(knn_saved_model, pretrained, runs, cifar10_dir):
+    # The checkpoint and the SavedModel hold the same encoder, and the SavedModel is fed the exact
+    # uint8 pixels: identical features, identical predictions.
+    r = probe(runs / "knn_model_dir", cifar10_dir, "--probe=knn", f"--pretrained={pretrained}")
+    assert r["pretrained_kind"] == "model_dir" and r["method"] == "AETv2"
+    assert r["pretrained_checkpoint"].startswith(str(pretrained / "checkpoints"))
+    assert r["test_top1"] == knn_saved_model["test_top1"]
+
+
+def test_knn_random_init(runs, cifar10_dir):
+    r = probe(runs / "knn_random", cifar10_dir, "--probe=knn", "--pretrained=none",
+              "--knn_metric=euclidean", "--knn_k=5")
+    assert r["method"] == "random" and r["pretrained"] is None
+    assert r["knn"]["metric"] == "euclidean" and r["knn"]["k"] == 5
+    assert 0.0 <= r["test_top1"] <= 100.0
+
+
+def test_fc2_probe_and_report(knn_saved_model, pretrained, runs, cifar10_dir):
+    model_dir = runs / "fc2_saved_model"
+    r = probe(model_dir, cifar10_dir, "--probe=fc2", f"--pretrained={pretrained}/export/encoder",
+              "--epochs=2", "--val_examples=100", "--batch_size=64", "--optimizer=sgd",
+              "--learning_rate=0.1", "--lr_schedule=step")
+    assert (r["probe"], r["method"]) == ("fc2", "AETv2")
+    # The validation images are held out of the 600-image training pool; test evaluated once.
+    assert (r["train_examples"], r["val_examples"], r["test_examples"]) == (500, 100, 200)
+    assert r["train_examples"] + r["val_examples"] == 600
+    assert r["selected_epoch"] in (1, 2) and r["epochs_run"] == 2
+    assert len(r["val_top1_history"]) == 2
+    assert r["val_top1"] == pytest.approx(max(r["val_top1_history"]), abs=0.01)
+    for value in (r["val_top1"], r["test_top1"]):
+        assert 0.0 <= value <= 100.0
+    assert (model_dir / "best.weights.h5").is_file()
+    for split in ("train", "validation", "test"):  # TensorBoard scalars
+        assert any((model_dir / split).glob("events.out.tfevents.*"))
+
+    output = runs / "report.md"
+    proc = run_ok(str(runs), f"--output={output}", module="aetv2_tf.report")
+    report = output.read_text()
+    assert proc.stdout == report
+    assert "CIFAR-10 (paper Table 2)" in report
+    assert f"{r['test_error']:.2f}*" in report  # fewer test images than the full 10,000: "*"
+    assert f"{knn_saved_model['test_error']:.2f}" in report
+
+
+@pytest.mark.parametrize("case", ["missing", "other_backbone", "no_signature", "not_a_run"])
+def test_bad_pretrained_is_refused(case, tmp_path, cifar10_dir):
+    if case == "missing":
+        pretrained, expected = tmp_path / "nowhere", "does not exist"
+    elif case == "other_backbone":
+        pretrained, expected = tmp_path / "alexnet_run", "--backbone=alexnet"
+        pretrained.mkdir()
+        (pretrained / "flags.json").write_text(json.dumps(
+            {"stage": "pretext", "backbone": "alexnet", "dataset": "imagenet2012",
+             "loss": "geodesic", "batch_norm": "fused"}))
+    elif case == "no_signature":
+        import tensorflow as tf
+
+        pretrained, expected = tmp_path / "bare_saved_model", "without the serving_default"
+        tf.saved_model.save(tf.Module(), str(pretrained))
+    else:
+        pretrained, expected = tmp_path / "empty", "neither a pretraining --model_dir"
+        pretrained.mkdir()
+    model_dir = tmp_path / "probe"
+    proc = run_cli("--stage=probe", "--probe=knn", f"--pretrained={pretrained}",
+                   f"--model_dir={model_dir}", f"--data_dir={cifar10_dir}", *SLICE)
+    assert proc.returncode != 0
+    assert expected in proc.stderr and str(pretrained) in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (model_dir / RESULTS_FILENAME).exists()

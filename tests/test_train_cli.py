@@ -1,0 +1,139 @@
+"""The pretext training program end to end: `python -m aetv2_tf.train` on real CIFAR-10 slices."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.cli import REPO, read_scalars, train
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, cifar10_dir):
+    """One 6-step AETv2 run: checkpoints every 3 steps, scalars every 2, images every 3."""
+    model_dir = tmp_path_factory.mktemp("pretext")
+    proc = train(model_dir, cifar10_dir, "--train_steps=6", "--checkpoint_every_steps=3",
+                 "--summary_every_steps=2", "--image_summary_every_steps=3")
+    return model_dir, proc
+
+
+def test_run_finishes_with_a_finite_loss_and_a_summary_line(run_dir):
+    _, proc = run_dir
+    line = [x for x in proc.stdout.splitlines() if x.startswith("Done (pretext)")]
+    assert line, proc.stdout
+    loss = float(re.search(r"\bloss=([-+0-9.e]+|nan|inf)", line[0]).group(1))
+    assert math.isfinite(loss) and loss > 0
+    assert "steps=6" in line[0]
+
+
+def test_checkpoints_flags_and_exports_are_written(run_dir):
+    model_dir, _ = run_dir
+    ckpts = sorted(p.name for p in (model_dir / "checkpoints").glob("ckpt-*.index"))
+    assert ckpts == ["ckpt-3.index", "ckpt-6.index"]
+    flags = (model_dir / "flags.cfg").read_text()
+    assert "--loss=geodesic" in flags and "--train_steps=6" in flags
+    assert json.loads((model_dir / "flags.json").read_text())["batch_size"] == 16
+    assert (model_dir / "aet_model.keras").is_file()
+    assert (model_dir / "export" / "encoder" / "saved_model.pb").is_file()
+
+
+def test_tensorboard_tags(run_dir):
+    model_dir, _ = run_dir
+    scalars = read_scalars(model_dir / "train")
+    for tag in ("loss", "geodesic_angle_deg", "projection_residual", "rotation_accuracy",
+                "learning_rate", "pairs_per_sec"):
+        assert sorted(scalars[tag]) == [2, 4, 6], tag
+        assert all(math.isfinite(v) for v in scalars[tag].values()), tag
+    assert sorted(scalars["pairs"]) == [0, 3, 6]  # image summaries
+    assert all(0 <= v <= 180 for v in scalars["geodesic_angle_deg"].values())
+
+
+def test_saved_model_loads_without_this_package(run_dir):
+    """The export works in a fresh process that never imports aetv2_tf."""
+    model_dir, _ = run_dir
+    script = textwrap.dedent(f"""
+        import sys, numpy as np, tensorflow as tf
+        m = tf.saved_model.load({str(model_dir / "export" / "encoder")!r})
+        f = m.signatures["serving_default"]
+        out = f(images=tf.constant(np.random.RandomState(0).randint(0, 255, (2, 32, 32, 3)),
+                                   tf.uint8))
+        assert "aetv2_tf" not in sys.modules
+        print(sorted((k, tuple(v.shape), v.dtype.name) for k, v in out.items()))
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd="/", timeout=300, check=True)
+    assert proc.stdout.strip() == str([
+        ("block1", (2, 16, 16, 96), "float32"), ("block2", (2, 8, 8, 192), "float32"),
+        ("block3", (2, 8, 8, 192), "float32"), ("block4", (2, 8, 8, 192), "float32")])
+
+
+def test_export_command_reexports_from_the_newest_checkpoint(run_dir, tmp_path):
+    from tests.cli import run_module
+
+    out = tmp_path / "encoder"
+    proc = run_module("aetv2_tf.export", f"--model_dir={run_dir[0]}", f"--output={out}")
+    assert (out / "saved_model.pb").is_file(), proc.stdout
+
+
+def test_resume_continues_the_step_and_the_learning_rate(tmp_path, cifar10_dir):
+    """Run 4 of 8 steps, stop, rerun: steps 5..8 and every learning rate match a straight run."""
+    common = ("--train_steps=8", "--summary_every_steps=1", "--checkpoint_every_steps=2",
+              "--image_summary_every_steps=1000", "--export=false")
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    train(straight, cifar10_dir, *common)
+    first = train(resumed, cifar10_dir, *common, "--stop_after_steps=4")
+    assert "steps=4" in first.stdout
+    second = train(resumed, cifar10_dir, *common)
+    assert "Resumed from checkpoint" in second.stdout and "at step 4." in second.stdout
+    assert "start_step=4" in second.stdout and "steps=8" in second.stdout
+    a, b = read_scalars(straight / "train"), read_scalars(resumed / "train")
+    assert sorted(b["learning_rate"]) == list(range(1, 9))
+    for step in range(1, 9):
+        assert b["learning_rate"][step] == pytest.approx(a["learning_rate"][step], rel=1e-6)
+    # Same data stream and same state: the resumed losses track the straight run's.
+    for step in range(5, 9):
+        assert b["loss"][step] == pytest.approx(a["loss"][step], rel=2e-2, abs=1e-3)
+
+
+MIRRORED_SCRIPT = textwrap.dedent("""
+    import numpy as np, keras, tensorflow as tf
+    from aetv2_tf.distribute import configure_cpu_devices, get_strategy
+    configure_cpu_devices(2)
+    from aetv2_tf.data import load_cifar10, pretext_dataset
+    from aetv2_tf.losses import GeodesicLoss
+    from aetv2_tf.models import build_aet_model, build_backbone
+    images, _ = load_cifar10({data!r}, "test")
+    (x, tx), params = next(iter(pretext_dataset(images[:32], 32, seed=3, training=False)))
+    results = []
+    for name in ("default", "mirrored"):
+        strategy = get_strategy(name)
+        with strategy.scope():
+            keras.utils.set_random_seed(0)
+            model = build_aet_model(build_backbone("nin", (32, 32, 3)))
+            model.compile(keras.optimizers.SGD(0.1), GeodesicLoss(), jit_compile=False)
+        loss = model.evaluate((x, tx), params, batch_size=32, verbose=0)
+        results.append((strategy.num_replicas_in_sync, loss))
+    print(results)
+""")
+
+
+def test_mirrored_on_two_cpu_devices_gives_the_default_loss(cifar10_dir):
+    proc = subprocess.run([sys.executable, "-c", MIRRORED_SCRIPT.format(data=str(cifar10_dir))],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (n1, default), (n2, mirrored) = eval(proc.stdout.strip().splitlines()[-1])
+    assert (n1, n2) == (1, 2)
+    assert mirrored == pytest.approx(default, rel=1e-5)
+
+
+def test_mirrored_training_through_the_cli(tmp_path, cifar10_dir):
+    proc = train(tmp_path, cifar10_dir, "--train_steps=2", "--strategy=mirrored",
+                 "--cpu_devices=2", "--export=false")
+    assert "steps=2" in proc.stdout
+    assert "MirroredStrategy with 2 replica(s)" in proc.stderr
