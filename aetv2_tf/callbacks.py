@@ -7,6 +7,7 @@ Only the chief writes checkpoints and summaries. Checkpoints go through
 
 from __future__ import annotations
 
+import hashlib
 import signal
 import time
 
@@ -19,6 +20,16 @@ from absl import logging
 def all_finite(variables) -> bool:
     """True when every variable is free of NaN and inf."""
     return all(bool(tf.reduce_all(tf.math.is_finite(tf.cast(v, tf.float32)))) for v in variables)
+
+
+def weights_digest(variables) -> str:
+    """A short SHA-256 of the variables' values (in order): equal digests mean bitwise-equal
+    weights, e.g. the trainable weights on every worker of a multi-worker run (BatchNorm moving
+    statistics are per replica, as in Keras, and differ), or in two `--deterministic` runs."""
+    digest = hashlib.sha256()
+    for v in variables:
+        digest.update(np.ascontiguousarray(tf.convert_to_tensor(v).numpy()).tobytes())
+    return digest.hexdigest()[:16]
 
 
 class CheckpointEvery(keras.callbacks.Callback):
@@ -181,7 +192,9 @@ class PretextSummaries(keras.callbacks.Callback):
 
     def _images(self, step: int) -> None:
         (x, tx), params = self.sample
-        predicted = self.model.predict_on_batch((x, tx))
+        # A direct call, not predict_on_batch: that would gather across workers, but only the
+        # chief draws images (a collective on one worker hangs a multi-worker run).
+        predicted = tf.cast(self.model((x, tx), training=False), tf.float32).numpy()
         grid = self.draw_fn(x, tx, np.asarray(params), np.asarray(predicted))
         with self.writer.as_default(step=step):
             tf.summary.image("pairs", grid, max_outputs=len(grid))

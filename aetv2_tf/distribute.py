@@ -41,6 +41,8 @@ def get_strategy(name: str = "auto", tpu: str | None = None) -> tf.distribute.St
     """
     if name not in STRATEGIES:
         raise ValueError(f"--strategy={name!r} is not one of {', '.join(STRATEGIES)}.")
+    if name == "multi_worker_mirrored":  # before anything initialises TensorFlow's context
+        return _multi_worker_strategy()
     gpus = tf.config.list_logical_devices("GPU")
     if name == "auto":
         name = "mirrored" if len(gpus) > 1 else ("one_device" if gpus else "default")
@@ -51,26 +53,79 @@ def get_strategy(name: str = "auto", tpu: str | None = None) -> tf.distribute.St
     if name == "mirrored":
         devices = [d.name for d in (gpus or tf.config.list_logical_devices("CPU"))]
         return tf.distribute.MirroredStrategy(devices)
-    if name == "multi_worker_mirrored":
-        if "TF_CONFIG" not in os.environ:
-            raise ValueError(
-                "--strategy=multi_worker_mirrored needs the TF_CONFIG environment variable "
-                '(e.g. {"cluster": {"worker": ["host1:port", "host2:port"]}, '
-                '"task": {"type": "worker", "index": 0}}); see BUILD.md.'
-            )
-        json.loads(os.environ["TF_CONFIG"])  # fail early on malformed JSON
-        return tf.distribute.MultiWorkerMirroredStrategy()
     resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu or "")
     tf.config.experimental_connect_to_cluster(resolver)
     tf.tpu.experimental.initialize_tpu_system(resolver)
     return tf.distribute.TPUStrategy(resolver)
 
 
+def _multi_worker_strategy() -> tf.distribute.MultiWorkerMirroredStrategy:
+    """MWMS from `TF_CONFIG`. TensorFlow refuses it once its context is initialised (e.g. by
+    `tf.config.list_logical_devices` or by creating a variable), so create it first thing."""
+    if "TF_CONFIG" not in os.environ:
+        raise ValueError(
+            "--strategy=multi_worker_mirrored needs the TF_CONFIG environment variable "
+            '(e.g. {"cluster": {"worker": ["host1:port", "host2:port"]}, '
+            '"task": {"type": "worker", "index": 0}}); see BUILD.md.'
+        )
+    try:
+        json.loads(os.environ["TF_CONFIG"])
+    except json.JSONDecodeError as e:
+        raise ValueError(f"TF_CONFIG is not valid JSON ({e}); see BUILD.md.") from e
+    return tf.distribute.MultiWorkerMirroredStrategy()
+
+
 def is_chief(strategy: tf.distribute.Strategy) -> bool:
-    """True on the worker that writes checkpoints, summaries and exports."""
+    """True on the worker that writes checkpoints, summaries and exports: the `chief` task if the
+    cluster has one, else worker 0 (TensorFlow's convention)."""
     resolver = getattr(strategy, "cluster_resolver", None)
     if resolver is None or not getattr(resolver, "task_type", None):
         return True
-    return resolver.task_type in ("chief", None) or (
-        resolver.task_type == "worker" and resolver.task_id == 0
-    )
+    if resolver.task_type == "chief":
+        return True
+    has_chief = "chief" in resolver.cluster_spec().jobs
+    return resolver.task_type == "worker" and resolver.task_id == 0 and not has_chief
+
+
+def task_name(strategy: tf.distribute.Strategy) -> str:
+    """`<task_type>_<task_id>` of this process in a cluster (`worker_1`), `local` outside one."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not getattr(resolver, "task_type", None):
+        return "local"
+    return f"{resolver.task_type}_{resolver.task_id}"
+
+
+def patch_keras_multi_worker_fit(model, strategy: tf.distribute.Strategy) -> None:
+    """Lets `model.fit` run under `MultiWorkerMirroredStrategy` (Keras 3 bug, keras-team/keras
+    #20585 and #20329).
+
+    Two bugs, two fixes; a no-op under other strategies:
+
+    - before training, Keras 3 builds the model's metrics from one batch that it averages over
+      the replicas with `strategy.reduce`, which fails on a nested batch such as ((x, t(x)),
+      params). Only the batch's shapes and dtypes matter there, so this builds from this
+      worker's first replica's values instead;
+    - every step, Keras averages the replicas' logs with `strategy.reduce("MEAN", v, axis=0)`,
+      which fails on scalars. The train step's scalars are returned with shape (1,) instead;
+      the same reduction then averages them over every replica of every worker into scalars,
+      as Keras does under `MirroredStrategy`.
+    """
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return
+    train_step = model.train_step
+
+    def train_step_with_vector_logs(data):
+        return tf.nest.map_structure(lambda v: tf.reshape(v, [1]), train_step(data))
+
+    model.train_step = train_step_with_vector_logs
+
+    def symbolic_build(iterator=None, data_batch=None):
+        if iterator is not None:
+            for _, _, batches in iterator:
+                data_batch = tf.nest.map_structure(
+                    lambda v: strategy.experimental_local_results(v)[0], next(batches))
+                break
+        with strategy.scope():
+            model._symbolic_build(data_batch=data_batch)
+
+    model._maybe_symbolic_build = symbolic_build

@@ -13,6 +13,7 @@ the same command resumes from the newest checkpoint, at the same step and learni
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
@@ -24,7 +25,13 @@ import tensorflow as tf
 from absl import app, logging
 
 from aetv2_tf import distribute, optim, rundir
-from aetv2_tf.callbacks import CheckpointEvery, PretextSummaries, StopOnSignal, StopOnSkippedStep
+from aetv2_tf.callbacks import (
+    CheckpointEvery,
+    PretextSummaries,
+    StopOnSignal,
+    StopOnSkippedStep,
+    weights_digest,
+)
 from aetv2_tf.data.sources import DataError
 from aetv2_tf.flags import ESSENTIAL, FLAGS, flagfile_text, run_flags
 from aetv2_tf.rundir import UsageError
@@ -106,13 +113,16 @@ def total_steps(num_examples: int | None) -> tuple[int, int]:
     return min(per_epoch, steps), steps
 
 
-def restore(manager: tf.train.CheckpointManager, step_fn) -> int:
-    """Restores the newest complete checkpoint, if any; returns the step to continue from."""
-    latest = manager.latest_checkpoint
+def restore(checkpoint: tf.train.Checkpoint, directory: str, step_fn) -> int:
+    """Restores the newest complete checkpoint in `directory`, if any; returns the step to
+    continue from. Only a checkpoint listed in `directory/checkpoint` is read, and
+    `CheckpointManager` lists one only after all its files are written: a save cut short by a
+    crash is never loaded."""
+    latest = tf.train.latest_checkpoint(directory)
     if latest is None:
-        logging.info("No checkpoint in %s: starting at step 0.", manager.directory)
+        logging.info("No checkpoint in %s: starting at step 0.", directory)
         return 0
-    manager.checkpoint.restore(latest).assert_existing_objects_matched()
+    checkpoint.restore(latest).assert_existing_objects_matched()
     step = step_fn()
     message = f"Resumed from checkpoint {latest} at step {step}."
     logging.info(message)
@@ -120,8 +130,12 @@ def restore(manager: tf.train.CheckpointManager, step_fn) -> int:
     return step
 
 
-def pretext_stage(strategy: tf.distribute.Strategy, chief: bool) -> dict:
-    """Self-supervised pretraining (AETv2, AETv1 or RotNet). Returns the end-of-run summary."""
+def pretext_stage(strategy: tf.distribute.Strategy, chief: bool, data=None) -> dict:
+    """Self-supervised pretraining (AETv2, AETv1 or RotNet). Returns the end-of-run summary.
+
+    `data` is `load_train_images()`'s result when the caller has already loaded (and so checked)
+    the images.
+    """
     from aetv2_tf import losses, metrics
     from aetv2_tf.data import pipelines
     from aetv2_tf.data.homographies import parameter_statistics
@@ -130,7 +144,7 @@ def pretext_stage(strategy: tf.distribute.Strategy, chief: bool) -> dict:
     from aetv2_tf.visualize import draw_pairs
 
     F = FLAGS
-    images, _, num_examples = load_train_images()
+    images, _, num_examples = data or load_train_images()
     size = IMAGE_SIZE[F.backbone]
     per_epoch, steps = total_steps(num_examples)
     rotation = F.pretext == "rotation"
@@ -159,11 +173,15 @@ def pretext_stage(strategy: tf.distribute.Strategy, chief: bool) -> dict:
                       steps_per_execution=F.steps_per_execution, jit_compile=False)
         optimizer.build(model.trainable_variables)
         checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    distribute.patch_keras_multi_worker_fit(model, strategy)
     step_fn = lambda: int(optimizer.iterations.numpy())  # noqa: E731
-    ckpt_dir = os.path.join(F.model_dir, "checkpoints") if chief else os.path.join(
-        F.model_dir, ".worker_tmp", str(strategy.cluster_resolver.task_id), "checkpoints")
-    manager = tf.train.CheckpointManager(checkpoint, ckpt_dir, max_to_keep=F.keep_checkpoints)
-    start = restore(manager, step_fn)
+    # Every worker saves (saving may need collectives), but only the chief into the model_dir;
+    # every worker resumes from the chief's checkpoints (a shared filesystem, see BUILD.md).
+    ckpt_dir = os.path.join(F.model_dir, "checkpoints")
+    worker_tmp = os.path.join(F.model_dir, ".worker_tmp", distribute.task_name(strategy))
+    manager = tf.train.CheckpointManager(checkpoint, ckpt_dir if chief else worker_tmp,
+                                         max_to_keep=F.keep_checkpoints)
+    start = restore(checkpoint, ckpt_dir, step_fn)
 
     build = pipelines.rotation_dataset if rotation else pipelines.pretext_dataset
     dataset = build(images, F.batch_size, seed=F.seed, start_step=start, image_size=size,
@@ -192,14 +210,16 @@ def pretext_stage(strategy: tf.distribute.Strategy, chief: bool) -> dict:
     done = step_fn()
     summary = dict(steps=done, start_step=start, wall_time_s=round(wall, 1),
                    pairs_per_sec=round((done - start) * F.batch_size / max(wall, 1e-9), 1),
-                   **history)
+                   **history, trainable_digest=weights_digest(model.trainable_weights))
     interrupted = callbacks[0].received
     if chief and done >= steps and F.export and not interrupted:
         model.save(os.path.join(F.model_dir, "aet_model.keras"))
         export_encoder(encoder, os.path.join(F.model_dir, "export", "encoder"), F.dataset)
         summary["export"] = os.path.join(F.model_dir, "export", "encoder")
     if not chief:
-        shutil.rmtree(os.path.join(F.model_dir, ".worker_tmp"), ignore_errors=True)
+        shutil.rmtree(worker_tmp, ignore_errors=True)
+        with contextlib.suppress(OSError):  # the last worker out removes the empty parent
+            os.rmdir(os.path.dirname(worker_tmp))
     if interrupted:
         summary["interrupted_by"] = interrupted
     return summary
@@ -223,17 +243,22 @@ def run() -> dict:
     distribute.configure_cpu_devices(F.cpu_devices)
     if F.deterministic:
         tf.config.experimental.enable_op_determinism()
+    try:  # before any op or variable: multi-worker strategies need a fresh TensorFlow context
+        strategy = distribute.get_strategy(F.strategy, F.tpu)
+    except ValueError as e:
+        raise UsageError(str(e)) from e
     keras.utils.set_random_seed(F.seed)
-    strategy = distribute.get_strategy(F.strategy, F.tpu)
     check_flags(strategy.num_replicas_in_sync)
     chief = distribute.is_chief(strategy)
     policy = choose_precision(F.mixed_precision)
     keras.mixed_precision.set_global_policy(policy)
+    # Bad data fails here, before the model_dir is touched.
+    data = load_train_images() if F.stage == "pretext" else None
     rundir.prepare(F.model_dir, run_flags(), flagfile_text(), ESSENTIAL, F.overwrite, chief)
     logging.info("Strategy %s with %d replica(s), dtype policy %s.", type(strategy).__name__,
                  strategy.num_replicas_in_sync, policy)
     if F.stage == "pretext":
-        return pretext_stage(strategy, chief)
+        return pretext_stage(strategy, chief, data)
     from aetv2_tf.probes import stage as probe_stage
     return probe_stage.run(strategy, chief)
 

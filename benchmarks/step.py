@@ -1,0 +1,249 @@
+"""Pretext training-step throughput: `python -m benchmarks.step`.
+
+Times the compiled AET training step that `python -m aetv2_tf.train` runs (NIN Siamese encoder,
+decoder, the real loss, metrics, Adam wrapped in the non-finite-step guard, L2 decay) through
+`model.fit` on one in-memory batch repeated, so the input pipeline costs nothing here (see
+`benchmarks.pipeline` for it). A configuration is `BN/PRECISION/LOSS[/spe<N>][/xla]`:
+
+* BN: `fused` (FusedBatchNormalization, the default) or `keras` (keras.layers.BatchNormalization);
+* PRECISION: `fp32`, `bf16` (mixed_bfloat16) or `auto` (what `--mixed_precision=auto` picks here);
+* LOSS: `geodesic` (AETv2) or `mse` (AETv1);
+* `spe<N>`: `steps_per_execution=N` (default `--steps_per_execution`), `xla`: `jit_compile=True`.
+
+Every configuration and two 4096^3 matmuls (float32 and bfloat16: the machine's peaks under the
+same load) are built and warmed up first, then timed in interleaved rounds; the table gives
+medians. Achieved GFLOP/s count the conv/dense arithmetic of the step analytically
+(`common.forward_macs`, training ~ 3x forward), which the issue's 3.0 GFLOP per pair checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+
+from benchmarks import common
+
+DEFAULT_CONFIGS = ("fused/fp32/geodesic", "fused/fp32/mse", "fused/bf16/geodesic",
+                   "fused/bf16/mse", "keras/fp32/geodesic", "keras/bf16/geodesic")
+PRECISIONS = {"fp32": "float32", "bf16": "mixed_bfloat16"}
+BASELINE = "fused/fp32/geodesic"
+# Targets of issue 5 for batch 128 on 2 cores.
+TARGET_BF16, TARGET_FP32, TARGET_PEAK_FRACTION, TARGET_LOSS_GAP = 250.0, 100.0, 0.55, 0.03
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """One parsed configuration string."""
+
+    name: str
+    batch_norm: str
+    precision: str  # Keras policy name
+    loss: str
+    steps_per_execution: int
+    xla: bool
+
+    @classmethod
+    def parse(cls, name: str, steps_per_execution: int = 1) -> Spec:
+        parts = name.split("/")
+        if len(parts) < 3 or parts[0] not in ("fused", "keras") or parts[2] not in (
+                "geodesic", "mse") or parts[1] not in (*PRECISIONS, "auto"):
+            raise ValueError(f"bad config {name!r}: use BN/PRECISION/LOSS[/spe<N>][/xla] with BN "
+                             f"fused|keras, PRECISION fp32|bf16|auto, LOSS geodesic|mse")
+        spe, xla = steps_per_execution, False
+        for extra in parts[3:]:
+            if extra == "xla":
+                xla = True
+            elif extra.startswith("spe") and extra[3:].isdigit() and int(extra[3:]) > 0:
+                spe = int(extra[3:])
+            else:
+                raise ValueError(f"bad config suffix {extra!r} in {name!r}: spe<N> or xla")
+        if parts[1] == "auto":
+            from aetv2_tf.train import choose_precision
+
+            precision = choose_precision("auto")
+        else:
+            precision = PRECISIONS[parts[1]]
+        return cls(name, parts[0], precision, parts[2], spe, xla)
+
+
+def example_batch(batch_size: int, seed: int = 0):
+    """One real pretext batch ((x, tx), params) of random images (the content costs nothing)."""
+    import numpy as np
+
+    from aetv2_tf.data.pipelines import pretext_dataset
+
+    images = np.random.default_rng(seed).integers(0, 256, (2 * batch_size, 32, 32, 3), np.uint8)
+    return next(iter(pretext_dataset(images, batch_size, seed=seed)))
+
+
+class StepRunner:
+    """A compiled AET model of one `Spec`, ready to run `steps` training steps on one batch."""
+
+    def __init__(self, spec: Spec, batch, learning_rate: float = 1e-3):
+        import keras
+        import tensorflow as tf
+
+        from aetv2_tf import losses, metrics, optim
+        from aetv2_tf.data.homographies import parameter_statistics
+        from aetv2_tf.models import build_aet_model, build_backbone
+
+        self.spec = spec
+        previous = keras.mixed_precision.dtype_policy().name
+        keras.mixed_precision.set_global_policy(spec.precision)
+        try:
+            self.encoder = build_backbone("nin", (32, 32, 3), batch_norm=spec.batch_norm)
+            self.model = build_aet_model(self.encoder)
+        finally:
+            keras.mixed_precision.set_global_policy(previous)
+        optim.add_l2_decay(self.model, 5e-4)
+        optimizer = optim.build_optimizer(
+            "adam", optim.Schedule("constant", learning_rate, 1), weight_decay=5e-4)
+        if spec.loss == "geodesic":
+            loss = losses.GeodesicLoss(1.0)
+        else:
+            loss = losses.ParameterMSELoss(std=parameter_statistics(32, 32, "integer")[1])
+        self.model.compile(optimizer=optimizer, loss=loss, metrics=metrics.pretext_metrics(),
+                           steps_per_execution=spec.steps_per_execution, jit_compile=spec.xla)
+        self.batch_size = int(batch[1].shape[0])
+        self.dataset = tf.data.Dataset.from_tensors(batch).repeat()
+        self.history: dict[str, float] = {}
+
+    def round_steps(self, steps: int) -> int:
+        """`steps` rounded up to whole executions of `steps_per_execution`."""
+        spe = self.spec.steps_per_execution
+        return -(-steps // spe) * spe
+
+    def run(self, steps: int, dataset=None) -> None:
+        """`steps` (rounded up to whole executions) training steps through `model.fit`, on the
+        repeated batch or on `dataset`."""
+        fit = self.model.fit(self.dataset if dataset is None else dataset, epochs=1,
+                             steps_per_epoch=self.round_steps(steps), shuffle=False, verbose=0)
+        self.history = {k: float(v[-1]) for k, v in fit.history.items()}
+
+    def flops_per_pair(self) -> float:
+        """Training-step FLOPs per pair: the encoder sees 2 images, the decoder 1 pair."""
+        encoder = common.forward_macs(self.encoder)
+        decoder = common.forward_macs(self.model) - encoder
+        return common.train_step_flops(2 * encoder + decoder)
+
+
+@dataclasses.dataclass
+class Result:
+    """Medians of one configuration's rounds."""
+
+    pairs_per_s: float
+    pairs_per_cpu_s: float
+    rates: list[float]  # per round, pairs/s
+
+    @classmethod
+    def of(cls, timings: list[common.Timing], pairs: float) -> Result:
+        rates = [pairs / t.wall for t in timings]
+        return cls(common.median(rates), common.median(pairs / t.cpu for t in timings), rates)
+
+
+def measure(specs: list[Spec], batch_size: int, steps: int, repeats: int, warmup: int = 2,
+            matmul_n: int = 4096) -> tuple[dict[str, Result], dict[str, float], dict]:
+    """Builds, warms up and times every spec and the two matmuls, interleaved.
+
+    Returns ({config: Result}, {"float32"|"bfloat16": matmul GFLOP/s}, {config: StepRunner}).
+    """
+    batch = example_batch(batch_size)
+    runners = {}
+    for spec in specs:
+        t0 = time.perf_counter()
+        runner = StepRunner(spec, batch)
+        runner.run(warmup)
+        runners[spec.name] = runner
+        print(f"built and warmed up {spec.name} in {time.perf_counter() - t0:.1f}s", flush=True)
+    runs = {name: (lambda r=r: r.run(steps)) for name, r in runners.items()}
+    matmuls = {}
+    if matmul_n:
+        matmuls = {f"matmul/{d}": common.make_matmul(d, matmul_n) for d in ("float32", "bfloat16")}
+    timings = common.interleave({**runs, **matmuls}, repeats)
+    results = {name: Result.of(timings[name], runners[name].round_steps(steps) * batch_size)
+               for name in runners}
+    peaks = {name.split("/")[1]: common.matmul_flops(matmul_n) / common.median(
+        t.wall for t in timings[name]) / 1e9 for name in matmuls}
+    return results, peaks, runners
+
+
+def table(results: dict[str, Result], peaks: dict[str, float], flops: float,
+          matmul_n: int = 4096) -> str:
+    base = results.get(BASELINE)
+    rows = []
+    for name, r in results.items():
+        gflops = r.pairs_per_s * flops / 1e9
+        rows.append([name, f"{r.pairs_per_s:.1f}", common.spread(r.rates),
+                     f"{r.pairs_per_cpu_s:.1f}", f"{gflops:.0f}",
+                     *(f"{100 * gflops / peaks[d]:.0f}%" if d in peaks else "-"
+                       for d in ("float32", "bfloat16")),
+                     f"{r.pairs_per_s / base.pairs_per_s:.2f}x" if base else "-"])
+    for dtype, gflops in peaks.items():
+        rows.append([f"matmul {matmul_n}^3 {dtype}", "-", "-", "-", f"{gflops:.0f}", "", "", ""])
+    return common.markdown_table(
+        ["config", "pairs/s", "round spread", "pairs/CPU-s", "GFLOP/s", "% fp32 peak",
+         "% bf16 peak", f"vs {BASELINE}"], rows)
+
+
+def targets(results: dict[str, Result], peaks: dict[str, float], flops: float) -> list[str]:
+    """The issue's targets, each with the measured value and met/missed."""
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "MISSED"
+
+    out = []
+    for name, r in results.items():
+        bn, precision, loss = name.split("/")[:3]
+        if bn == "fused" and loss == "geodesic" and len(name.split("/")) == 3:
+            goal = TARGET_BF16 if precision == "bf16" else TARGET_FP32
+            out.append(f"{name}: {r.pairs_per_s:.0f} pairs/s vs target {goal:.0f}: "
+                       f"{verdict(r.pairs_per_s >= goal)}")
+            if precision == "fp32" and "float32" in peaks:
+                frac = r.pairs_per_s * flops / 1e9 / peaks["float32"]
+                out.append(f"{name}: {100 * frac:.0f}% of the fp32 matmul peak vs target "
+                           f"{100 * TARGET_PEAK_FRACTION:.0f}%: {verdict(frac >= TARGET_PEAK_FRACTION)}")
+        mse = name.replace("/geodesic", "/mse")
+        if loss == "geodesic" and mse in results:
+            gap = 1 - r.pairs_per_s / results[mse].pairs_per_s
+            out.append(f"{name} vs {mse}: geodesic {100 * gap:+.1f}% slower vs target <= "
+                       f"{100 * TARGET_LOSS_GAP:.0f}%: {verdict(gap <= TARGET_LOSS_GAP)}")
+    return out
+
+
+def add_step_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--batch_size", type=int, default=128, help="Pairs per step.")
+    p.add_argument("--steps", type=int, default=5, help="Timed steps per configuration a round.")
+    p.add_argument("--repeats", type=int, default=3, help="Interleaved rounds (medians).")
+    p.add_argument("--warmup", type=int, default=2, help="Untimed steps after building.")
+    p.add_argument("--steps_per_execution", type=int, default=1,
+                   help="model.compile(steps_per_execution=...) of configs without /spe<N>.")
+
+
+def main() -> None:
+    common.keras_quiet()
+    p = common.parser(__doc__)
+    add_step_flags(p)
+    p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
+                   help="Comma-separated BN/PRECISION/LOSS[/spe<N>][/xla] configurations.")
+    p.add_argument("--matmul_n", type=int, default=4096,
+                   help="Size of the peak matmuls (0: skip them).")
+    args = p.parse_args()
+    common.configure_threads(args)
+    load = common.load_average()
+    specs = [Spec.parse(c.strip(), args.steps_per_execution) for c in args.configs.split(",")]
+    results, peaks, runners = measure(specs, args.batch_size, args.steps, args.repeats,
+                                      args.warmup, args.matmul_n)
+    flops = next(iter(runners.values())).flops_per_pair()
+    notes = [f"NIN Siamese pretext step, batch {args.batch_size} pairs, {args.steps} steps x "
+             f"{args.repeats} interleaved rounds per configuration; medians. Step arithmetic "
+             f"(conv + dense, training = 3x forward): {flops / 1e9:.2f} GFLOP per pair.",
+             "pairs/CPU-s: pairs per second of CPU time the process got (all its threads); "
+             "steadier than pairs/s on a shared machine. round spread: slowest/fastest round "
+             "against the median.",
+             *(f"Target: {t}" for t in targets(results, peaks, flops))]
+    common.report("Training step (benchmarks.step)", table(results, peaks, flops, args.matmul_n), args, notes,
+                  load_before=load)
+
+
+if __name__ == "__main__":
+    main()
