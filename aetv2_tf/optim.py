@@ -14,9 +14,9 @@ from keras import ops
 # The AETv1 CIFAR table (1500 epochs): multiplier x1 until epoch 240, x0.2 to 480, x0.04 to 640,
 # x0.008 to 800, x0.0016 to 1000, then linear decay to ~1e-5 (x1e-4). Stored as fractions of the
 # run so that the same shape applies to any run length.
-AETV1_BOUNDARIES = (240 / 1500, 480 / 1500, 640 / 1500, 800 / 1500, 1000 / 1500)
+AETV1_BOUNDARIES = (240 / 1500, 480 / 1500, 640 / 1500, 800 / 1500)
 AETV1_MULTIPLIERS = (1.0, 0.2, 0.04, 0.008, 0.0016)
-AETV1_FINAL_MULTIPLIER = 1e-4
+AETV1_DECAY_START, AETV1_FINAL_MULTIPLIER = 1000 / 1500, 1e-4
 
 
 @keras.saving.register_keras_serializable(package="aetv2_tf")
@@ -45,7 +45,7 @@ class Schedule(keras.optimizers.schedules.LearningRateSchedule):
         for b, v in zip(bounds, mults[1:], strict=True):
             m = ops.where(frac >= b, v, m)
         if self.kind == "aetv1":  # linear decay over the last third of the run
-            start, end = AETV1_BOUNDARIES[-1], AETV1_MULTIPLIERS[-1]
+            start, end = AETV1_DECAY_START, AETV1_MULTIPLIERS[-1]
             t = ops.clip((frac - start) / (1.0 - start), 0.0, 1.0)
             m = ops.where(frac >= start, end + t * (AETV1_FINAL_MULTIPLIER - end), m)
         return m
@@ -118,17 +118,14 @@ def build_optimizer(name: str, schedule, *, momentum: float = 0.9, beta_1: float
 
 
 def add_l2_decay(model: keras.Model, weight_decay: float) -> int:
-    """Adds `weight_decay / 2 * ||w||^2` of every conv/dense kernel to `model.losses`.
+    """Adds `weight_decay / 2 * ||w||^2` of every trainable weight to `model.losses`.
 
-    Its gradient is `weight_decay * w`, PyTorch's coupled weight decay. Biases and BatchNorm
-    parameters are not decayed. Returns the number of decayed kernels.
+    Its gradient is `weight_decay * w`: PyTorch's coupled `weight_decay`, which the AETv1 code
+    applies to every parameter (kernels, biases and BatchNorm's gamma and beta alike).
+    Returns the number of decayed weights.
     """
     if weight_decay <= 0:
         return 0
-    count = 0
-    for layer in model._flatten_layers(include_self=False, recursive=True):
-        kernel = getattr(layer, "kernel", None)
-        if kernel is not None and getattr(kernel, "trainable", False):
-            kernel.regularizer = keras.regularizers.L2(weight_decay / 2.0)
-            count += 1
-    return count
+    for weight in model.trainable_weights:
+        weight.regularizer = keras.regularizers.L2(weight_decay / 2.0)
+    return len(model.trainable_weights)

@@ -1,0 +1,56 @@
+"""Learning-rate schedules, the non-finite step guard and coupled weight decay."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+
+from aetv2_tf import optim
+
+
+def test_aetv1_schedule_follows_the_published_table():
+    # 1500 "epochs" of one step each: the multipliers of the AETv1 code at its epoch boundaries.
+    s = optim.Schedule("aetv1", 0.1, total_steps=1500)
+    expected = {0: 1.0, 239: 1.0, 240: 0.2, 479: 0.2, 480: 0.04, 640: 0.008, 800: 0.0016,
+                999: 0.0016}
+    for step, mult in expected.items():
+        assert float(s(step)) == pytest.approx(0.1 * mult, rel=1e-5), step
+    assert float(s(1499)) == pytest.approx(0.1 * 1e-4, rel=5e-2)  # linear decay to ~1e-5
+
+
+def test_cosine_and_warmup():
+    s = optim.Schedule("cosine", 1.0, total_steps=100, warmup_steps=10)
+    assert float(s(0)) == pytest.approx(0.1, rel=1e-5)  # warm-up: (0 + 1) / 10
+    assert float(s(50)) == pytest.approx(0.5, rel=1e-5)
+    assert float(s(100)) == pytest.approx(0.0, abs=1e-7)
+    assert keras.optimizers.schedules.deserialize(keras.optimizers.schedules.serialize(s)) \
+        .get_config() == s.get_config()
+
+
+def test_skip_non_finite_leaves_weights_slots_and_step_untouched():
+    var = keras.Variable(np.ones(3, np.float32))
+    opt = optim.build_optimizer("adam", 0.1)
+    opt.apply([keras.ops.convert_to_tensor(np.array([1.0, 2.0, 3.0], np.float32))], [var])
+    before = [np.array(v) for v in opt.variables] + [np.array(var)]
+    opt.apply([keras.ops.convert_to_tensor(np.array([1.0, np.nan, 3.0], np.float32))], [var])
+    after = [np.array(v) for v in opt.variables] + [np.array(var)]
+    changed = [i for i, (a, b) in enumerate(zip(before, after, strict=True))
+               if not np.array_equal(a, b)]
+    assert [opt.variables[i].name for i in changed] == ["skipped_steps"]
+    assert int(opt.iterations) == 1 and int(opt.skipped_steps) == 1
+
+
+def test_l2_decay_gradient_is_coupled_weight_decay():
+    """d/dw of the added loss is weight_decay * w for every trainable weight (PyTorch)."""
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3),
+                              keras.layers.BatchNormalization()])
+    assert optim.add_l2_decay(model, 0.01) == 4
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        model(np.ones((2, 4), np.float32))
+        penalty = tf.add_n(model.losses)
+    grads = tape.gradient(penalty, model.trainable_weights)
+    for g, w in zip(grads, model.trainable_weights, strict=True):
+        np.testing.assert_allclose(g.numpy(), 0.01 * w.numpy(), rtol=1e-6, atol=1e-8)
