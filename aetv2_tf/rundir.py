@@ -26,7 +26,11 @@ MIN_FREE_BYTES = 64 * 2**20
 
 
 def check_writable(model_dir: str, min_free_bytes: int = MIN_FREE_BYTES) -> None:
-    """Fails now, not after an hour, when `model_dir` cannot hold checkpoints."""
+    """Fails now, not after an hour, when `model_dir` cannot hold checkpoints.
+
+    A `model_dir` that this check creates is removed again when the check fails.
+    """
+    created = not os.path.isdir(model_dir)
     try:
         os.makedirs(model_dir, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=model_dir, prefix=".write_test_") as f:
@@ -34,13 +38,23 @@ def check_writable(model_dir: str, min_free_bytes: int = MIN_FREE_BYTES) -> None
             f.flush()
             os.fsync(f.fileno())
     except OSError as e:
+        _remove_if_created(model_dir, created)
         raise UsageError(f"--model_dir={model_dir} is not writable ({e.strerror}); choose a "
                          "directory you can write to.") from e
     free = shutil.disk_usage(model_dir).free
     if free < min_free_bytes:
+        _remove_if_created(model_dir, created)
         raise UsageError(f"--model_dir={model_dir} has only {free / 2**20:.1f} MiB free; "
                          f"checkpoints need at least {min_free_bytes / 2**20:.0f} MiB. Free some "
                          "space or choose another --model_dir.")
+
+
+def _remove_if_created(model_dir: str, created: bool) -> None:
+    if created:
+        try:
+            os.rmdir(model_dir)
+        except OSError:
+            pass
 
 
 def prepare(model_dir: str, run_flags: dict, flagfile: str, essential: tuple[str, ...],

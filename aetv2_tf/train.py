@@ -40,7 +40,13 @@ IMAGE_SIZE = {"nin": 32, "alexnet": 224}
 
 
 def choose_precision(name: str) -> str:
-    """The Keras dtype policy for `--mixed_precision` (`auto` picks the fastest correct one)."""
+    """The Keras dtype policy for `--mixed_precision` (`auto` picks the fastest correct one).
+
+    `auto`: mixed_bfloat16 on TPUs and on CPUs with AMX, mixed_float16 on GPUs, float32 on other
+    CPUs. AVX512_BF16 without AMX is NOT enough: there a bfloat16 matmul runs at about half the
+    float32 rate and the NIN step is slower in mixed_bfloat16 than in float32 (BENCHMARKS.md,
+    `python -m benchmarks.step`).
+    """
     if name == "none":
         return "float32"
     if name != "auto":
@@ -92,7 +98,8 @@ def load_train_images(split: str = "train"):
     """The stage's images: numpy (N, H, W, 3) uint8 + labels for CIFAR-10, else a tf.data."""
     from aetv2_tf.data.sources import load_source
 
-    source = load_source(FLAGS.dataset, FLAGS.data_dir, split, download=FLAGS.download)
+    data_dir = os.path.expanduser(FLAGS.data_dir) if FLAGS.data_dir else None
+    source = load_source(FLAGS.dataset, data_dir, split, download=FLAGS.download)
     if isinstance(source, tuple):
         images, labels = source
         if split == "train" and FLAGS.train_examples:
@@ -100,15 +107,19 @@ def load_train_images(split: str = "train"):
         return images, labels, len(images)
     if split == "train" and FLAGS.train_examples:
         source = source.take(FLAGS.train_examples)
-        return source, None, FLAGS.train_examples
-    return source, None, None
+    size = int(source.cardinality())  # known for tensorflow-datasets splits and folders
+    return source, None, size if size >= 0 else None
 
 
-def total_steps(num_examples: int | None) -> tuple[int, int]:
-    """(steps per epoch, total steps) from --epochs / --train_steps."""
+def total_steps(num_examples: int | None, images_per_step: int) -> tuple[int, int]:
+    """(steps per epoch, total steps) from --epochs / --train_steps.
+
+    `images_per_step` is the number of distinct training images a step consumes: the batch for
+    AET pairs, a quarter of it for RotNet (each image appears in its 4 rotations).
+    """
     if num_examples is None and not FLAGS.train_steps:
         raise UsageError("the dataset size is unknown here: pass --train_steps.")
-    per_epoch = max((num_examples or FLAGS.train_steps * FLAGS.batch_size) // FLAGS.batch_size, 1)
+    per_epoch = max((num_examples or FLAGS.train_steps * images_per_step) // images_per_step, 1)
     steps = FLAGS.train_steps or FLAGS.epochs * per_epoch
     return min(per_epoch, steps), steps
 
@@ -146,8 +157,8 @@ def pretext_stage(strategy: tf.distribute.Strategy, chief: bool, data=None) -> d
     F = FLAGS
     images, _, num_examples = data or load_train_images()
     size = IMAGE_SIZE[F.backbone]
-    per_epoch, steps = total_steps(num_examples)
     rotation = F.pretext == "rotation"
+    per_epoch, steps = total_steps(num_examples, F.batch_size // 4 if rotation else F.batch_size)
 
     with strategy.scope():
         encoder = build_backbone(F.backbone, (size, size, 3), batch_norm=F.batch_norm)

@@ -8,9 +8,9 @@ average-pooled block-2 features, the whole 50,000 training images against the 10
 images, `--stage=probe --probe=knn`). It records each method's KNN top-1, steps, pairs, wall
 time, the CPU time of its processes, and the training pairs/s.
 
-Everything goes under `--work_dir` (default `runs/budget`): `<method>/` (the pretraining run),
-`<method>_knn/` (the probe's results.json) and `<method>.log` (the programs' output). Those
-directories are deleted first, so every invocation starts from scratch.
+Everything goes under `--work_dir` (default `runs/budget`), per method in lower case: `<method>/`
+(the pretraining run), `<method>_knn/` (the probe's results.json) and `<method>.log` (the
+programs' output). Those are deleted first, so every invocation starts from scratch.
 
 The real benchmark takes hours (e.g. 2,000 steps of batch 128 is about 5 epochs); try it with
 tiny arguments first: `--steps=3 --knn_train_examples=500 --knn_test_examples=200`.
@@ -116,8 +116,8 @@ def main() -> None:
     args.work_dir.mkdir(parents=True, exist_ok=True)
     rows, sizes = [], {}
     for method in methods:
-        run_dir, knn_dir = args.work_dir / method, args.work_dir / f"{method}_knn"
-        log = args.work_dir / f"{method}.log"
+        run_dir, knn_dir = args.work_dir / method.lower(), args.work_dir / f"{method.lower()}_knn"
+        log = args.work_dir / f"{method.lower()}.log"
         for stale in (run_dir, knn_dir):
             shutil.rmtree(stale, ignore_errors=True)
         log.unlink(missing_ok=True)

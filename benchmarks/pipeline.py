@@ -94,8 +94,8 @@ def main() -> None:
     load = common.load_average()
     images = load_images(args.data_dir, args.train_examples)
     variants = {"pipeline, 1 core": 1, "pipeline, all cores": 0}
-    drains = {name: Timed(lambda ds=pipeline(images, args.batch_size, t): drain(ds, args.batches))
-              for name, t in variants.items()}
+    datasets = {name: pipeline(images, args.batch_size, t) for name, t in variants.items()}
+    drains = {name: Timed(lambda ds=ds: drain(ds, args.batches)) for name, ds in datasets.items()}
     for run in drains.values():  # warm-up: first iterators, traced functions
         run()
         run.seconds.clear()

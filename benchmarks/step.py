@@ -130,11 +130,11 @@ class StepRunner:
 
 @dataclasses.dataclass
 class Result:
-    """Medians of one configuration's rounds."""
+    """Medians of one configuration's rounds, in work units (pairs, or GFLOP for matmuls)."""
 
     pairs_per_s: float
     pairs_per_cpu_s: float
-    rates: list[float]  # per round, pairs/s
+    rates: list[float]  # per round, units/s
 
     @classmethod
     def of(cls, timings: list[common.Timing], pairs: float) -> Result:
@@ -143,10 +143,11 @@ class Result:
 
 
 def measure(specs: list[Spec], batch_size: int, steps: int, repeats: int, warmup: int = 2,
-            matmul_n: int = 4096) -> tuple[dict[str, Result], dict[str, float], dict]:
+            matmul_n: int = 4096) -> tuple[dict[str, Result], dict[str, Result], dict]:
     """Builds, warms up and times every spec and the two matmuls, interleaved.
 
-    Returns ({config: Result}, {"float32"|"bfloat16": matmul GFLOP/s}, {config: StepRunner}).
+    Returns ({config: Result in pairs}, {"float32"|"bfloat16": matmul Result in GFLOP},
+    {config: StepRunner}).
     """
     batch = example_batch(batch_size)
     runners = {}
@@ -163,50 +164,64 @@ def measure(specs: list[Spec], batch_size: int, steps: int, repeats: int, warmup
     timings = common.interleave({**runs, **matmuls}, repeats)
     results = {name: Result.of(timings[name], runners[name].round_steps(steps) * batch_size)
                for name in runners}
-    peaks = {name.split("/")[1]: common.matmul_flops(matmul_n) / common.median(
-        t.wall for t in timings[name]) / 1e9 for name in matmuls}
+    peaks = {name.split("/")[1]: Result.of(timings[name], common.matmul_flops(matmul_n) / 1e9)
+             for name in matmuls}
     return results, peaks, runners
 
 
-def table(results: dict[str, Result], peaks: dict[str, float], flops: float,
+def table(results: dict[str, Result], peaks: dict[str, Result], flops: float,
           matmul_n: int = 4096) -> str:
+    """The markdown table: rates, arithmetic rates, fractions of the peaks, ratios."""
     base = results.get(BASELINE)
     rows = []
     for name, r in results.items():
-        gflops = r.pairs_per_s * flops / 1e9
+        per_cpu = r.pairs_per_cpu_s * flops / 1e9
         rows.append([name, f"{r.pairs_per_s:.1f}", common.spread(r.rates),
-                     f"{r.pairs_per_cpu_s:.1f}", f"{gflops:.0f}",
-                     *(f"{100 * gflops / peaks[d]:.0f}%" if d in peaks else "-"
+                     f"{r.pairs_per_cpu_s:.1f}", f"{r.pairs_per_s * flops / 1e9:.0f}",
+                     f"{per_cpu:.0f}",
+                     *(f"{100 * per_cpu / peaks[d].pairs_per_cpu_s:.0f}%" if d in peaks else "-"
                        for d in ("float32", "bfloat16")),
-                     f"{r.pairs_per_s / base.pairs_per_s:.2f}x" if base else "-"])
-    for dtype, gflops in peaks.items():
-        rows.append([f"matmul {matmul_n}^3 {dtype}", "-", "-", "-", f"{gflops:.0f}", "", "", ""])
+                     f"{r.pairs_per_s / base.pairs_per_s:.2f}x / "
+                     f"{r.pairs_per_cpu_s / base.pairs_per_cpu_s:.2f}x" if base else "-"])
+    for dtype, m in peaks.items():
+        rows.append([f"matmul {matmul_n}^3 {dtype}", "-", common.spread(m.rates), "-",
+                     f"{m.pairs_per_s:.0f}", f"{m.pairs_per_cpu_s:.0f}", "", "", ""])
     return common.markdown_table(
-        ["config", "pairs/s", "round spread", "pairs/CPU-s", "GFLOP/s", "% fp32 peak",
-         "% bf16 peak", f"vs {BASELINE}"], rows)
+        ["config", "pairs/s", "round spread", "pairs/CPU-s", "GFLOP/s", "GFLOP/CPU-s",
+         "% fp32 peak", "% bf16 peak", f"vs {BASELINE} (wall / CPU)"], rows)
 
 
-def targets(results: dict[str, Result], peaks: dict[str, float], flops: float) -> list[str]:
-    """The issue's targets, each with the measured value and met/missed."""
+def targets(results: dict[str, Result], peaks: dict[str, Result], flops: float) -> list[str]:
+    """The issue's targets, each with the measured value and met/missed.
+
+    Rates are judged as measured (wall) and as estimated for the whole unloaded machine
+    (pairs/CPU-s x cores); the fraction of peak and the loss gap use the CPU-time rates.
+    """
     def verdict(ok: bool) -> str:
         return "met" if ok else "MISSED"
 
-    out = []
+    out, cores = [], common.cores()
     for name, r in results.items():
         bn, precision, loss = name.split("/")[:3]
         if bn == "fused" and loss == "geodesic" and len(name.split("/")) == 3:
             goal = TARGET_BF16 if precision == "bf16" else TARGET_FP32
-            out.append(f"{name}: {r.pairs_per_s:.0f} pairs/s vs target {goal:.0f}: "
-                       f"{verdict(r.pairs_per_s >= goal)}")
+            estimate = r.pairs_per_cpu_s * cores
+            measured = verdict(r.pairs_per_s >= goal)
+            out.append(f"{name}: {r.pairs_per_s:.0f} pairs/s measured ({measured}), "
+                       f"{estimate:.0f} estimated on {cores} free cores "
+                       f"({verdict(estimate >= goal)}) vs target {goal:.0f}")
             if precision == "fp32" and "float32" in peaks:
-                frac = r.pairs_per_s * flops / 1e9 / peaks["float32"]
+                frac = r.pairs_per_cpu_s * flops / 1e9 / peaks["float32"].pairs_per_cpu_s
+                goal = TARGET_PEAK_FRACTION
                 out.append(f"{name}: {100 * frac:.0f}% of the fp32 matmul peak vs target "
-                           f"{100 * TARGET_PEAK_FRACTION:.0f}%: {verdict(frac >= TARGET_PEAK_FRACTION)}")
+                           f"{100 * goal:.0f}%: {verdict(frac >= goal)}")
         mse = name.replace("/geodesic", "/mse")
         if loss == "geodesic" and mse in results:
-            gap = 1 - r.pairs_per_s / results[mse].pairs_per_s
-            out.append(f"{name} vs {mse}: geodesic {100 * gap:+.1f}% slower vs target <= "
-                       f"{100 * TARGET_LOSS_GAP:.0f}%: {verdict(gap <= TARGET_LOSS_GAP)}")
+            gap = 1 - r.pairs_per_cpu_s / results[mse].pairs_per_cpu_s
+            wall_gap = 1 - r.pairs_per_s / results[mse].pairs_per_s
+            out.append(f"{name} vs {mse}: geodesic {100 * gap:+.1f}% slower per CPU-s "
+                       f"({100 * wall_gap:+.1f}% wall) vs target <= {100 * TARGET_LOSS_GAP:.0f}%: "
+                       f"{verdict(gap <= TARGET_LOSS_GAP)}")
     return out
 
 
@@ -237,12 +252,14 @@ def main() -> None:
     notes = [f"NIN Siamese pretext step, batch {args.batch_size} pairs, {args.steps} steps x "
              f"{args.repeats} interleaved rounds per configuration; medians. Step arithmetic "
              f"(conv + dense, training = 3x forward): {flops / 1e9:.2f} GFLOP per pair.",
-             "pairs/CPU-s: pairs per second of CPU time the process got (all its threads); "
-             "steadier than pairs/s on a shared machine. round spread: slowest/fastest round "
-             "against the median.",
+             "pairs/CPU-s, GFLOP/CPU-s: per second of CPU time the process got (all its threads, "
+             "spin-waits included): steadier than wall rates on a shared machine; x cores is the "
+             "rate of an unloaded machine if the step scaled perfectly. % of peak: GFLOP/CPU-s "
+             "of the step over that of the matmul (both measured in the same rounds). round "
+             "spread: slowest/fastest round against the median.",
              *(f"Target: {t}" for t in targets(results, peaks, flops))]
-    common.report("Training step (benchmarks.step)", table(results, peaks, flops, args.matmul_n), args, notes,
-                  load_before=load)
+    common.report("Training step (benchmarks.step)", table(results, peaks, flops, args.matmul_n),
+                  args, notes, load_before=load)
 
 
 if __name__ == "__main__":

@@ -8,15 +8,17 @@ import json
 import pathlib
 
 import pytest
-from probe_cli import SLICE, run_cli, run_ok
+from cli import run_module, train
 
 from aetv2_tf.probes.results import RESULTS_FILENAME, read_results
 
+# Small real-CIFAR-10 slices: every probe run takes seconds.
+SLICE = ("--train_examples=600", "--test_examples=200", "--verbose=0")
 
 def probe(model_dir: pathlib.Path, cifar10_dir, *args: str) -> dict:
     """Runs a probe into ``model_dir`` and returns its validated results.json."""
-    proc = run_ok("--stage=probe", f"--model_dir={model_dir}", f"--data_dir={cifar10_dir}",
-                  *SLICE, *args)
+    proc = run_module("aetv2_tf.train", "--stage=probe", f"--model_dir={model_dir}",
+                      f"--data_dir={cifar10_dir}", *SLICE, *args)
     assert "Done (probe): probe=" in proc.stdout
     return read_results(model_dir / RESULTS_FILENAME)
 
@@ -25,9 +27,7 @@ def probe(model_dir: pathlib.Path, cifar10_dir, *args: str) -> dict:
 def pretrained(tmp_path_factory, cifar10_dir) -> pathlib.Path:
     """A 4-step AETv2 pretraining run (model_dir with checkpoints and export/encoder)."""
     model_dir = tmp_path_factory.mktemp("pretext") / "run"
-    run_ok("--flagfile=configs/quickstart.cfg", f"--model_dir={model_dir}",
-           f"--data_dir={cifar10_dir}", "--train_steps=4", "--batch_size=16",
-           "--train_examples=256", "--verbose=0")
+    train(model_dir, cifar10_dir, "--train_steps=4")
     assert (model_dir / "export" / "encoder" / "saved_model.pb").is_file()
     return model_dir
 
@@ -95,7 +95,7 @@ def test_fc2_probe_and_report(knn_saved_model, pretrained, runs, cifar10_dir):
         assert any((model_dir / split).glob("events.out.tfevents.*"))
 
     output = runs / "report.md"
-    proc = run_ok(str(runs), f"--output={output}", module="aetv2_tf.report")
+    proc = run_module("aetv2_tf.report", str(runs), f"--output={output}")
     report = output.read_text()
     assert proc.stdout == report
     assert "CIFAR-10 (paper Table 2)" in report
@@ -122,8 +122,9 @@ def test_bad_pretrained_is_refused(case, tmp_path, cifar10_dir):
         pretrained, expected = tmp_path / "empty", "neither a pretraining --model_dir"
         pretrained.mkdir()
     model_dir = tmp_path / "probe"
-    proc = run_cli("--stage=probe", "--probe=knn", f"--pretrained={pretrained}",
-                   f"--model_dir={model_dir}", f"--data_dir={cifar10_dir}", *SLICE)
+    proc = run_module("aetv2_tf.train", "--stage=probe", "--probe=knn",
+                      f"--pretrained={pretrained}", f"--model_dir={model_dir}",
+                      f"--data_dir={cifar10_dir}", *SLICE, check=False)
     assert proc.returncode != 0
     assert expected in proc.stderr and str(pretrained) in proc.stderr
     assert "Traceback" not in proc.stderr

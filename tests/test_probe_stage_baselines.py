@@ -9,10 +9,12 @@ import pathlib
 import cv2
 import numpy as np
 import pytest
-from probe_cli import REPO, SLICE, run_ok
+from cli import REPO, run_module
 
 from aetv2_tf.flags import FLAGS
 from aetv2_tf.probes.results import RESULTS_FILENAME, read_results
+
+SLICE = ("--train_examples=600", "--test_examples=200", "--verbose=0")
 
 PROBE_CONFIGS = ("cifar10_probe_knn", "cifar10_probe_fc1", "cifar10_probe_fc2",
                  "cifar10_probe_fc3", "cifar10_probe_conv", "cifar10_random_conv",
@@ -22,9 +24,9 @@ PROBE_CONFIGS = ("cifar10_probe_knn", "cifar10_probe_fc1", "cifar10_probe_fc2",
 
 def test_supervised_stage(tmp_path, cifar10_dir):
     model_dir = tmp_path / "supervised"
-    proc = run_ok("--flagfile=configs/cifar10_supervised.cfg", f"--model_dir={model_dir}",
-                  f"--data_dir={cifar10_dir}", *SLICE, "--epochs=1", "--val_examples=100",
-                  "--batch_size=64")
+    proc = run_module("aetv2_tf.train", "--flagfile=configs/cifar10_supervised.cfg",
+                      f"--model_dir={model_dir}", f"--data_dir={cifar10_dir}", *SLICE,
+                      "--epochs=1", "--val_examples=100", "--batch_size=64")
     assert "Done (supervised): probe=conv" in proc.stdout
     r = read_results(model_dir / RESULTS_FILENAME)
     assert (r["method"], r["probe"], r["feature"], r["pretrained"]) == ("supervised", "conv",
@@ -35,13 +37,14 @@ def test_supervised_stage(tmp_path, cifar10_dir):
 
 def test_rotnet_pretraining_then_probe(tmp_path, cifar10_dir):
     pretext = tmp_path / "rotnet"
-    proc = run_ok("--flagfile=configs/cifar10_rotnet.cfg", f"--model_dir={pretext}",
-                  f"--data_dir={cifar10_dir}", "--train_steps=2", "--batch_size=32",
-                  "--train_examples=256", "--verbose=0")
+    proc = run_module("aetv2_tf.train", "--flagfile=configs/cifar10_rotnet.cfg",
+                      f"--model_dir={pretext}", f"--data_dir={cifar10_dir}", "--train_steps=2",
+                      "--batch_size=32", "--train_examples=256", "--verbose=0")
     assert "rotation_accuracy=" in proc.stdout
     model_dir = tmp_path / "knn"
-    run_ok("--flagfile=configs/cifar10_probe_knn.cfg", f"--pretrained={pretext}",
-           f"--model_dir={model_dir}", f"--data_dir={cifar10_dir}", *SLICE)
+    run_module("aetv2_tf.train", "--flagfile=configs/cifar10_probe_knn.cfg",
+               f"--pretrained={pretext}", f"--model_dir={model_dir}", f"--data_dir={cifar10_dir}",
+               *SLICE)
     r = read_results(model_dir / RESULTS_FILENAME)
     assert (r["method"], r["pretrained_kind"]) == ("RotNet", "model_dir")
 
@@ -63,9 +66,10 @@ def test_folder_dataset_alexnet_probe(tmp_path):
     data = tmp_path / "places"
     write_image_folder(data, {"train": 6, "val": 3})
     model_dir = tmp_path / "linear"
-    run_ok("--flagfile=configs/places205_alexnet_linear.cfg", "--pretrained=none",
-           "--feature=conv2", f"--data_dir={data}", f"--model_dir={model_dir}", "--epochs=1",
-           "--batch_size=4", "--val_examples=2", "--verbose=0")
+    run_module("aetv2_tf.train", "--flagfile=configs/places205_alexnet_linear.cfg",
+               "--pretrained=none", "--feature=conv2", f"--data_dir={data}",
+               f"--model_dir={model_dir}", "--epochs=1", "--batch_size=4", "--val_examples=2",
+               "--verbose=0")
     r = read_results(model_dir / RESULTS_FILENAME)
     assert (r["dataset"], r["probe"], r["feature"], r["method"]) == ("places205", "linear",
                                                                      "conv2", "random")

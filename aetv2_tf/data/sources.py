@@ -242,7 +242,14 @@ def load_source(dataset: str, data_dir=None, split: str = "train", download: boo
     if name == "cifar10":
         if is_cifar10_dir(data_dir):
             return load_cifar10(data_dir, split)
-        ds = load_tfds("cifar10", split, data_dir, download)
+        if data_dir is not None and not tf.io.gfile.isdir(os.fspath(data_dir)):
+            raise DataError(f"--data_dir={data_dir} does not exist; {_CIFAR10_HELP}")
+        try:
+            ds = load_tfds("cifar10", split, data_dir, download)
+        except DataError as e:
+            raise DataError(f"--data_dir={data_dir} holds neither the CIFAR-10 python layout "
+                            f"(data_batch_1..5, test_batch) nor a prepared tensorflow-datasets "
+                            f"cifar10 ({e}); {_CIFAR10_HELP}") from e
         images, labels = [], []
         for image, label in ds.batch(10_000).as_numpy_iterator():
             images.append(image)

@@ -1,0 +1,90 @@
+"""Smoke tests of `benchmarks/`: each module runs with tiny arguments and prints its table; the
+repository's BENCHMARKS.md is never touched (`--no_record`, or `--output` in a temporary dir).
+Plus the pure helpers: FLOP count, config parsing, tables, the program-summary parser."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from benchmarks import common
+from benchmarks.budget import done_summary
+from benchmarks.step import Spec
+from tests.cli import run_module
+
+
+@pytest.fixture
+def benchmarks_md_untouched():
+    """Fails the test if BENCHMARKS.md at the repository root changed during it."""
+    def digest():
+        path = common.BENCHMARKS_MD
+        return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else None
+
+    before = digest()
+    yield
+    assert digest() == before, "a benchmark smoke test modified BENCHMARKS.md"
+
+
+def test_nin_step_is_3_gflop_per_pair():
+    from aetv2_tf.models import build_aet_model, build_nin
+
+    encoder = build_nin()
+    model = build_aet_model(encoder)
+    encoder_macs = common.forward_macs(encoder)
+    per_pair = common.train_step_flops(2 * encoder_macs + common.forward_macs(model)
+                                       - encoder_macs)
+    # 0.25 GMAC per 32x32 image (the 5x5 conv of block 2 is half of it); 2 images a pair.
+    assert encoder_macs == pytest.approx(250.7e6, rel=0.01)
+    assert per_pair == pytest.approx(3.0e9, rel=0.01)
+
+
+def test_spec_parsing():
+    spec = Spec.parse("keras/bf16/mse/spe4/xla")
+    assert (spec.batch_norm, spec.precision, spec.loss) == ("keras", "mixed_bfloat16", "mse")
+    assert (spec.steps_per_execution, spec.xla) == (4, True)
+    assert Spec.parse("fused/fp32/geodesic", 2).steps_per_execution == 2
+    assert Spec.parse("fused/auto/geodesic").precision in ("float32", "mixed_bfloat16")
+    for bad in ("fused/fp32", "fused/fp16/geodesic", "other/fp32/mse", "fused/fp32/mse/spe0"):
+        with pytest.raises(ValueError, match="bad config"):
+            Spec.parse(bad)
+
+
+def test_helpers():
+    assert common.markdown_table(["a", "b"], [[1, "x"]]) == "| a | b |\n|---|---|\n| 1 | x |"
+    calls = []
+    timings = common.interleave({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+                                repeats=2)
+    assert calls == ["a", "b", "b", "a"] and all(len(t) == 2 for t in timings.values())
+    line = "Done (pretext): steps=3, wall_time_s=1.5, loss=2.5. Outputs in runs/x.y"
+    assert done_summary("noise\n" + line) == dict(steps="3", wall_time_s="1.5", loss="2.5")
+
+
+def test_step_module(tmp_path, benchmarks_md_untouched):
+    output = tmp_path / "bench.md"
+    proc = run_module("benchmarks.step", "--batch_size=4", "--steps=1", "--repeats=1",
+                      "--warmup=1", "--matmul_n=64", "--configs=fused/fp32/geodesic",
+                      f"--output={output}", timeout=300)
+    assert "| fused/fp32/geodesic |" in proc.stdout and "matmul 64^3 bfloat16" in proc.stdout
+    text = output.read_text()
+    assert text.startswith("# Benchmarks") and "## Training step (benchmarks.step)" in text
+    assert "avx512_bf16" in text and "python -m benchmarks.step --batch_size=4" in text
+
+
+def test_pipeline_module(cifar10_dir, benchmarks_md_untouched):
+    proc = run_module("benchmarks.pipeline", f"--data_dir={cifar10_dir}", "--batch_size=8",
+                      "--batches=2", "--repeats=1", "--step_rate=50", "--train_examples=256",
+                      "--no_record", timeout=300)
+    assert "| pipeline, 1 core |" in proc.stdout and "| pipeline, all cores |" in proc.stdout
+    assert "Appended" not in proc.stdout
+
+
+def test_budget_module(tmp_path, cifar10_dir, benchmarks_md_untouched):
+    proc = run_module("benchmarks.budget", "--steps=1", "--batch_size=8", "--methods=AETv2,random",
+                      f"--work_dir={tmp_path}", f"--data_dir={cifar10_dir}",
+                      "--knn_train_examples=100", "--knn_test_examples=50", "--no_record",
+                      timeout=600)
+    assert "| AETv2 | 1 | 8 |" in proc.stdout and "| random | 0 | 0 |" in proc.stdout
+    results = json.loads((tmp_path / "aetv2_knn" / "results.json").read_text())
+    assert results["test_examples"] == 50 and results["train_examples"] == 100

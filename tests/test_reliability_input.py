@@ -1,0 +1,176 @@
+"""Bad input: `python -m aetv2_tf.train` stops at once with a clear error and writes nothing.
+
+Every case is a real command line in a subprocess (docs/reliability.md lists them). The expected
+outcome: a non-zero exit (1 for what absl rejects while parsing flags, 2 for what the program
+rejects), a message on stderr that names the problem (and its fix), no traceback, and no
+`--model_dir` at all: flags, data and the model_dir are checked before anything is written.
+The 18 command lines run two at a time in one module fixture, so the whole module takes about a
+minute on 2 cores.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import pathlib
+import pickle
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from aetv2_tf import rundir
+from aetv2_tf.rundir import UsageError
+from tests.cli import run_module, train, train_args
+
+# A pickle that runs `touch MARKER` when loaded by a plain `pickle.load` (protocol 0 opcodes:
+# push the global os.system, the argument tuple, call it).
+EXPLOIT = b"cos\nsystem\n(S'touch %s'\ntR."
+
+
+@dataclass(frozen=True)
+class Case:
+    """A bad command line (flags after the tiny-run defaults) and what it must print."""
+
+    args: tuple[str, ...]
+    message: str  # a regular expression expected in stderr
+    exit_code: int = 2
+
+
+def batch_dir(root: pathlib.Path, cifar10_dir: pathlib.Path, name: str, content: bytes):
+    """A CIFAR-10 directory whose batches link to the real ones, except `name` = `content`."""
+    root.mkdir(parents=True)
+    for source in cifar10_dir.iterdir():
+        (root / source.name).symlink_to(source)
+    (root / name).unlink()
+    (root / name).write_bytes(content)
+    return root
+
+
+def bad_array_batch(data: np.ndarray) -> bytes:
+    return pickle.dumps({b"data": data, b"labels": [0] * len(data)}, protocol=4)
+
+
+def prepare_data(tmp: pathlib.Path, cifar10_dir: pathlib.Path) -> None:
+    """The bad data directories (and a regular file) that `cases` points to."""
+    (tmp / "empty").mkdir()
+    (tmp / "a_file").write_text("not a directory")
+    half = (cifar10_dir / "data_batch_3").read_bytes()
+    batch_dir(tmp / "truncated", cifar10_dir, "data_batch_3", half[: len(half) // 2])
+    batch_dir(tmp / "crafted", cifar10_dir, "data_batch_1", EXPLOIT % str(tmp / "PWNED").encode())
+    batch_dir(tmp / "shape", cifar10_dir, "data_batch_2",
+              bad_array_batch(np.zeros((16, 2048), np.uint8)))
+    batch_dir(tmp / "dtype", cifar10_dir, "data_batch_2",
+              bad_array_batch(np.zeros((16, 3072), np.float32)))
+
+
+def cases(tmp: pathlib.Path) -> dict[str, Case]:
+    """The bad inputs of the issue (paths under `tmp`, see `prepare_data`)."""
+    flag_error = "FATAL Flags parsing error"
+    return {
+        "missing_flagfile": Case((f"--flagfile={tmp / 'missing.cfg'}",),
+                                 f"{flag_error}.*Unable to open flagfile.*missing.cfg", 1),
+        "unknown_flag": Case(("--bach_size=16",), "Unknown command line flag 'bach_size'", 1),
+        "negative_batch_size": Case(("--batch_size=-16",), "--batch_size must be >= 1", 1),
+        "negative_projection_weight": Case(("--projection_weight=-0.5",),
+                                           "--projection_weight must be >= 0", 1),
+        "batch_not_divisible_by_replicas": Case(
+            ("--strategy=mirrored", "--cpu_devices=2", "--batch_size=15"),
+            "--batch_size=15 is not divisible by the 2 replicas.*use a multiple of 2"),
+        "unknown_dataset": Case(("--dataset=mnist",), "--dataset=mnist: value should be one of",
+                                1),
+        "unknown_backbone": Case(("--backbone=resnet50",),
+                                 "--backbone=resnet50: value should be one of", 1),
+        "alexnet_with_cifar10": Case(("--backbone=alexnet",),
+                                     "--backbone=alexnet expects 224x224.*use --backbone=nin"),
+        "probe_without_pretrained": Case(("--stage=probe",), "--stage=probe needs --pretrained"),
+        "pretrained_missing": Case(("--stage=probe", "--probe=knn",
+                                    f"--pretrained={tmp / 'no_such_run'}"),
+                                   "no_such_run.*does not exist"),
+        "multi_worker_without_tf_config": Case(("--strategy=multi_worker_mirrored",),
+                                               "needs the TF_CONFIG environment variable"),
+        "data_dir_missing": Case((f"--data_dir={tmp / 'no_data'}",),
+                                 "no_data does not exist; download cifar-10-python.tar.gz"),
+        "data_dir_empty": Case((f"--data_dir={tmp / 'empty'}",),
+                               "holds neither the CIFAR-10 python layout.*download"),
+        "data_truncated": Case((f"--data_dir={tmp / 'truncated'}",),
+                               r"data_batch_3: not unpickled \(pickle data was truncated\)"
+                               ".*replace it: download"),
+        "data_crafted_pickle": Case((f"--data_dir={tmp / 'crafted'}",),
+                                    "data_batch_1: not unpickled.*refused global os.system"
+                                    ".*nothing in it was executed"),
+        "data_wrong_shape": Case((f"--data_dir={tmp / 'shape'}",),
+                                 r"data_batch_2: data has shape \(16, 2048\).*expected \(N, 3072"),
+        "data_wrong_dtype": Case((f"--data_dir={tmp / 'dtype'}",),
+                                 r"data_batch_2: data has shape \(16, 3072\) dtype float32, "
+                                 r"expected \(N, 3072\) uint8"),
+        "model_dir_under_a_file": Case((f"--model_dir={tmp / 'a_file' / 'run'}",),
+                                       "a_file/run is not writable.*choose a directory"),
+    }
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory, cifar10_dir) -> dict[str, tuple]:
+    """Runs every case (two processes at a time): {name: (case, process, model_dir)}."""
+    tmp = tmp_path_factory.mktemp("bad_input")
+    prepare_data(tmp, cifar10_dir)
+    bad = cases(tmp)
+
+    def run(name: str) -> subprocess.CompletedProcess:
+        args = train_args(tmp / "runs" / name, cifar10_dir, "--train_steps=2", *bad[name].args)
+        return run_module("aetv2_tf.train", *args, timeout=300, check=False)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        procs = dict(zip(bad, pool.map(run, bad), strict=True))
+    assert not (tmp / "PWNED").exists(), "the crafted pickle was executed"
+    return {name: (bad[name], procs[name], tmp / "runs" / name) for name in bad}
+
+
+@pytest.mark.parametrize("name", list(cases(pathlib.Path("TMP"))))
+def test_bad_input_is_refused_before_anything_is_written(name, outcomes):
+    case, proc, model_dir = outcomes[name]
+    detail = f"exit {proc.returncode}\n{proc.stderr[-2500:]}"
+    assert proc.returncode == case.exit_code, detail
+    assert re.search(case.message, proc.stderr, re.S), detail
+    assert "Traceback" not in proc.stderr, detail
+    assert not model_dir.exists(), f"{model_dir} was created"
+
+
+# ----------------------------------------------------------------- a model_dir of another run
+def test_model_dir_of_another_run_is_refused_unless_overwrite(tmp_path, cifar10_dir):
+    """Other essential flags in an existing model_dir: refused, naming each differing flag and
+    leaving the run untouched; `--overwrite` then starts afresh there."""
+    model_dir, common = tmp_path / "run", ("--train_steps=2", "--export=false")
+    train(model_dir, cifar10_dir, *common)
+    before = {p.name: p.read_bytes() for p in model_dir.rglob("*") if p.is_file()}
+    other = ("--batch_size=32", "--projection_weight=0.5")
+    proc = train(model_dir, cifar10_dir, *common, *other, check=False)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "holds a run with different essential flags" in proc.stderr
+    assert "--batch_size: saved 16, now 32" in proc.stderr
+    assert "--projection_weight: saved 1.0, now 0.5" in proc.stderr
+    assert "--overwrite" in proc.stderr and "Traceback" not in proc.stderr
+    assert {p.name: p.read_bytes() for p in model_dir.rglob("*") if p.is_file()} == before
+
+    train(model_dir, cifar10_dir, "--train_steps=1", "--export=false", *other, "--overwrite")
+    assert json.loads((model_dir / "flags.json").read_text())["batch_size"] == 32
+    assert sorted(p.name for p in (model_dir / "checkpoints").glob("*.index")) == ["ckpt-1.index"]
+
+
+# ------------------------------------------------------------------------------ a full disk
+def test_full_disk_fails_at_start_up(tmp_path, monkeypatch):
+    """A disk with less free space than a checkpoint needs is refused by `rundir.prepare` (which
+    `train.run` calls before building anything), and the new model_dir is removed again.
+    In-process: `shutil.disk_usage` reports 1 MiB free (mounting a small tmpfs needs root
+    privileges that CI does not have)."""
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage",
+                        lambda path: real(path)._replace(free=2**20))
+    model_dir = tmp_path / "run"
+    with pytest.raises(UsageError, match=r"has only 1.0 MiB free; checkpoints need at least 64"):
+        rundir.prepare(str(model_dir), {"stage": "pretext"}, "--stage=pretext\n",
+                       ("stage",), overwrite=False)
+    assert not model_dir.exists()

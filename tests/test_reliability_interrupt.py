@@ -1,0 +1,161 @@
+"""Interruptions of `python -m aetv2_tf.train`, and `--deterministic`, on real CIFAR-10 slices.
+
+- SIGTERM / SIGINT: training stops after the current step, a final checkpoint at that step is
+  written, nothing is exported, and the process exits 0.
+- SIGKILL (while a checkpoint is being written, or at a random moment): rerunning the same
+  command resumes from the newest complete checkpoint and ends bitwise where an uninterrupted
+  `--deterministic` run ends: weights, BatchNorm statistics, optimizer slots and step counters
+  (every variable of the final checkpoint but `save_counter`, which counts saves), and the same
+  learning rate at every step.
+- Two `--deterministic` runs give bitwise-identical checkpoints and losses.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import random
+import re
+import signal
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.cli import finish, read_scalars, start_module, train, train_args
+
+STEPS = 8
+ITERATIONS = "optimizer/inner_optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"  # the step
+COMMON = (f"--train_steps={STEPS}", "--checkpoint_every_steps=2", "--summary_every_steps=1",
+          "--image_summary_every_steps=1000", "--export=false", "--deterministic")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, cifar10_dir) -> tuple[pathlib.Path, pathlib.Path, float]:
+    """Two uninterrupted `--deterministic` runs of 8 steps, run side by side:
+    (model_dir, twin model_dir, wall seconds of one run)."""
+    tmp = tmp_path_factory.mktemp("reference")
+    start = time.monotonic()
+    procs = [start_module("aetv2_tf.train", *train_args(tmp / name, cifar10_dir, *COMMON),
+                          log=tmp / f"{name}_log") for name in ("run", "twin")]
+    for proc in procs:
+        out = finish(proc)
+        assert out.returncode == 0, out.stderr[-3000:]
+    return tmp / "run", tmp / "twin", time.monotonic() - start
+
+
+def final_checkpoint(model_dir: pathlib.Path) -> dict[str, np.ndarray]:
+    """Every variable of the newest checkpoint but `save_counter` (the number of saves)."""
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(model_dir / "checkpoints"))
+    return {key: reader.get_tensor(key) for key in reader.get_variable_to_dtype_map()
+            if not key.startswith("save_counter")}
+
+
+def assert_same_final_state(run: pathlib.Path, reference: pathlib.Path) -> None:
+    """The same final checkpoint, bitwise, and the same learning rate at every step."""
+    got, want = final_checkpoint(run), final_checkpoint(reference)
+    assert sorted(got) == sorted(want)
+    assert got[ITERATIONS] == STEPS
+    slots = [key for key in got if key.startswith("optimizer/inner_optimizer/_variables/")]
+    assert len(slots) > 10, "no Adam slots in the checkpoint"
+    differing = [key for key in want if not np.array_equal(got[key], want[key])]
+    assert not differing, f"{len(differing)} of {len(want)} variables differ: {differing[:5]}"
+    lr, lr_want = (read_scalars(d / "train")["learning_rate"] for d in (run, reference))
+    assert sorted(lr) == list(range(1, STEPS + 1))
+    assert lr == lr_want
+
+
+def kill_when(proc, ready, timeout: float = 300) -> bool:
+    """SIGKILLs `proc` as soon as `ready()` is true (polled every millisecond); False if the
+    run ended first."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        if ready():
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            return True
+        time.sleep(0.001)
+    proc.kill()
+    proc.wait()
+    return False
+
+
+def resume(model_dir: pathlib.Path, cifar10_dir) -> int:
+    """Reruns the same command; returns the step it resumed from (0: started afresh)."""
+    proc = train(model_dir, cifar10_dir, *COMMON)
+    assert f"steps={STEPS}" in proc.stdout
+    found = re.search(r"Resumed from checkpoint (\S+) at step (\d+)\.", proc.stdout)
+    return int(found.group(2)) if found else 0
+
+
+def listed_step(model_dir: pathlib.Path) -> int:
+    """The step of the newest checkpoint listed in checkpoints/checkpoint (0 if none)."""
+    latest = tf.train.latest_checkpoint(model_dir / "checkpoints")
+    return int(latest.rsplit("-", 1)[1]) if latest else 0
+
+
+def test_deterministic_runs_are_bitwise_identical(reference):
+    first, second, _ = reference
+    assert_same_final_state(second, first)
+    losses = [read_scalars(d / "train")["loss"] for d in (first, second)]
+    assert sorted(losses[0]) == list(range(1, STEPS + 1)) and losses[0] == losses[1]
+
+
+def test_sigkill_during_a_checkpoint_write_resumes_from_the_last_complete_one(
+        reference, tmp_path, cifar10_dir):
+    """Killed the moment the first file of ckpt-4 appears: ckpt-4 is partial or at best just
+    complete; the rerun resumes from the newest checkpoint listed as complete and ends exactly
+    as the uninterrupted run."""
+    model_dir = tmp_path / "run"
+    proc = start_module("aetv2_tf.train", *train_args(model_dir, cifar10_dir, *COMMON),
+                        log=tmp_path / "killed")
+    assert kill_when(proc, lambda: any((model_dir / "checkpoints").glob("ckpt-4*")))
+    left = sorted(p.name for p in (model_dir / "checkpoints").iterdir())
+    print(f"[info] after SIGKILL: {left}")
+    complete = listed_step(model_dir)
+    assert complete in (2, 4), left
+    assert resume(model_dir, cifar10_dir) == complete
+    assert_same_final_state(model_dir, reference[0])
+
+
+def test_sigkill_at_a_random_moment_resumes_exactly(reference, tmp_path, cifar10_dir):
+    """Killed after a random delay (start-up, training, or a checkpoint write): the rerun
+    resumes from the newest complete checkpoint, if any, and ends exactly as the reference."""
+    seed = int(os.environ.get("AETV2_KILL_SEED", time.time_ns() % 2**32))
+    # Up to about the length of one run (the reference's wall time is that of two side by side).
+    delay = random.Random(seed).uniform(0.5, 0.5 * reference[2])
+    print(f"[info] SIGKILL after {delay:.2f} s (AETV2_KILL_SEED={seed} repeats it)")
+    model_dir = tmp_path / "run"
+    proc = start_module("aetv2_tf.train", *train_args(model_dir, cifar10_dir, *COMMON),
+                        log=tmp_path / "killed")
+    start = time.monotonic()
+    if not kill_when(proc, lambda: time.monotonic() - start >= delay):
+        print("[info] the run ended before the delay: the rerun must find nothing to do")
+    complete = listed_step(model_dir)
+    assert resume(model_dir, cifar10_dir) == complete, f"seed {seed}"
+    assert_same_final_state(model_dir, reference[0])
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_sigterm_and_sigint_write_a_final_checkpoint_and_exit_cleanly(sig, tmp_path,
+                                                                      cifar10_dir):
+    model_dir = tmp_path / "run"
+    proc = start_module("aetv2_tf.train", *train_args(
+        model_dir, cifar10_dir, "--train_steps=500", "--checkpoint_every_steps=3"),
+        log=tmp_path / "signalled")
+    started = model_dir / "checkpoints" / "ckpt-3.index"
+    deadline = time.monotonic() + 300
+    while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(sig)
+    out = finish(proc, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    done = re.search(r"Done \(pretext\): steps=(\d+),.*interrupted_by=(\w+)", out.stdout)
+    assert done and done.group(2) == sig.name, out.stdout[-2000:]
+    reached = int(done.group(1))
+    assert 3 <= reached < 500
+    assert listed_step(model_dir) == reached  # the final checkpoint is at the step reached
+    assert final_checkpoint(model_dir)[ITERATIONS] \
+        == reached
+    assert not (model_dir / "export").exists()  # an interrupted run is not exported
