@@ -249,7 +249,7 @@ def main() -> None:
     results, peaks, runners = measure(specs, args.batch_size, args.steps, args.repeats,
                                       args.warmup, args.matmul_n)
     flops = next(iter(runners.values())).flops_per_pair()
-    notes = [f"NIN Siamese pretext step, batch {args.batch_size} pairs, {args.steps} steps x "
+    notes = [f"NIN Siamese pretext step, batch {args.batch_size} pairs, {args.steps} step(s) x "
              f"{args.repeats} interleaved rounds per configuration; medians. Step arithmetic "
              f"(conv + dense, training = 3x forward): {flops / 1e9:.2f} GFLOP per pair.",
              "pairs/CPU-s, GFLOP/CPU-s: per second of CPU time the process got (all its threads, "

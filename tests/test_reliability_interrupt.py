@@ -1,7 +1,8 @@
 """Interruptions of `python -m aetv2_tf.train`, and `--deterministic`, on real CIFAR-10 slices.
 
-- SIGTERM / SIGINT: training stops after the current step, a final checkpoint at that step is
-  written, nothing is exported, and the process exits 0.
+- SIGTERM (a subprocess) / SIGINT (in-process, the same handler): training stops after the
+  current step, a final checkpoint at that step is written, nothing is exported, and the
+  process exits 0.
 - SIGKILL (while a checkpoint is being written, or at a random moment): rerunning the same
   command resumes from the newest complete checkpoint and ends bitwise where an uninterrupted
   `--deterministic` run ends: weights, BatchNorm statistics, optimizer slots and step counters
@@ -19,10 +20,12 @@ import re
 import signal
 import time
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from aetv2_tf.callbacks import CheckpointEvery, StopOnSignal
 from tests.cli import finish, read_scalars, start_module, train, train_args
 
 STEPS = 8
@@ -137,9 +140,8 @@ def test_sigkill_at_a_random_moment_resumes_exactly(reference, tmp_path, cifar10
     assert_same_final_state(model_dir, reference[0])
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_sigterm_and_sigint_write_a_final_checkpoint_and_exit_cleanly(sig, tmp_path,
-                                                                      cifar10_dir):
+def test_sigterm_writes_a_final_checkpoint_and_exits_cleanly(tmp_path, cifar10_dir):
+    sig = signal.SIGTERM
     model_dir = tmp_path / "run"
     proc = start_module("aetv2_tf.train", *train_args(
         model_dir, cifar10_dir, "--train_steps=500", "--checkpoint_every_steps=3"),
@@ -159,3 +161,35 @@ def test_sigterm_and_sigint_write_a_final_checkpoint_and_exit_cleanly(sig, tmp_p
     assert final_checkpoint(model_dir)[ITERATIONS] \
         == reached
     assert not (model_dir / "export").exists()  # an interrupted run is not exported
+
+
+def test_sigint_stops_after_the_step_with_a_final_checkpoint(tmp_path):
+    """Ctrl-C goes through the handler of SIGTERM (whose exit is tested above), in-process here:
+    SIGINT during step 3 of `fit` ends training after that step, `CheckpointEvery` writes
+    ckpt-3, and the previous SIGINT handler is back afterwards."""
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    step_fn = lambda: int(model.optimizer.iterations.numpy())  # noqa: E731
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), str(tmp_path), 3)
+
+    class Interrupt(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            if batch == 2:
+                os.kill(os.getpid(), signal.SIGINT)
+
+    escaped = []  # SIGINTs that reached the handler in place before fit (must stay empty)
+
+    def before(*args):
+        escaped.append(args)
+
+    previous = signal.signal(signal.SIGINT, before)
+    try:
+        stop = StopOnSignal()
+        model.fit(np.zeros((40, 2)), np.zeros((40, 1)), batch_size=4, verbose=0,
+                  callbacks=[stop, Interrupt(), CheckpointEvery(manager, step_fn, every=100)])
+        restored = signal.getsignal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert stop.received == "SIGINT" and not escaped
+    assert step_fn() == 3 and manager.latest_checkpoint.endswith("ckpt-3")
+    assert restored is before

@@ -31,6 +31,8 @@ from aetv2_tf.models.layers import FusedBatchNormalization
 from tests.test_losses import adversarial_pairs
 
 BATCH, SIZE = 4, 8
+# model.fit on a tf.data.Dataset warns that its default shuffle=True does not apply.
+pytestmark = pytest.mark.filterwarnings("ignore:`shuffle=True` was passed:UserWarning")
 
 
 def tiny_aet_model() -> keras.Model:
