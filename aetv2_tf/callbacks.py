@@ -107,25 +107,41 @@ class StopOnSignal(keras.callbacks.Callback):
 
 
 class StopOnSkippedStep(keras.callbacks.Callback):
-    """Logs every skipped (non-finite) step; with `stop=True`, ends training at the first one."""
+    """Logs every skipped (non-finite) step; with `stop=True`, ends training at the first one.
 
-    def __init__(self, optimizer, step_fn, stop: bool):
+    With `stop=False` (skip), training still ends after `patience` skipped steps in a row: the
+    model has diverged (e.g. non-finite weights or BatchNorm statistics make every step
+    non-finite), and skipping would otherwise spin until the end of the run doing nothing.
+    """
+
+    def __init__(self, optimizer, step_fn, stop: bool, patience: int = 10):
         super().__init__()
-        self.optimizer, self.step_fn, self.stop = optimizer, step_fn, stop
-        self._seen = 0
+        self.optimizer, self.step_fn, self.stop, self.patience = optimizer, step_fn, stop, patience
+        self._seen = self._in_a_row = 0
+        self.diverged = False
 
     def on_train_batch_end(self, batch, logs=None):
         counter = getattr(self.optimizer, "skipped_steps", None)
         if counter is None:
             return
         skipped = int(counter.numpy())
-        if skipped > self._seen:
-            logging.error("Non-finite loss or gradient: %d step(s) skipped after step %d "
-                          "(total skipped: %d).", skipped - self._seen, self.step_fn(), skipped)
-            self._seen = skipped
-            if self.stop:
-                logging.error("--on_nonfinite=stop: ending training; no update was applied.")
-                self.model.stop_training = True
+        if skipped == self._seen:
+            self._in_a_row = 0
+            return
+        self._in_a_row += skipped - self._seen
+        logging.error("Non-finite loss or gradient: %d step(s) skipped after step %d "
+                      "(total skipped: %d).", skipped - self._seen, self.step_fn(), skipped)
+        self._seen = skipped
+        if self.stop:
+            logging.error("--on_nonfinite=stop: ending training; no update was applied.")
+            self.model.stop_training = True
+        elif self._in_a_row >= self.patience:
+            logging.error("%d steps in a row were non-finite after step %d: the model has "
+                          "diverged; ending training (lower --learning_rate, add "
+                          "--warmup_steps, or resume from an earlier checkpoint).",
+                          self._in_a_row, self.step_fn())
+            self.diverged = True
+            self.model.stop_training = True
 
 
 class PretextSummaries(keras.callbacks.Callback):

@@ -233,6 +233,8 @@ def pretext_stage(strategy: tf.distribute.Strategy, chief: bool, data=None) -> d
             os.rmdir(os.path.dirname(worker_tmp))
     if interrupted:
         summary["interrupted_by"] = interrupted
+    if callbacks[1].diverged:
+        summary["diverged"] = True
     return summary
 
 
@@ -285,6 +287,10 @@ def main(argv) -> None:
     line = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                      for k, v in summary.items())
     print(f"Done ({FLAGS.stage}): {line}. Outputs in {FLAGS.model_dir}", flush=True)
+    if summary.get("diverged"):
+        print("error: training diverged (every step non-finite); the newest checkpoint is the "
+              "last good one. Lower --learning_rate or add --warmup_steps.", file=sys.stderr)
+        sys.exit(3)
 
 
 if __name__ == "__main__":

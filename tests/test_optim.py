@@ -54,3 +54,25 @@ def test_l2_decay_gradient_is_coupled_weight_decay():
     grads = tape.gradient(penalty, model.trainable_weights)
     for g, w in zip(grads, model.trainable_weights, strict=True):
         np.testing.assert_allclose(g.numpy(), 0.01 * w.numpy(), rtol=1e-6, atol=1e-8)
+
+
+def test_skip_mode_stops_a_run_whose_every_step_is_non_finite():
+    """Skipping is for the odd bad batch: 10 skipped steps in a row end the run as diverged."""
+    from aetv2_tf.callbacks import StopOnSkippedStep
+
+    class Model:
+        stop_training = False
+
+    opt = optim.build_optimizer("sgd", 0.1)
+    opt.build([keras.Variable(np.ones(2, np.float32))])
+    callback = StopOnSkippedStep(opt, lambda: 5, stop=False, patience=10)
+    callback.set_model(Model())
+    stopped_at = None
+    for batch in range(30):
+        if batch != 3:  # a good step at batch 3 (the counter does not move) resets the count
+            opt.skipped_steps.assign_add(1)
+        callback.on_train_batch_end(batch)
+        if callback.model.stop_training:
+            stopped_at = batch
+            break
+    assert stopped_at == 13 and callback.diverged  # skips at batches 4..13: ten in a row
