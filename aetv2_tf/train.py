@@ -162,7 +162,11 @@ def pretext_stage(strategy: tf.distribute.Strategy, chief: bool, data=None) -> d
 
     with strategy.scope():
         encoder = build_backbone(F.backbone, (size, size, 3), batch_norm=F.batch_norm)
-        model = build_rotation_model(encoder) if rotation else build_aet_model(encoder)
+        # AETv1: the decoder regresses std-normalised parameters, as the AETv1 code does.
+        std = parameter_statistics(size, size, F.shift)[1] \
+            if F.loss == "mse" and F.mse_normalize else None
+        model = build_rotation_model(encoder) if rotation else \
+            build_aet_model(encoder, param_scale=std)
         if F.weight_decay_mode == "l2":
             optim.add_l2_decay(model, F.weight_decay)
         schedule = optim.Schedule(F.lr_schedule, F.learning_rate, steps, F.warmup_steps)
@@ -178,7 +182,6 @@ def pretext_stage(strategy: tf.distribute.Strategy, chief: bool, data=None) -> d
             loss, compiled_metrics = losses.GeodesicLoss(F.projection_weight), \
                 metrics.pretext_metrics()
         else:
-            std = parameter_statistics(size, size, F.shift)[1] if F.mse_normalize else None
             loss, compiled_metrics = losses.ParameterMSELoss(std=std), metrics.pretext_metrics()
         model.compile(optimizer=optimizer, loss=loss, metrics=compiled_metrics,
                       steps_per_execution=F.steps_per_execution, jit_compile=False)
@@ -204,12 +207,12 @@ def pretext_stage(strategy: tf.distribute.Strategy, chief: bool, data=None) -> d
     if chief:
         sample = None if rotation else next(iter(build(
             images, 4, seed=F.seed + 1, image_size=size, shift=F.shift, augment=False)))
-        mean, std = pipelines.normalization_constants(F.dataset)
+        image_mean, image_std = pipelines.normalization_constants(F.dataset)
         callbacks.append(PretextSummaries(
             os.path.join(F.model_dir, "train"), step_fn, lambda s: schedule(s).numpy(),
             F.summary_every_steps, F.image_summary_every_steps or 10 * F.summary_every_steps,
             F.batch_size, sample,
-            lambda x, tx, p, q: draw_pairs(x.numpy(), tx.numpy(), p, q, mean, std)))
+            lambda x, tx, p, q: draw_pairs(x.numpy(), tx.numpy(), p, q, image_mean, image_std)))
 
     t0 = time.perf_counter()
     history = {}

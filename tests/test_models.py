@@ -229,3 +229,19 @@ def test_mixed_bfloat16_outputs_float32_params():
     params = model([_images(2, 16), _images(2, 16)], training=False)
     assert params.dtype == tf.float32
     np.testing.assert_allclose(params, np.tile(identity_params(), (2, 1)), atol=0.1)
+
+
+def test_param_scale_regresses_normalised_parameters_and_starts_at_identity():
+    """AETv1: the decoder's own outputs are params / std (O(1)), the model's are the params."""
+    import keras
+
+    from aetv2_tf.models import build_aet_model, build_backbone, identity_params
+
+    scale = np.array([0.7, 0.7, 0.1, 0.7, 0.7, 0.1, 0.08, 0.08])
+    model = build_aet_model(build_backbone("nin", (32, 32, 3)), param_scale=scale)
+    decoder = model.get_layer("decoder")
+    np.testing.assert_allclose(decoder.bias.numpy(), identity_params() / scale, rtol=1e-6)
+    x = np.random.RandomState(0).randn(2, 32, 32, 3).astype(np.float32)
+    out = model((x, x), training=False).numpy()
+    np.testing.assert_allclose(out, np.tile(identity_params(), (2, 1)), atol=0.05)
+    assert keras.models.clone_model(model).get_layer("decoder_scale") is not None

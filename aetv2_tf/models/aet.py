@@ -18,6 +18,8 @@ Choices:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -71,6 +73,7 @@ def build_aet_model(
     pooled: bool = True,
     num_params: int = 8,
     name: str = "aet",
+    param_scale: Sequence[float] | None = None,
 ) -> keras.Model:
     """The AET pretext model: inputs `[x, tx]`, each `(B, H, W, 3)`; output `(B, num_params)`.
 
@@ -81,6 +84,12 @@ def build_aet_model(
             if False the map is flattened. Vector features (fc7: 4096 + 4096) are used as they are.
         num_params: number of regressed parameters (8 for a homography).
         name: model name.
+        param_scale: optional fixed per-parameter scale (e.g. the parameters' std under the
+            sampler): the decoder then regresses `params / param_scale`, O(1) numbers, and a
+            fixed `Rescaling` layer ("decoder_scale") turns them back into parameters. With the
+            std-normalised MSE this is exactly the AETv1 code's regression of normalised targets;
+            without it, small-std parameters get gradients ~1/std^2 larger (SGD at lr 0.1 then
+            diverges within 10 steps, measured).
 
     Returns:
         A `keras.Model` mapping `[x, tx]` to float32 parameters; the decoder layer is "decoder"
@@ -92,13 +101,17 @@ def build_aet_model(
     joint = keras.layers.Concatenate(axis=0, name="joint_batch")([x, tx])
     features = _vector_feature(encoder(joint), feature, pooled)
     pair = PairConcat(name="pair_features")(features)
+    scale = np.ones(num_params) if param_scale is None else np.asarray(param_scale, np.float64)
     params = keras.layers.Dense(
         num_params,
         dtype="float32",
         kernel_initializer=keras.initializers.VarianceScaling(0.01, "fan_in", "truncated_normal"),
-        bias_initializer=keras.initializers.Constant(identity_params(num_params)),
+        bias_initializer=keras.initializers.Constant(identity_params(num_params) / scale),
         name="decoder",
     )(pair)
+    if param_scale is not None:
+        params = keras.layers.Rescaling([float(v) for v in scale], dtype="float32",
+                                        name="decoder_scale")(params)
     return keras.Model([x, tx], params, name=name)
 
 
