@@ -21,6 +21,25 @@ flags.DEFINE_enum("loss", "geodesic", ["geodesic", "mse"],
                   "geodesic: AETv2, Eq. (11) of the paper; mse: AETv1, MSE on the 8 parameters.")
 flags.DEFINE_float("projection_weight", 1.0,
                    "lambda of Eq. (11): weight of the projection residual ||M - P||_F^2 (>= 0).")
+flags.DEFINE_integer("angle_power", 1,
+                     "geodesic loss: 1 minimises the angle theta (the paper's Eq. 11), 2 minimises "
+                     "theta^2 (= ||log P||_F^2 / 2).")
+flags.DEFINE_float("residual_scale", 0.0,
+                   "geodesic loss: b > 0 bounds the residual's growth, r -> b log(1 + r / b); "
+                   "0: the paper's r.")
+flags.DEFINE_float("chordal_weight", 0.0,
+                   "geodesic loss: weight of ||M - I||_F^2 (M = T^{-1} T_hat, unit determinant), "
+                   "the first-order full-group distance; a gradient at theta = pi. 0: off.")
+flags.DEFINE_float("mse_weight", 0.0,
+                   "geodesic loss: weight of an added AETv1 parameter MSE (std-normalised). "
+                   "0: off (the paper).")
+flags.DEFINE_enum("loss_frame", "model", ["model", "pixel"],
+                  "geodesic loss: the frame of T and T_hat before the SO(3) projection: the "
+                  "centred, normalised model frame (docs/conventions.md) or pixel coordinates.")
+flags.DEFINE_bool("decoder_scale", None,
+                  "The decoder regresses parameters divided by their std under the sampler "
+                  "(a fixed Rescaling turns them back). Default: on for --loss=mse (the AETv1 "
+                  "code), off for geodesic.")
 flags.DEFINE_bool("mse_normalize", True,
                   "mse loss only: divide each parameter error by the parameter's fixed std under "
                   "the sampler (the AETv1 normalisation).")
@@ -100,6 +119,12 @@ flags.DEFINE_integer("keep_checkpoints", 3, "How many recent checkpoints to keep
 flags.DEFINE_integer("summary_every_steps", 100, "TensorBoard scalar interval in steps (> 0).")
 flags.DEFINE_integer("image_summary_every_steps", 0,
                      "TensorBoard image interval (0: 10x --summary_every_steps).")
+flags.DEFINE_integer("quick_knn_train", 0,
+                     "pretext on CIFAR-10: after training, a quick KNN (k=10, cosine, block 2) of "
+                     "the encoder and of a random init, with the first N training images as the "
+                     "gallery (0: off).")
+flags.DEFINE_integer("quick_knn_test", 2000,
+                     "pretext: the quick KNN's queries, the first N test images.")
 flags.DEFINE_bool("export", True, "Export the encoder as a SavedModel at the end of training.")
 flags.DEFINE_integer("verbose", 1, "Keras progress: 0 silent, 1 progress bar, 2 one line/epoch.")
 
@@ -137,8 +162,9 @@ flags.DEFINE_integer("test_examples", 0, "probe: use only the first N test image
 FLAGS = flags.FLAGS
 
 # Flags that define what a model_dir contains: resuming with other values is refused.
-ESSENTIAL = ("stage", "pretext", "loss", "backbone", "dataset", "batch_norm", "shift",
-             "optimizer", "projection_weight", "batch_size", "seed", "probe", "feature",
+ESSENTIAL = ("stage", "pretext", "loss", "angle_power", "residual_scale", "chordal_weight",
+             "mse_weight", "loss_frame", "decoder_scale", "backbone", "dataset", "batch_norm",
+             "shift", "optimizer", "projection_weight", "batch_size", "seed", "probe", "feature",
              "pretrained")
 
 
@@ -150,11 +176,16 @@ def _positive(name: str, allow_zero: bool = False) -> None:
 
 
 for _name in ("batch_size", "steps_per_execution", "checkpoint_every_steps", "summary_every_steps",
-              "keep_checkpoints", "knn_k", "cpu_devices"):
+              "keep_checkpoints", "knn_k", "cpu_devices", "quick_knn_test"):
     _positive(_name)
-for _name in ("epochs", "train_steps", "stop_after_steps", "train_examples",
+for _name in ("quick_knn_train", "epochs", "train_steps", "stop_after_steps", "train_examples",
               "image_summary_every_steps", "val_examples", "test_examples", "warmup_steps"):
     _positive(_name, allow_zero=True)
+flags.register_validator("angle_power", lambda v: v in (1, 2),
+                         message="--angle_power must be 1 (the paper) or 2.")
+for _name in ("residual_scale", "chordal_weight", "mse_weight"):
+    flags.register_validator(_name, lambda v: v >= 0, message=f"--{_name} must be >= 0 (0: off).")
+del _name
 flags.register_validator("projection_weight", lambda v: v >= 0,
                          message="--projection_weight must be >= 0 (the paper uses 1).")
 flags.register_validator("weight_decay", lambda v: v >= 0, message="--weight_decay must be >= 0.")

@@ -33,6 +33,7 @@ __all__ = [
     "normalize_determinant",
     "project_to_so3",
     "rotation_angle",
+    "relative_homography",
     "aetv2_components",
     "aetv2_distance",
 ]
@@ -191,6 +192,16 @@ def _check_matrices(t: tf.Tensor, t_hat: tf.Tensor) -> tuple[tf.Tensor, tf.Tenso
     return t, t_hat
 
 
+def relative_homography(t: tf.Tensor, t_hat: tf.Tensor, eps: float | None = None) -> tf.Tensor:
+    """``M = normalize_determinant(T^{-1} T_hat)``, ``(..., 3, 3)``: the error of ``T_hat``.
+
+    ``M = I`` exactly when ``T_hat`` equals ``T`` up to scale; ``t`` and ``t_hat`` as in
+    `aetv2_components`.
+    """
+    t, t_hat = _check_matrices(t, t_hat)
+    return normalize_determinant(tf.matmul(inverse_3x3(t), t_hat), eps=eps)
+
+
 def aetv2_components(
     t: tf.Tensor, t_hat: tf.Tensor, eps: float | None = None
 ) -> tuple[tf.Tensor, tf.Tensor]:
@@ -206,8 +217,7 @@ def aetv2_components(
       ``M = normalize_determinant(T^{-1} T_hat)`` and ``P = project_to_so3(M)``;
       ``residual``: the projection residual ``||M - P||_F^2 >= 0``.
     """
-    t, t_hat = _check_matrices(t, t_hat)
-    m = normalize_determinant(tf.matmul(inverse_3x3(t), t_hat), eps=eps)
+    m = relative_homography(t, t_hat, eps=eps)
     p = project_to_so3(m)
     return rotation_angle(p), tf.reduce_sum(tf.square(m - p), axis=[-2, -1])
 

@@ -15,13 +15,17 @@ import math
 from collections.abc import Callable, Sequence
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from aetv2_tf.geometry import (
-    aetv2_components,
     inverse_3x3,
+    matrix_to_params,
     normalize_determinant,
     params_to_matrix,
+    project_to_so3,
+    relative_homography,
+    rotation_angle,
 )
 
 __all__ = [
@@ -85,22 +89,60 @@ def _guarded(
     return tf.where(ok & tf.math.is_finite(value), value, tf.zeros_like(value))
 
 
-def _aetv2_loss_fn(projection_weight: float):
-    def loss(t, t_hat):
-        angle, residual = aetv2_components(t, t_hat)
-        return angle + projection_weight * residual
-
-    return loss
+def _check_weight(name: str, value: float, note: str = "") -> float:
+    w = float(value)
+    if not (math.isfinite(w) and w >= 0.0):
+        raise ValueError(f"{name} must be a finite number >= 0{note}, got {value!r}")
+    return w
 
 
 def _check_projection_weight(projection_weight: float) -> float:
-    w = float(projection_weight)
-    if not (math.isfinite(w) and w >= 0.0):
-        raise ValueError(
-            f"projection_weight must be a finite number >= 0 (the paper's lambda, 1.0 in all its "
-            f"experiments), got {projection_weight!r}; pass e.g. projection_weight=1.0"
-        )
-    return w
+    return _check_weight("projection_weight", projection_weight,
+                         " (the paper's lambda, 1.0 in all its experiments; e.g. 1.0)")
+
+
+def _frame_matrices(frame: Sequence[Sequence[float]] | None):
+    """``(F, F^{-1})`` float32 constants of a 3x3 change of frame, or None (the model frame)."""
+    if frame is None:
+        return None
+    f = np.asarray(frame, np.float64)
+    if f.shape != (3, 3) or not np.all(np.isfinite(f)) or abs(np.linalg.det(f)) < 1e-12:
+        raise ValueError(f"frame must be an invertible 3x3 matrix (model -> loss frame, e.g. "
+                         f"the inverse of conventions.md's N for pixels), got {frame!r}")
+    return tf.constant(f, tf.float32), tf.constant(np.linalg.inv(f), tf.float32)
+
+
+class _Terms:
+    """The per-sample value of `GeodesicLoss` on matrices ``(B, 3, 3) x 2 -> (B,)``."""
+
+    def __init__(self, loss: GeodesicLoss):
+        self.loss = loss
+        self.frame = _frame_matrices(loss.frame)
+        self.std = None if loss.mse_std is None else tf.constant(loss.mse_std, tf.float32)
+
+    def __call__(self, t: tf.Tensor, t_hat: tf.Tensor) -> tf.Tensor:
+        c = self.loss
+        value = tf.zeros_like(t[..., 0, 0])
+        if c.mse_weight > 0:  # AETv1's parameter MSE (std-normalised), in the model frame
+            diff = matrix_to_params(t_hat) - matrix_to_params(t)
+            if self.std is not None:
+                diff = diff / self.std
+            value += c.mse_weight * tf.reduce_mean(tf.square(diff), axis=-1)
+        if self.frame is not None:  # T' = F T F^{-1}: the same map written in another frame
+            f, f_inv = self.frame
+            t, t_hat = f @ t @ f_inv, f @ t_hat @ f_inv
+        m = relative_homography(t, t_hat)
+        p = project_to_so3(m)
+        residual = tf.reduce_sum(tf.square(m - p), axis=[-2, -1])
+        if c.residual_scale > 0:  # bounded growth: r for small r, b log(r / b) for large r
+            residual = c.residual_scale * tf.math.log1p(residual / c.residual_scale)
+        angle = rotation_angle(p)
+        value += (angle if c.angle_power == 1 else tf.square(angle)) \
+            + c.projection_weight * residual
+        if c.chordal_weight > 0:  # ||M - I||_F^2 ~ ||Log M||^2 near I; no cut locus at pi
+            value += c.chordal_weight * tf.reduce_sum(
+                tf.square(m - tf.eye(3, dtype=m.dtype)), axis=[-2, -1])
+        return value
 
 
 @keras.saving.register_keras_serializable(package="aetv2_tf")
@@ -110,9 +152,21 @@ class GeodesicLoss(keras.losses.Loss):
     Per sample, with ``T = params_to_matrix(y_true)`` and ``T_hat = params_to_matrix(y_pred)``:
     ``M = normalize_determinant(T^{-1} T_hat)``, ``P = project_to_so3(M)``,
     ``loss = angle(P) + projection_weight * ||M - P||_F^2`` (radians + squared Frobenius).
+    That is the paper's form, and the default; the other arguments are the research knobs of
+    docs/reproduction.md, each off (0 / None / 1) by default:
 
     Args:
       projection_weight: the paper's ``lambda >= 0`` (default 1.0, as in the paper).
+      angle_power: 1 (the paper's ``theta``) or 2 (``theta^2 = ||log P||_F^2 / 2``, Rodrigues).
+      residual_scale: ``b > 0`` replaces the residual ``r`` by ``b log(1 + r / b)`` (equal for
+        small ``r``, logarithmic where ``M`` nears a singular matrix); 0: ``r`` (the paper).
+      chordal_weight: ``mu >= 0`` adds ``mu ||M - I||_F^2``, the first-order form of the full
+        group's ``||Log(T^{-1} T_hat)||^2`` (Eq. 5): no cut locus, a gradient at ``theta = pi``.
+      mse_weight, mse_std: ``w >= 0`` adds ``w`` x AETv1's MSE of the 8 parameters divided by
+        ``mse_std`` (8 positive floats, or None for 1).
+      frame: a 3x3 matrix ``F`` (model frame -> loss frame): the loss is evaluated on
+        ``F T F^{-1}`` and ``F T_hat F^{-1}`` (e.g. ``N^{-1}`` of conventions.md: pixels);
+        None: the model frame.
       name, reduction: as `keras.losses.Loss` (default ``"sum_over_batch_size"``).
 
     Inputs ``(batch, 8)`` of any float dtype; computed in float32; ``call`` returns ``(batch,)``.
@@ -134,18 +188,37 @@ class GeodesicLoss(keras.losses.Loss):
     def __init__(
         self,
         projection_weight: float = 1.0,
+        angle_power: int = 1,
+        residual_scale: float = 0.0,
+        chordal_weight: float = 0.0,
+        mse_weight: float = 0.0,
+        mse_std: Sequence[float] | None = None,
+        frame: Sequence[Sequence[float]] | None = None,
         name: str = "geodesic_loss",
         reduction: str | None = "sum_over_batch_size",
     ):
         super().__init__(name=name, reduction=reduction, dtype="float32")
         self.projection_weight = _check_projection_weight(projection_weight)
+        if angle_power not in (1, 2):
+            raise ValueError(f"angle_power must be 1 (the paper's theta) or 2 (theta^2), "
+                             f"got {angle_power!r}")
+        self.angle_power = int(angle_power)
+        self.residual_scale = _check_weight("residual_scale", residual_scale, " (0: off)")
+        self.chordal_weight = _check_weight("chordal_weight", chordal_weight, " (0: off)")
+        self.mse_weight = _check_weight("mse_weight", mse_weight, " (0: off)")
+        self.mse_std = _check_vector("mse_std", mse_std, positive=True)
+        self.frame = None if frame is None else [[float(v) for v in row] for row in frame]
+        self._terms = _Terms(self)
 
     def call(self, y_true, y_pred) -> tf.Tensor:
         y_true, y_pred = _as_float32_params(y_true, y_pred)
-        return _guarded(_aetv2_loss_fn(self.projection_weight), y_true, y_pred)
+        return _guarded(self._terms, y_true, y_pred)
 
     def get_config(self) -> dict:
-        return {**super().get_config(), "projection_weight": self.projection_weight}
+        return {**super().get_config(), "projection_weight": self.projection_weight,
+                "angle_power": self.angle_power, "residual_scale": self.residual_scale,
+                "chordal_weight": self.chordal_weight, "mse_weight": self.mse_weight,
+                "mse_std": self.mse_std, "frame": self.frame}
 
 
 def _check_vector(name: str, values: Sequence[float] | None, positive: bool):

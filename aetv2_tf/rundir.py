@@ -69,8 +69,9 @@ def prepare(model_dir: str, run_flags: dict, flagfile: str, essential: tuple[str
     if os.path.exists(saved_path):
         with open(saved_path) as f:
             saved = json.load(f)
+        # A flag newer than the saved run is absent from it: that run had its default behaviour.
         diff = {k: (saved.get(k), run_flags.get(k)) for k in essential
-                if saved.get(k) != run_flags.get(k)}
+                if k in saved and saved[k] != run_flags.get(k)}
         if diff and not overwrite:
             lines = ", ".join(f"--{k}: saved {a!r}, now {b!r}" for k, (a, b) in diff.items())
             raise UsageError(f"--model_dir={model_dir} holds a run with different essential "

@@ -20,8 +20,12 @@ import shutil
 import sys
 import time
 
-import keras
-import tensorflow as tf
+from aetv2_tf import console
+
+with console.quiet_native_stderr(not console.verbose_requested()):
+    import keras
+    import numpy as np
+    import tensorflow as tf
 from absl import app, logging
 
 from aetv2_tf import distribute, optim, rundir
@@ -34,37 +38,10 @@ from aetv2_tf.callbacks import (
 )
 from aetv2_tf.data.sources import DataError
 from aetv2_tf.flags import ESSENTIAL, FLAGS, flagfile_text, run_flags
+from aetv2_tf.precision import Choice, choose_precision
 from aetv2_tf.rundir import UsageError
 
 IMAGE_SIZE = {"nin": 32, "alexnet": 224}
-
-
-def choose_precision(name: str) -> str:
-    """The Keras dtype policy for `--mixed_precision` (`auto` picks the fastest correct one).
-
-    `auto`: mixed_bfloat16 on TPUs and on CPUs with AMX, mixed_float16 on GPUs, float32 on other
-    CPUs. AVX512_BF16 without AMX is NOT enough: there a bfloat16 matmul runs at about half the
-    float32 rate and the NIN step is slower in mixed_bfloat16 than in float32 (BENCHMARKS.md,
-    `python -m benchmarks.step`).
-    """
-    if name == "none":
-        return "float32"
-    if name != "auto":
-        return name
-    if tf.config.list_logical_devices("TPU"):
-        return "mixed_bfloat16"
-    if tf.config.list_logical_devices("GPU"):
-        return "mixed_float16"
-    return "mixed_bfloat16" if cpu_has_amx() else "float32"
-
-
-def cpu_has_amx() -> bool:
-    """True on CPUs with AMX bfloat16 tiles (where bfloat16 matmuls are several times faster)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return "amx_bf16" in f.read()
-    except OSError:
-        return False
 
 
 def check_flags(num_replicas: int) -> None:
@@ -92,6 +69,19 @@ def check_flags(num_replicas: int) -> None:
     if F.mixed_precision == "mixed_float16" and not tf.config.list_logical_devices("GPU"):
         raise UsageError("--mixed_precision=mixed_float16 needs a GPU; on a CPU use "
                          "mixed_bfloat16 (fast with AMX) or none.")
+
+
+def geodesic_loss(param_std, image_size: int):
+    """The `GeodesicLoss` of the flags (`--projection_weight`, `--angle_power`, ...)."""
+    from aetv2_tf.data.homographies import normalization_matrix
+    from aetv2_tf.losses import GeodesicLoss
+
+    F = FLAGS
+    frame = None if F.loss_frame == "model" else \
+        np.linalg.inv(normalization_matrix(image_size, image_size).numpy()).tolist()
+    return GeodesicLoss(F.projection_weight, angle_power=F.angle_power,
+                        residual_scale=F.residual_scale, chordal_weight=F.chordal_weight,
+                        mse_weight=F.mse_weight, mse_std=param_std, frame=frame)
 
 
 def load_train_images(split: str = "train"):
@@ -155,7 +145,7 @@ def pretext_stage(strategy: tf.distribute.Strategy, chief: bool, data=None) -> d
     from aetv2_tf.visualize import draw_pairs
 
     F = FLAGS
-    images, _, num_examples = data or load_train_images()
+    images, labels, num_examples = data or load_train_images()
     size = IMAGE_SIZE[F.backbone]
     rotation = F.pretext == "rotation"
     per_epoch, steps = total_steps(num_examples, F.batch_size // 4 if rotation else F.batch_size)
@@ -163,10 +153,11 @@ def pretext_stage(strategy: tf.distribute.Strategy, chief: bool, data=None) -> d
     with strategy.scope():
         encoder = build_backbone(F.backbone, (size, size, 3), batch_norm=F.batch_norm)
         # AETv1: the decoder regresses std-normalised parameters, as the AETv1 code does.
-        std = parameter_statistics(size, size, F.shift)[1] \
-            if F.loss == "mse" and F.mse_normalize else None
+        param_std = parameter_statistics(size, size, F.shift)[1]
+        std = param_std if F.loss == "mse" and F.mse_normalize else None
+        decoder_scale = F.loss == "mse" if F.decoder_scale is None else F.decoder_scale
         model = build_rotation_model(encoder) if rotation else \
-            build_aet_model(encoder, param_scale=std)
+            build_aet_model(encoder, param_scale=param_std if decoder_scale else None)
         if F.weight_decay_mode == "l2":
             optim.add_l2_decay(model, F.weight_decay)
         schedule = optim.Schedule(F.lr_schedule, F.learning_rate, steps, F.warmup_steps)
@@ -179,8 +170,7 @@ def pretext_stage(strategy: tf.distribute.Strategy, chief: bool, data=None) -> d
             loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
             compiled_metrics = [keras.metrics.SparseCategoricalAccuracy(name="rotation_accuracy")]
         elif F.loss == "geodesic":
-            loss, compiled_metrics = losses.GeodesicLoss(F.projection_weight), \
-                metrics.pretext_metrics()
+            loss, compiled_metrics = geodesic_loss(param_std, size), metrics.pretext_metrics()
         else:
             loss, compiled_metrics = losses.ParameterMSELoss(std=std), metrics.pretext_metrics()
         model.compile(optimizer=optimizer, loss=loss, metrics=compiled_metrics,
@@ -230,6 +220,8 @@ def pretext_stage(strategy: tf.distribute.Strategy, chief: bool, data=None) -> d
         model.save(os.path.join(F.model_dir, "aet_model.keras"))
         export_encoder(encoder, os.path.join(F.model_dir, "export", "encoder"), F.dataset)
         summary["export"] = os.path.join(F.model_dir, "export", "encoder")
+    if chief and done >= steps and F.quick_knn_train and not interrupted:
+        summary.update(quick_knn_summary(encoder, images, labels))
     if not chief:
         shutil.rmtree(worker_tmp, ignore_errors=True)
         with contextlib.suppress(OSError):  # the last worker out removes the empty parent
@@ -239,6 +231,31 @@ def pretext_stage(strategy: tf.distribute.Strategy, chief: bool, data=None) -> d
     if callbacks[1].diverged:
         summary["diverged"] = True
     return summary
+
+
+def quick_knn_summary(encoder: keras.Model, images, labels) -> dict:
+    """`--quick_knn_train/test`: KNN of the trained and of a random-init encoder on a subset."""
+    from aetv2_tf.data.pipelines import normalization_constants
+    from aetv2_tf.models import build_backbone
+    from aetv2_tf.probes.quick import FEATURE, quick_knn
+
+    F = FLAGS
+    if labels is None:
+        logging.warning("--quick_knn_train: only for CIFAR-10 from its python files; skipped.")
+        return {}
+    test_images, test_labels, _ = load_train_images("test")
+    keras.utils.set_random_seed(F.seed)  # the random init of --pretrained=none, same seed
+    size = IMAGE_SIZE[F.backbone]
+    random_encoder = build_backbone(F.backbone, (size, size, 3), batch_norm=F.batch_norm)
+    n, m = F.quick_knn_train, F.quick_knn_test
+    result = quick_knn(encoder, random_encoder, (images[:n], labels[:n]),
+                       (test_images[:m], test_labels[:m]), FEATURE[F.backbone],
+                       *normalization_constants(F.dataset))
+    print(f"Quick KNN (k=10, cosine, {FEATURE[F.backbone]}; first {min(n, len(images))} "
+          f"training images vs first {min(m, len(test_images))} test images): "
+          f"{result['knn_top1']:.2f}% trained vs {result['random_knn_top1']:.2f}% random init "
+          f"({result['knn_gain']:+.2f} points, {result['knn_seconds']:.0f} s).", flush=True)
+    return result
 
 
 class StopAtStep(keras.callbacks.Callback):
@@ -266,20 +283,35 @@ def run() -> dict:
     keras.utils.set_random_seed(F.seed)
     check_flags(strategy.num_replicas_in_sync)
     chief = distribute.is_chief(strategy)
-    policy = choose_precision(F.mixed_precision)
-    keras.mixed_precision.set_global_policy(policy)
+    precision = choose_precision(F.mixed_precision)
+    keras.mixed_precision.set_global_policy(precision.policy)
     # Bad data fails here, before the model_dir is touched.
     data = load_train_images() if F.stage == "pretext" else None
-    rundir.prepare(F.model_dir, run_flags(), flagfile_text(), ESSENTIAL, F.overwrite, chief)
-    logging.info("Strategy %s with %d replica(s), dtype policy %s.", type(strategy).__name__,
-                 strategy.num_replicas_in_sync, policy)
+    recorded = dict(run_flags(), precision=precision._asdict())
+    rundir.prepare(F.model_dir, recorded, flagfile_text(), ESSENTIAL, F.overwrite, chief)
+    print(start_line(strategy, precision, data), flush=True)
     if F.stage == "pretext":
         return pretext_stage(strategy, chief, data)
     from aetv2_tf.probes import stage as probe_stage
     return probe_stage.run(strategy, chief)
 
 
+def start_line(strategy: tf.distribute.Strategy, precision: Choice, data) -> str:
+    """One line: what runs, on which data, strategy and precision (and why that precision)."""
+    F = FLAGS
+    if F.stage == "pretext":
+        what = "RotNet" if F.pretext == "rotation" else \
+            {"geodesic": "AETv2 (geodesic loss)", "mse": "AETv1 (parameter MSE)"}[F.loss]
+    else:
+        what = f"{F.probe} probe of {F.pretrained}" if F.stage == "probe" else "supervised NIN"
+    images = f", {data[2]} training images" if data and data[2] else ""
+    return (f"aetv2_tf {F.stage}: {what} | {F.dataset}{images} | "
+            f"{type(strategy).__name__.lstrip('_')} x{strategy.num_replicas_in_sync} | "
+            f"{precision.policy} ({precision.reason}) | {F.model_dir}")
+
+
 def main(argv) -> None:
+    console.configure_logging(FLAGS["verbosity"].present)
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}: every option is a --flag.")
     try:

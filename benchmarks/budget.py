@@ -109,9 +109,9 @@ def main() -> None:
     unknown = set(methods) - set(METHODS)
     if unknown:
         p.error(f"unknown --methods {sorted(unknown)}; choose from {', '.join(METHODS)}")
-    from aetv2_tf.train import choose_precision
+    from aetv2_tf.precision import choose_precision
 
-    precision = choose_precision("auto")
+    precision = choose_precision("auto").policy
     load = common.load_average()
     args.work_dir.mkdir(parents=True, exist_ok=True)
     rows, sizes = [], {}

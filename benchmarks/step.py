@@ -59,9 +59,9 @@ class Spec:
             else:
                 raise ValueError(f"bad config suffix {extra!r} in {name!r}: spe<N> or xla")
         if parts[1] == "auto":
-            from aetv2_tf.train import choose_precision
+            from aetv2_tf.precision import choose_precision
 
-            precision = choose_precision("auto")
+            precision = choose_precision("auto").policy
         else:
             precision = PRECISIONS[parts[1]]
         return cls(name, parts[0], precision, parts[2], spe, xla)
@@ -225,6 +225,25 @@ def targets(results: dict[str, Result], peaks: dict[str, Result], flops: float) 
     return out
 
 
+def auto_precision_note(results: dict[str, Result]) -> str:
+    """What `--mixed_precision=auto` picks here (its own probe, run afresh), next to the step's
+    measured bfloat16/float32 ratio when both were measured: do they rank the same way?"""
+    from aetv2_tf.precision import decide, probe_rates
+
+    rates = probe_rates()
+    probe_ratio = rates["mixed_bfloat16"] / rates["float32"]
+    line = (f"--mixed_precision=auto: its probe measures bfloat16 at {probe_ratio:.2f}x float32 "
+            f"and picks {decide(rates)}")
+    fp32, bf16 = results.get("fused/fp32/geodesic"), results.get("fused/bf16/geodesic")
+    if fp32 and bf16:
+        step = bf16.pairs_per_s / fp32.pairs_per_s
+        agree = (step >= 1.0) == (decide(rates) == "mixed_bfloat16")
+        line += (f"; the step measures {step:.2f}x (wall) / "
+                 f"{bf16.pairs_per_cpu_s / fp32.pairs_per_cpu_s:.2f}x (CPU): "
+                 f"{'same ranking' if agree else 'RANKED DIFFERENTLY'}")
+    return line
+
+
 def add_step_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch_size", type=int, default=128, help="Pairs per step.")
     p.add_argument("--steps", type=int, default=5, help="Timed steps per configuration a round.")
@@ -257,7 +276,8 @@ def main() -> None:
              "rate of an unloaded machine if the step scaled perfectly. % of peak: GFLOP/CPU-s "
              "of the step over that of the matmul (both measured in the same rounds). round "
              "spread: slowest/fastest round against the median.",
-             *(f"Target: {t}" for t in targets(results, peaks, flops))]
+             *(f"Target: {t}" for t in targets(results, peaks, flops)),
+             auto_precision_note(results)]
     common.report("Training step (benchmarks.step)", table(results, peaks, flops, args.matmul_n),
                   args, notes, load_before=load)
 

@@ -221,3 +221,17 @@ def test_usable_inside_tf_data():
                        sample_homographies(4, 32, 32, tf.stack([i, i + 1])), fill_value=0.0))
     out = list(ds.as_numpy_iterator())
     assert len(out) == 3 and out[0].shape == (4, 32, 32, 3)
+
+
+def test_int_seeds_are_accepted_and_bad_seeds_named():
+    from aetv2_tf.data.homographies import sample_homographies
+
+    by_int = sample_homographies(8, 32, 32, seed=7)
+    np.testing.assert_array_equal(by_int, sample_homographies(8, 32, 32, seed=(0, 7)))
+    np.testing.assert_array_equal(by_int, sample_homographies(8, 32, 32, seed=np.int64(7)))
+    np.testing.assert_array_equal(by_int,
+                                  sample_homographies(8, 32, 32, seed=tf.constant([0, 7])))
+    assert not np.array_equal(by_int, sample_homographies(8, 32, 32, seed=8))
+    for bad in ((1, 2, 3), 1.5, "seven", np.zeros((2, 2), np.int32)):
+        with pytest.raises(ValueError, match=r"shape-\(2,\)"):
+            sample_homographies(8, 32, 32, seed=bad)

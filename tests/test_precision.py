@@ -13,27 +13,72 @@ else (a loss in low precision, a broken cast, skipped steps) would not pass.
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 
-from aetv2_tf import train as train_module
+from aetv2_tf import precision
 from benchmarks.budget import done_summary
 from tests.cli import read_scalars, train
 
 
-@pytest.mark.parametrize("amx, expected", [(True, "mixed_bfloat16"), (False, "float32")])
-def test_auto_on_a_cpu(monkeypatch, amx, expected):
-    monkeypatch.setattr(train_module, "cpu_has_amx", lambda: amx)
-    monkeypatch.setattr(train_module.tf.config, "list_logical_devices", lambda kind=None: [])
-    assert train_module.choose_precision("auto") == expected
+@pytest.mark.parametrize("rates, expected", [
+    ({"float32": 20.0, "mixed_bfloat16": 60.0}, "mixed_bfloat16"),  # an AMX CPU (measured 3x)
+    ({"float32": 20.0, "mixed_bfloat16": 34.8}, "mixed_bfloat16"),  # the AMD EPYC of issue 11
+    ({"float32": 20.0, "mixed_bfloat16": 14.0}, "float32"),  # AVX512_BF16 without AMX (0.7x)
+    ({"float32": 20.0, "mixed_bfloat16": 21.0}, "float32"),  # within the margin: keep float32
+])
+def test_auto_on_a_cpu_follows_the_probe_and_caches_it(tmp_path, rates, expected):
+    cache = str(tmp_path / "cache" / "precision.json")
+    calls = []
+
+    def probe():
+        calls.append(1)
+        return rates
+
+    first = precision.auto_cpu_policy(cache, probe=probe)
+    assert first.policy == expected and first.rates == rates and "measured" in first.reason
+    again = precision.auto_cpu_policy(cache, probe=probe)
+    assert again.policy == expected and "cached" in again.reason
+    assert len(calls) == 1, "the second run must reuse the cached decision"
+    saved = json.loads(open(cache).read())
+    assert saved[precision.machine_key()]["rates"] == rates
+
+
+def test_auto_probes_again_when_the_cache_is_corrupt_or_unwritable(tmp_path):
+    cache = tmp_path / "precision.json"
+    cache.write_text("{not json")
+    rates = {"float32": 10.0, "mixed_bfloat16": 30.0}
+    assert precision.auto_cpu_policy(str(cache), probe=lambda: rates).policy == "mixed_bfloat16"
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    choice = precision.auto_cpu_policy(str(blocked / "sub" / "precision.json"),
+                                       probe=lambda: rates)  # a file where a folder must be
+    assert choice.policy == "mixed_bfloat16"
+
+
+def test_the_real_probe_returns_positive_rates():
+    rates = precision.probe_rates(batch=2, steps=1, rounds=1)
+    assert set(rates) == {"float32", "mixed_bfloat16"} and min(rates.values()) > 0
+
+
+def test_accelerators_keep_their_rules(monkeypatch):
+    import tensorflow as tf
+
+    monkeypatch.setattr(tf.config, "list_logical_devices",
+                        lambda kind=None: ["dev"] if kind == "GPU" else [])
+    assert precision.choose_precision("auto").policy == "mixed_float16"
+    monkeypatch.setattr(tf.config, "list_logical_devices",
+                        lambda kind=None: ["dev"] if kind == "TPU" else [])
+    assert precision.choose_precision("auto").policy == "mixed_bfloat16"
 
 
 @pytest.mark.parametrize("name, expected", [("none", "float32"),
                                             ("mixed_bfloat16", "mixed_bfloat16"),
                                             ("mixed_float16", "mixed_float16")])
 def test_explicit_choices_pass_through(name, expected):
-    assert train_module.choose_precision(name) == expected
+    assert precision.choose_precision(name).policy == expected
 
 
 def test_mixed_bfloat16_trains_like_float32(tmp_path, cifar10_dir):

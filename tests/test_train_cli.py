@@ -136,4 +136,4 @@ def test_mirrored_training_through_the_cli(tmp_path, cifar10_dir):
     proc = train(tmp_path, cifar10_dir, "--train_steps=2", "--strategy=mirrored",
                  "--cpu_devices=2", "--export=false")
     assert "steps=2" in proc.stdout
-    assert "MirroredStrategy with 2 replica(s)" in proc.stderr
+    assert "MirroredStrategy x2" in proc.stdout

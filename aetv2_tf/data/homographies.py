@@ -103,6 +103,25 @@ def square_to_quad(quad) -> tf.Tensor:
     return t / t[..., 2:3, 2:3]
 
 
+def stateless_seed(seed) -> tf.Tensor:
+    """A stateless-RNG seed ``(2,)`` int64 from a Python/NumPy int ``s`` (-> ``(0, s)``) or any
+    shape-``(2,)`` integer array or tensor (int32 and int64 seeds with equal values agree)."""
+    if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+        return tf.constant([0, int(seed)], tf.int64)
+    try:
+        tensor = tf.convert_to_tensor(seed)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"seed must be an int or a shape-(2,) integer tensor, got {seed!r}") from e
+    if not tensor.dtype.is_integer or tensor.shape.rank not in (0, 1, None) \
+            or (tensor.shape.rank == 1 and tensor.shape[0] not in (2, None)):
+        raise ValueError(f"seed must be an int or a shape-(2,) integer tensor (a stateless "
+                         f"seed such as (0, 7)), got {tensor.dtype.name} of shape {tensor.shape}")
+    tensor = tf.cast(tensor, tf.int64)
+    if tensor.shape.rank == 0:
+        return tf.stack([tf.zeros_like(tensor), tensor])
+    return tensor
+
+
 def sample_homography_components(
     batch_size,
     height: int,
@@ -123,8 +142,8 @@ def sample_homography_components(
     Args:
       batch_size: B, a Python int or a scalar int tensor.
       height, width: image size in pixels (the side used for each coordinate's shift).
-      seed: a stateless seed, shape (2,) int32 or int64 (cast to int64); equal seeds give equal
-        samples.
+      seed: a stateless seed: a Python int ``s`` (the same as ``(0, s)``) or a shape (2,)
+        int32/int64 array or tensor; equal seeds give equal samples (see `stateless_seed`).
 
     Returns a dict of ``matrix`` (B, 3, 3) float32 ``T`` in the model frame with ``T[2, 2] = 1``,
     ``rotation`` (B,) int32 ``k``, ``scale`` (B,) float32 ``s``, ``shift`` (B, 4, 2) float32 pixel
@@ -132,7 +151,7 @@ def sample_homography_components(
     """
     if shift not in _SHIFTS:
         raise ValueError(f"shift must be one of {_SHIFTS}, got {shift!r}")
-    seed = tf.cast(tf.convert_to_tensor(seed), tf.int64)  # int32 and int64 seeds agree
+    seed = stateless_seed(seed)
     seeds = tf.random.experimental.stateless_split(seed, 4)
     batch_size = tf.convert_to_tensor(batch_size, tf.int32)
     lo, hi = float(scale_range[0]), float(scale_range[1])

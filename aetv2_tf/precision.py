@@ -1,0 +1,183 @@
+"""`--mixed_precision`: the Keras dtype policy, and on a CPU `auto` decided by measurement.
+
+Whether bfloat16 is faster than float32 on a CPU depends on the CPU, not on a flag list: with AMX
+tiles it is several times faster, with AVX512_BF16 alone it was 0.7x on one Intel machine and
+1.74x on an AMD EPYC (BENCHMARKS.md). So on a CPU, `auto` TIMES both: a short probe runs the
+convolutions of a NIN block forward and backward (the layers that dominate the pretext step) in
+float32 and in bfloat16, interleaved, and picks bfloat16 only when it is at least `MARGIN`
+times faster. The decision is cached per machine (CPU model, core count, TensorFlow version) in
+`$AETV2_CACHE_DIR` (default `$XDG_CACHE_HOME/aetv2_tf` or `~/.cache/aetv2_tf`), so later runs
+skip the probe. Accelerators keep fixed rules: bfloat16 on TPUs, float16 on GPUs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+from collections.abc import Callable
+from typing import NamedTuple
+
+MARGIN = 1.1  # bfloat16 must beat float32 by 10% to be chosen: rounding costs something
+PROBE_POLICIES = ("float32", "mixed_bfloat16")
+
+
+class Choice(NamedTuple):
+    """The policy to use, why, and the probe's rates (steps/s per policy) when one ran."""
+
+    policy: str
+    reason: str
+    rates: dict | None = None
+
+
+def cpu_model() -> tuple[str, str]:
+    """The CPU's model name and a digest of its feature flags (from /proc/cpuinfo).
+
+    Virtual machines often report a generic name ("Intel(R) Xeon(R) Processor") for CPUs with
+    and without AMX, so the flags are part of the machine's identity.
+    """
+    name, flags = platform.processor() or platform.machine(), ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and not flags:
+                    name = value.strip()
+                elif key.strip() == "flags":
+                    flags = " ".join(sorted(value.split()))
+                    break
+    except OSError:
+        pass
+    return name, hashlib.sha1(flags.encode()).hexdigest()[:10]
+
+
+def machine_key() -> str:
+    """What the cached decision depends on: CPU model and flags, visible cores, TF version."""
+    import tensorflow as tf
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    name, flags = cpu_model()
+    return f"{name} (flags {flags}) | {cores} cores | tensorflow {tf.__version__}"
+
+
+def cache_file() -> str:
+    base = os.environ.get("AETV2_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "aetv2_tf")
+    return os.path.join(base, "precision.json")
+
+
+def decide(rates: dict[str, float], margin: float = MARGIN) -> str:
+    """The faster policy of the probe's `rates` (bfloat16 only if >= `margin` x float32)."""
+    bf16, fp32 = rates["mixed_bfloat16"], rates["float32"]
+    return "mixed_bfloat16" if bf16 >= margin * fp32 else "float32"
+
+
+def probe_rates(batch: int = 16, steps: int = 4, rounds: int = 3) -> dict[str, float]:
+    """Steps/s of a NIN-block forward + backward pass in float32 and bfloat16, interleaved.
+
+    The block (5x5x96 -> 192, 1x1 -> 192, 1x1 -> 192 on 16x16 maps, as NIN's block 2) carries
+    most of the pretext step's arithmetic; about 1-2 s in all on 2 cores (a 2-core Xeon
+    with AMX: bfloat16 2.9-3.1x here, 2.8x in the real step; BENCHMARKS.md).
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    shapes = [(5, 5, 96, 192), (1, 1, 192, 192), (1, 1, 192, 192)]
+    kernels32 = [tf.constant(rng.normal(0, 0.05, s), tf.float32) for s in shapes]
+    x32 = tf.constant(rng.normal(size=(batch, 16, 16, 96)), tf.float32)
+
+    def make_step(dtype):
+        kernels = [tf.cast(k, dtype) for k in kernels32]
+        x = tf.cast(x32, dtype)
+
+        @tf.function
+        def step():
+            with tf.GradientTape() as tape:
+                tape.watch(kernels)
+                h = x
+                for k in kernels:
+                    h = tf.nn.relu(tf.nn.conv2d(h, k, 1, "SAME"))
+                loss = tf.reduce_sum(tf.cast(h, tf.float32))
+            return tape.gradient(loss, kernels)
+
+        return step
+
+    fns = {"float32": make_step(tf.float32), "mixed_bfloat16": make_step(tf.bfloat16)}
+    for fn in fns.values():  # trace and warm up
+        tf.nest.map_structure(lambda g: g.numpy(), fn())
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                out = fn()
+            out[0].numpy()
+            best[name] = min(best[name], (time.perf_counter() - t0) / steps)
+    return {name: round(1.0 / t, 2) for name, t in best.items()}
+
+
+def _load_cache(path: str) -> dict:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def auto_cpu_policy(path: str | None = None,
+                    probe: Callable[[], dict[str, float]] = probe_rates) -> Choice:
+    """`auto` on a CPU: the cached decision for this machine, else `probe()` and cache it.
+
+    A cache that cannot be read or written is not an error: the probe then runs every time.
+    """
+    path = path or cache_file()
+    key = machine_key()
+    cached = _load_cache(path).get(key)
+    if isinstance(cached, dict) and cached.get("policy") in PROBE_POLICIES:
+        return Choice(cached["policy"], f"auto: cached measurement for this CPU "
+                      f"({_rates_text(cached.get('rates'))}; {path})", cached.get("rates"))
+    rates = probe()
+    policy = decide(rates)
+    data = _load_cache(path)
+    data[key] = dict(policy=policy, rates=rates, margin=MARGIN,
+                     measured=time.strftime("%Y-%m-%d %H:%M:%S"))
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=1)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return Choice(policy, f"auto: measured on this CPU ({_rates_text(rates)})", rates)
+
+
+def _rates_text(rates: dict | None) -> str:
+    if not rates:
+        return "no rates"
+    ratio = rates["mixed_bfloat16"] / rates["float32"]
+    return f"bfloat16 {ratio:.2f}x float32 in a NIN-block probe"
+
+
+def choose_precision(name: str) -> Choice:
+    """The Keras dtype policy for `--mixed_precision`, with the reason.
+
+    `none` -> float32; explicit policies pass through; `auto`: mixed_bfloat16 on TPUs,
+    mixed_float16 on GPUs, and on CPUs the faster of float32 and mixed_bfloat16 as measured by
+    `auto_cpu_policy`.
+    """
+    if name == "none":
+        return Choice("float32", "--mixed_precision=none")
+    if name != "auto":
+        return Choice(name, f"--mixed_precision={name}")
+    import tensorflow as tf
+
+    if tf.config.list_logical_devices("TPU"):
+        return Choice("mixed_bfloat16", "auto: TPU")
+    if tf.config.list_logical_devices("GPU"):
+        return Choice("mixed_float16", "auto: GPU")
+    return auto_cpu_policy()

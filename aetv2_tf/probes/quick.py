@@ -1,0 +1,53 @@
+"""The quick KNN that ends a pretraining run: how good is the encoder, next to a random init.
+
+The full KNN probe (`--stage=probe --probe=knn`, 50,000 vs 10,000 images) takes minutes on a CPU;
+this one scores a fixed subset, the FIRST `train_examples` training images as the gallery and the
+first `test_examples` test images as queries, with the same rule (k = 10 cosine neighbours of the
+average-pooled block-2 feature), for the trained encoder and for a random-init encoder of the same
+architecture and seed. Both numbers use the same images, so their difference is what the
+pretraining bought; they are not comparable to the paper's full-test-set numbers.
+"""
+
+from __future__ import annotations
+
+import time
+
+import keras
+import numpy as np
+
+from aetv2_tf.data.pipelines import classification_dataset
+from aetv2_tf.probes.knn import extract_features, knn_accuracy, make_feature_fn
+
+FEATURE = {"nin": "block2", "alexnet": "conv5"}
+
+
+def quick_knn(
+    encoder: keras.Model,
+    random_encoder: keras.Model,
+    train: tuple[np.ndarray, np.ndarray],
+    test: tuple[np.ndarray, np.ndarray],
+    feature: str,
+    mean,
+    std,
+    k: int = 10,
+    batch_size: int = 256,
+) -> dict[str, float]:
+    """KNN top-1 (%) of `encoder` and `random_encoder` on `(images uint8 (N, S, S, 3), labels)`.
+
+    Returns ``{"knn_top1": .., "random_knn_top1": .., "knn_gain": .., "knn_seconds": ..}``.
+    """
+    start = time.perf_counter()
+
+    def features(model, images, labels):
+        batches = classification_dataset(images, labels, batch_size, 0, training=False,
+                                         augment=False, image_size=images.shape[1], mean=mean,
+                                         std=std)
+        return extract_features(make_feature_fn(model, feature), batches)
+
+    scores = []
+    for model in (encoder, random_encoder):
+        gallery, queries = features(model, *train), features(model, *test)
+        scores.append(knn_accuracy(*gallery, *queries, k=k, metric="cosine",
+                                   num_classes=int(max(train[1].max(), test[1].max())) + 1))
+    return dict(knn_top1=scores[0], random_knn_top1=scores[1], knn_gain=scores[0] - scores[1],
+                knn_seconds=round(time.perf_counter() - start, 1))

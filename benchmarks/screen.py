@@ -1,0 +1,65 @@
+"""One row of the research table: pretrain a variant, score it with KNN, print the row.
+
+    python -m benchmarks.screen --name=v1_b1 --flagfile=configs/budget_aetv1.cfg --steps=390 \
+        --train_flag=--warmup_steps=40
+
+runs `python -m aetv2_tf.train --flagfile=F --model_dir=runs/screen/NAME --train_steps=STEPS
+[train flags]` and then the KNN probe (`configs/cifar10_probe_knn.cfg`: k = 10, cosine,
+average-pooled block-2 features, 50,000 training vs 10,000 test images) on its newest checkpoint.
+`--flagfile=none` scores a random-init encoder (seeded by --seed) instead. The markdown row
+(name, the exact pretraining command, steps x batch, wall times, final loss, KNN top-1) is
+printed and appended to `runs/screen/rows.md`; docs/reproduction.md collects those rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import shlex
+import shutil
+
+from benchmarks import common
+from benchmarks.budget import done_summary, knn, run_program
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--name", required=True, help="Run name: runs/screen/<name>.")
+    p.add_argument("--flagfile", required=True, help="Pretraining flagfile, or 'none'.")
+    p.add_argument("--steps", type=int, default=390, help="Pretraining steps.")
+    p.add_argument("--train_flag", action="append", default=[],
+                   help="An extra pretraining flag, e.g. --train_flag=--seed=1 (repeatable).")
+    p.add_argument("--work_dir", type=pathlib.Path, default=common.REPO / "runs" / "screen")
+    p.add_argument("--data_dir", default=str(common.DEFAULT_CIFAR10))
+    p.add_argument("--knn_train_examples", type=int, default=0)
+    p.add_argument("--knn_test_examples", type=int, default=0)
+    args = p.parse_args()
+    run_dir, knn_dir = args.work_dir / args.name, args.work_dir / f"{args.name}_knn"
+    log = args.work_dir / f"{args.name}.log"
+    for stale in (run_dir, knn_dir):
+        shutil.rmtree(stale, ignore_errors=True)
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    log.unlink(missing_ok=True)
+    if args.flagfile == "none":
+        command, train = "(random init)", dict(wall=0.0, loss="-", steps=0, batch="-")
+        probe = knn("none", knn_dir, args, log)
+    else:
+        flags = [f"--flagfile={args.flagfile}", f"--model_dir={run_dir}",
+                 f"--train_steps={args.steps}", *args.train_flag]
+        output, wall, _ = run_program([*flags, f"--data_dir={args.data_dir}", "--verbose=0"], log)
+        done = done_summary(output)
+        command = "python -m aetv2_tf.train " + " ".join(shlex.quote(f) for f in flags)
+        batch = next((f.split("=")[1] for f in reversed(args.train_flag)
+                      if f.startswith("--batch_size=")), "cfg")
+        train = dict(wall=wall, loss=done.get("loss", "-"), steps=done["steps"], batch=batch)
+        probe = knn(str(run_dir), knn_dir, args, log)
+    row = (f"| {args.name} | `{command}` | {train['steps']} x {train['batch']} | "
+           f"{train['wall']:.0f} s | {train['loss']} | {probe['top1']:.2f} | "
+           f"{probe['wall']:.0f} s |")
+    print(row, flush=True)
+    with open(args.work_dir / "rows.md", "a") as f:
+        f.write(row + "\n")
+
+
+if __name__ == "__main__":
+    main()
