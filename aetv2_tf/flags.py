@@ -33,6 +33,9 @@ flags.DEFINE_float("chordal_weight", 0.0,
 flags.DEFINE_float("mse_weight", 0.0,
                    "geodesic loss: weight of an added AETv1 parameter MSE (std-normalised). "
                    "0: off (the paper).")
+flags.DEFINE_integer("mse_decay_steps", 0,
+                     "geodesic loss: the --mse_weight term decays linearly to 0 at this step "
+                     "(an MSE warm-up; then the loss is the geodesic one). 0: constant weight.")
 flags.DEFINE_enum("loss_frame", "model", ["model", "pixel"],
                   "geodesic loss: the frame of T and T_hat before the SO(3) projection: the "
                   "centred, normalised model frame (docs/conventions.md) or pixel coordinates.")
@@ -40,6 +43,10 @@ flags.DEFINE_bool("decoder_scale", None,
                   "The decoder regresses parameters divided by their std under the sampler "
                   "(a fixed Rescaling turns them back). Default: on for --loss=mse (the AETv1 "
                   "code), off for geodesic.")
+flags.DEFINE_float("decoder_init_rotation", 0.0,
+                   "The decoder starts at the rotation by this many degrees about the image "
+                   "centre instead of the identity (45 keeps every quarter turn off the "
+                   "geodesic loss's cut locus at theta = pi).")
 flags.DEFINE_bool("mse_normalize", True,
                   "mse loss only: divide each parameter error by the parameter's fixed std under "
                   "the sampler (the AETv1 normalisation).")
@@ -163,9 +170,9 @@ FLAGS = flags.FLAGS
 
 # Flags that define what a model_dir contains: resuming with other values is refused.
 ESSENTIAL = ("stage", "pretext", "loss", "angle_power", "residual_scale", "chordal_weight",
-             "mse_weight", "loss_frame", "decoder_scale", "backbone", "dataset", "batch_norm",
-             "shift", "optimizer", "projection_weight", "batch_size", "seed", "probe", "feature",
-             "pretrained")
+             "mse_weight", "mse_decay_steps", "loss_frame", "decoder_scale",
+             "decoder_init_rotation", "backbone", "dataset", "batch_norm", "shift", "optimizer",
+             "projection_weight", "batch_size", "seed", "probe", "feature", "pretrained")
 
 
 def _positive(name: str, allow_zero: bool = False) -> None:
@@ -178,8 +185,9 @@ def _positive(name: str, allow_zero: bool = False) -> None:
 for _name in ("batch_size", "steps_per_execution", "checkpoint_every_steps", "summary_every_steps",
               "keep_checkpoints", "knn_k", "cpu_devices", "quick_knn_test"):
     _positive(_name)
-for _name in ("quick_knn_train", "epochs", "train_steps", "stop_after_steps", "train_examples",
-              "image_summary_every_steps", "val_examples", "test_examples", "warmup_steps"):
+for _name in ("quick_knn_train", "mse_decay_steps", "epochs", "train_steps", "stop_after_steps",
+              "train_examples", "image_summary_every_steps", "val_examples", "test_examples",
+              "warmup_steps"):
     _positive(_name, allow_zero=True)
 flags.register_validator("angle_power", lambda v: v in (1, 2),
                          message="--angle_power must be 1 (the paper) or 2.")

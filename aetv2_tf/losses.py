@@ -127,7 +127,7 @@ class _Terms:
             diff = matrix_to_params(t_hat) - matrix_to_params(t)
             if self.std is not None:
                 diff = diff / self.std
-            value += c.mse_weight * tf.reduce_mean(tf.square(diff), axis=-1)
+            value += c.current_mse_weight() * tf.reduce_mean(tf.square(diff), axis=-1)
         if self.frame is not None:  # T' = F T F^{-1}: the same map written in another frame
             f, f_inv = self.frame
             t, t_hat = f @ t @ f_inv, f @ t_hat @ f_inv
@@ -164,6 +164,10 @@ class GeodesicLoss(keras.losses.Loss):
         group's ``||Log(T^{-1} T_hat)||^2`` (Eq. 5): no cut locus, a gradient at ``theta = pi``.
       mse_weight, mse_std: ``w >= 0`` adds ``w`` x AETv1's MSE of the 8 parameters divided by
         ``mse_std`` (8 positive floats, or None for 1).
+      mse_decay_steps: ``n > 0`` decays the MSE weight linearly from ``w`` at step 0 to 0 at step
+        ``n`` (then the loss is purely geodesic): an MSE warm-up. The step is read from
+        ``loss.step``, a scalar variable the caller sets (e.g. ``optimizer.iterations``); 0: a
+        constant ``w``.
       frame: a 3x3 matrix ``F`` (model frame -> loss frame): the loss is evaluated on
         ``F T F^{-1}`` and ``F T_hat F^{-1}`` (e.g. ``N^{-1}`` of conventions.md: pixels);
         None: the model frame.
@@ -193,6 +197,7 @@ class GeodesicLoss(keras.losses.Loss):
         chordal_weight: float = 0.0,
         mse_weight: float = 0.0,
         mse_std: Sequence[float] | None = None,
+        mse_decay_steps: int = 0,
         frame: Sequence[Sequence[float]] | None = None,
         name: str = "geodesic_loss",
         reduction: str | None = "sum_over_batch_size",
@@ -207,8 +212,23 @@ class GeodesicLoss(keras.losses.Loss):
         self.chordal_weight = _check_weight("chordal_weight", chordal_weight, " (0: off)")
         self.mse_weight = _check_weight("mse_weight", mse_weight, " (0: off)")
         self.mse_std = _check_vector("mse_std", mse_std, positive=True)
+        if int(mse_decay_steps) != mse_decay_steps or mse_decay_steps < 0:
+            raise ValueError(f"mse_decay_steps must be an int >= 0 (0: constant), "
+                             f"got {mse_decay_steps!r}")
+        self.mse_decay_steps = int(mse_decay_steps)
+        self.step = None  # set by the caller when mse_decay_steps > 0
         self.frame = None if frame is None else [[float(v) for v in row] for row in frame]
         self._terms = _Terms(self)
+
+    def current_mse_weight(self) -> tf.Tensor | float:
+        """The MSE term's weight at ``self.step`` (``mse_weight`` if there is no decay)."""
+        if not self.mse_decay_steps:
+            return self.mse_weight
+        if self.step is None:
+            raise ValueError("GeodesicLoss(mse_decay_steps > 0) needs loss.step = a step "
+                             "variable (e.g. optimizer.iterations) before it is called")
+        done = tf.cast(tf.convert_to_tensor(self.step), tf.float32) / self.mse_decay_steps
+        return self.mse_weight * tf.maximum(1.0 - done, 0.0)
 
     def call(self, y_true, y_pred) -> tf.Tensor:
         y_true, y_pred = _as_float32_params(y_true, y_pred)
@@ -218,7 +238,8 @@ class GeodesicLoss(keras.losses.Loss):
         return {**super().get_config(), "projection_weight": self.projection_weight,
                 "angle_power": self.angle_power, "residual_scale": self.residual_scale,
                 "chordal_weight": self.chordal_weight, "mse_weight": self.mse_weight,
-                "mse_std": self.mse_std, "frame": self.frame}
+                "mse_std": self.mse_std, "mse_decay_steps": self.mse_decay_steps,
+                "frame": self.frame}
 
 
 def _check_vector(name: str, values: Sequence[float] | None, positive: bool):

@@ -81,7 +81,8 @@ def geodesic_loss(param_std, image_size: int):
         np.linalg.inv(normalization_matrix(image_size, image_size).numpy()).tolist()
     return GeodesicLoss(F.projection_weight, angle_power=F.angle_power,
                         residual_scale=F.residual_scale, chordal_weight=F.chordal_weight,
-                        mse_weight=F.mse_weight, mse_std=param_std, frame=frame)
+                        mse_weight=F.mse_weight, mse_std=param_std,
+                        mse_decay_steps=F.mse_decay_steps, frame=frame)
 
 
 def load_train_images(split: str = "train"):
@@ -157,7 +158,8 @@ def pretext_stage(strategy: tf.distribute.Strategy, chief: bool, data=None) -> d
         std = param_std if F.loss == "mse" and F.mse_normalize else None
         decoder_scale = F.loss == "mse" if F.decoder_scale is None else F.decoder_scale
         model = build_rotation_model(encoder) if rotation else \
-            build_aet_model(encoder, param_scale=param_std if decoder_scale else None)
+            build_aet_model(encoder, param_scale=param_std if decoder_scale else None,
+                            init_rotation_deg=F.decoder_init_rotation)
         if F.weight_decay_mode == "l2":
             optim.add_l2_decay(model, F.weight_decay)
         schedule = optim.Schedule(F.lr_schedule, F.learning_rate, steps, F.warmup_steps)
@@ -171,6 +173,7 @@ def pretext_stage(strategy: tf.distribute.Strategy, chief: bool, data=None) -> d
             compiled_metrics = [keras.metrics.SparseCategoricalAccuracy(name="rotation_accuracy")]
         elif F.loss == "geodesic":
             loss, compiled_metrics = geodesic_loss(param_std, size), metrics.pretext_metrics()
+            loss.step = optimizer.iterations  # read by an MSE warm-up (--mse_decay_steps)
         else:
             loss, compiled_metrics = losses.ParameterMSELoss(std=std), metrics.pretext_metrics()
         model.compile(optimizer=optimizer, loss=loss, metrics=compiled_metrics,

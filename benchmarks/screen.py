@@ -7,16 +7,20 @@ runs `python -m aetv2_tf.train --flagfile=F --model_dir=runs/screen/NAME --train
 [train flags]` and then the KNN probe (`configs/cifar10_probe_knn.cfg`: k = 10, cosine,
 average-pooled block-2 features, 50,000 training vs 10,000 test images) on its newest checkpoint.
 `--flagfile=none` scores a random-init encoder (seeded by --seed) instead. The markdown row
-(name, the exact pretraining command, steps x batch, wall times, final loss, KNN top-1) is
+(name, the exact pretraining command, steps x batch, wall times, final loss, the held-out
+accuracy of each quarter turn k = 0/1/2/3 (`benchmarks.pretext_eval`), KNN top-1) is
 printed and appended to `runs/screen/rows.md`; docs/reproduction.md collects those rows.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import pathlib
 import shlex
 import shutil
+import subprocess
+import sys
 
 from benchmarks import common
 from benchmarks.budget import done_summary, knn, run_program
@@ -53,8 +57,15 @@ def main() -> None:
                       if f.startswith("--batch_size=")), "cfg")
         train = dict(wall=wall, loss=done.get("loss", "-"), steps=done["steps"], batch=batch)
         probe = knn(str(run_dir), knn_dir, args, log)
+    rotations = "-"
+    if args.flagfile != "none":
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.pretext_eval", str(run_dir),
+                               f"--data_dir={args.data_dir}"], cwd=common.REPO,
+                              capture_output=True, text=True, check=True)
+        held_out = json.loads(proc.stdout.strip().splitlines()[-1])
+        rotations = " / ".join(f"{held_out[f'k{k}']['accuracy']:.2f}" for k in range(4))
     row = (f"| {args.name} | `{command}` | {train['steps']} x {train['batch']} | "
-           f"{train['wall']:.0f} s | {train['loss']} | {probe['top1']:.2f} | "
+           f"{train['wall']:.0f} s | {train['loss']} | {rotations} | {probe['top1']:.2f} | "
            f"{probe['wall']:.0f} s |")
     print(row, flush=True)
     with open(args.work_dir / "rows.md", "a") as f:

@@ -140,3 +140,28 @@ def test_knobs_survive_serialization():
     again = losses.GeodesicLoss.from_config(loss.get_config())
     y_true, y_pred = random_params(8, 5, 0.1), random_params(8, 6, 0.1)
     np.testing.assert_allclose(again(y_true, y_pred), loss(y_true, y_pred), rtol=1e-6)
+
+
+def test_mse_warm_up_decays_to_the_geodesic_loss():
+    y_true, y_pred = random_params(8, 7, 0.1), random_params(8, 8, 0.1)
+    loss = losses.GeodesicLoss(mse_weight=2.0, mse_std=STD, mse_decay_steps=100, reduction=None)
+    with pytest.raises(ValueError, match="loss.step"):
+        loss(y_true, y_pred)
+    step = tf.Variable(0, dtype=tf.int64)
+    loss.step = step
+    for at, weight in ((0, 2.0), (50, 1.0), (100, 0.0), (1000, 0.0)):
+        step.assign(at)
+        expected = np_variant_loss(y_true, y_pred, mse_weight=weight, mse_std=STD)
+        check_close(f"warm-up at step {at}", loss(y_true, y_pred), expected, 2e-5)
+    with pytest.raises(ValueError, match="mse_decay_steps"):
+        losses.GeodesicLoss(mse_decay_steps=-1)
+
+
+def test_decoder_can_start_at_a_rotation():
+    from aetv2_tf.models import build_aet_model, build_backbone, identity_params
+
+    np.testing.assert_allclose(identity_params(8, 90.0), [0, -1, 0, 1, 0, 0, 0, 0], atol=1e-7)
+    model = build_aet_model(build_backbone("nin", (32, 32, 3)), init_rotation_deg=45.0)
+    c = np.sqrt(0.5)
+    np.testing.assert_allclose(model.get_layer("decoder").bias.numpy(),
+                               [c, -c, 0, c, c, 0, 0, 0], atol=1e-6)

@@ -18,6 +18,7 @@ Choices:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import keras
@@ -32,11 +33,14 @@ DEFAULT_INPUT_SHAPES = {"nin": (32, 32, 3), "alexnet": (224, 224, 3)}
 DEFAULT_FEATURES = {"nin": "block4", "alexnet": "fc7"}
 
 
-def identity_params(num_params: int = 8) -> np.ndarray:
-    """The first `num_params` row-major entries of the 3x3 identity: (1, 0, 0, 0, 1, 0, 0, 0)."""
+def identity_params(num_params: int = 8, rotation_deg: float = 0.0) -> np.ndarray:
+    """The first `num_params` row-major entries of the 3x3 identity: (1, 0, 0, 0, 1, 0, 0, 0),
+    or of the in-plane rotation by `rotation_deg` about the image centre (model frame)."""
     if not 1 <= num_params <= 8:
         raise ValueError(f"num_params must be in 1..8, got {num_params}")
-    return np.eye(3, dtype="float32").reshape(-1)[:num_params]
+    c, s = math.cos(math.radians(rotation_deg)), math.sin(math.radians(rotation_deg))
+    r = np.array([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]], "float32")
+    return r.reshape(-1)[:num_params]
 
 
 @keras.saving.register_keras_serializable(package="aetv2_tf")
@@ -74,6 +78,7 @@ def build_aet_model(
     num_params: int = 8,
     name: str = "aet",
     param_scale: Sequence[float] | None = None,
+    init_rotation_deg: float = 0.0,
 ) -> keras.Model:
     """The AET pretext model: inputs `[x, tx]`, each `(B, H, W, 3)`; output `(B, num_params)`.
 
@@ -90,6 +95,10 @@ def build_aet_model(
             std-normalised MSE this is exactly the AETv1 code's regression of normalised targets;
             without it, small-std parameters get gradients ~1/std^2 larger (SGD at lr 0.1 then
             diverges within 10 steps, measured).
+        init_rotation_deg: the decoder's initial output (its bias) is the rotation by this angle
+            about the image centre instead of the identity. At 0 every 180-degree pair starts on
+            the cut locus of the geodesic loss (theta = pi, no gradient); at 45 no quarter turn
+            does (docs/reproduction.md).
 
     Returns:
         A `keras.Model` mapping `[x, tx]` to float32 parameters; the decoder layer is "decoder"
@@ -106,7 +115,8 @@ def build_aet_model(
         num_params,
         dtype="float32",
         kernel_initializer=keras.initializers.VarianceScaling(0.01, "fan_in", "truncated_normal"),
-        bias_initializer=keras.initializers.Constant(identity_params(num_params) / scale),
+        bias_initializer=keras.initializers.Constant(
+            identity_params(num_params, init_rotation_deg) / scale),
         name="decoder",
     )(pair)
     if param_scale is not None:
