@@ -132,12 +132,13 @@ def build_model(seed: int):
     return model, pairs
 
 
-def fit_outputs(uint8_images: np.ndarray) -> dict:
-    """Two jitted model.fit steps (batches of FIT_BATCH, no shuffling), twice with the same seed.
+def fit_outputs(uint8_images: np.ndarray, folder: str) -> dict:
+    """Two jitted model.fit steps (batches of FIT_BATCH, no shuffling), then a weights round trip.
 
-    Returns the per-step logged loss and running mean energy of both runs, the seed state before
-    and after, the weights' change, and the energies of the two batches replayed by a fresh layer
-    with the same seed under the backend's compiler (TF's XLA RNG differs from its eager one).
+    Returns the per-step logged loss and running mean energy, the seed state before and after, the
+    weights' change, the energies of the two batches replayed by a fresh layer with the same seed
+    (under XLA on TF: its XLA RNG differs from its eager one), and the seed state of a new model
+    after ``load_weights`` of the trained one's ``.weights.h5`` (written to ``folder``).
     """
     records = []
 
@@ -147,21 +148,18 @@ def fit_outputs(uint8_images: np.ndarray) -> dict:
 
     y = {"resid": np.zeros((len(uint8_images), 8), np.float32),
          "params": np.zeros((len(uint8_images), 8), np.float32)}
-    out = {}
-    for run in range(2):
-        model, pairs = build_model(FIT_SEED)
-        state0 = ops.convert_to_numpy(pairs.seed_generator.state).astype(np.int64)
-        before = [ops.convert_to_numpy(w).copy() for w in model.trainable_weights]
-        model.fit(uint8_images, y, batch_size=FIT_BATCH, epochs=1, shuffle=False, verbose=0,
-                  callbacks=[Record()])
-        after = [ops.convert_to_numpy(w) for w in model.trainable_weights]
-        out[f"fit{run}_state0"] = state0
-        out[f"fit{run}_state"] = ops.convert_to_numpy(pairs.seed_generator.state).astype(np.int64)
-        out[f"fit{run}_weight_change"] = np.array(
-            max(np.abs(a - b).max() for a, b in zip(after, before, strict=True)))
-    out["fit_loss"] = np.array([[step["loss"] for step in records[i:i + 2]] for i in (0, 2)])
-    out["fit_energy"] = np.array([[step["params_energy"] for step in records[i:i + 2]]
-                                  for i in (0, 2)])
+    model, pairs = build_model(FIT_SEED)
+    out = {"fit_state0": ops.convert_to_numpy(pairs.seed_generator.state).astype(np.int64)}
+    before = [ops.convert_to_numpy(w).copy() for w in model.trainable_weights]
+    model.fit(uint8_images, y, batch_size=FIT_BATCH, epochs=1, shuffle=False, verbose=0,
+              callbacks=[Record()])
+    after = [ops.convert_to_numpy(w) for w in model.trainable_weights]
+    out["fit_state"] = ops.convert_to_numpy(pairs.seed_generator.state).astype(np.int64)
+    out["fit_weight_change"] = np.array(
+        max(np.abs(a - b).max() for a, b in zip(after, before, strict=True)))
+    out["fit_loss"] = np.array([step["loss"] for step in records])
+    out["fit_energy"] = np.array([step["params_energy"] for step in records])
+
     fresh = device.HomographyPairs(seed=FIT_SEED)
     # TF: XLA's stateless RNG differs from the eager kernels, so replay under XLA; JAX draws the
     # same numbers eagerly and under jit (a plain jax.jit would not advance the seed state).
@@ -170,20 +168,28 @@ def fit_outputs(uint8_images: np.ndarray) -> dict:
     replay = [ops.convert_to_numpy(call(uint8_images[i:i + FIT_BATCH]))
               for i in range(0, 2 * FIT_BATCH, FIT_BATCH)]
     out["replay_energy"] = np.array([np.mean(np.square(p)) for p in replay])
+
+    path = os.path.join(folder, f"{keras.backend.backend()}.weights.h5")
+    model.save_weights(path)
+    restored, restored_pairs = build_model(FIT_SEED)
+    restored.load_weights(path)
+    out["restored_state"] = ops.convert_to_numpy(restored_pairs.seed_generator.state).astype(
+        np.int64)
     return out
 
 
-def run_all(images: np.ndarray, uint8_images: np.ndarray, t: np.ndarray) -> dict:
+def run_all(images: np.ndarray, uint8_images: np.ndarray, t: np.ndarray, folder: str) -> dict:
     out = {"backend": np.array(keras.backend.backend())}
     out.update(warp_outputs(images, t))
     out.update(rot90_errors(images))
     out.update(sampler_outputs())
-    out.update(fit_outputs(uint8_images))
+    out.update(fit_outputs(uint8_images, folder))
     out["tensorflow_imported"] = np.array(sys.modules.get("tensorflow") is not None)
     return out
 
 
 if __name__ == "__main__":
     data = np.load(sys.argv[1])
-    results = run_all(data["images"], data["uint8_images"], data["t"])
+    results = run_all(data["images"], data["uint8_images"], data["t"],
+                      os.path.dirname(os.path.abspath(sys.argv[2])))
     np.savez(sys.argv[2], **results)

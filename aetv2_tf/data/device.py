@@ -168,22 +168,38 @@ def _adjugate(t) -> list[list]:
 
 def _sample(images, rows, cols, order: int, fill_value: float):
     """Per-image ``map_coordinates``: images (B, H, W, C) at float points (B, Ho, Wo) -> (B, Ho,
-    Wo, C). Taps outside the image read ``fill_value`` (per tap, like cv2.BORDER_CONSTANT)."""
-    channels = images.shape[-1]
+    Wo, C). Taps outside the image read ``fill_value`` (per tap, like cv2.BORDER_CONSTANT).
 
-    def one(args):
-        image, r, c = args  # (H, W, C), (Ho, Wo), (Ho, Wo)
-        planes = ops.transpose(image, (2, 0, 1))  # (C, H, W): every size static
-        index = ops.broadcast_to(
-            ops.reshape(ops.arange(channels, dtype="float32"), (channels, 1, 1)),
-            (channels,) + tuple(r.shape))
-        coordinates = ops.stack([index, ops.broadcast_to(r[None], index.shape),
-                                 ops.broadcast_to(c[None], index.shape)])
-        out = ops.image.map_coordinates(planes, coordinates, order, fill_mode="constant",
-                                        fill_value=fill_value)
-        return ops.transpose(out, (1, 2, 0))
+    The batch becomes one more (integer, hence exact) coordinate of a (B * C, H, W) stack; a batch
+    size unknown when tracing (a TF graph) maps the images one by one (``vectorized_map``)."""
+    batch, channels = images.shape[0], images.shape[-1]
+    out_shape = tuple(rows.shape[1:])
 
-    return ops.vectorized_map(one, (images, rows, cols))
+    def planes_at(stack, plane, r, c):  # stack (P, H, W); plane, r, c (P, Ho, Wo)
+        coordinates = ops.stack([plane, r, c])
+        return ops.image.map_coordinates(stack, coordinates, order, fill_mode="constant",
+                                         fill_value=fill_value)
+
+    if batch is None:
+        def one(args):
+            image, r, c = args  # (H, W, C), (Ho, Wo), (Ho, Wo)
+            plane = ops.broadcast_to(ops.reshape(ops.arange(channels, dtype="float32"),
+                                                 (channels, 1, 1)), (channels,) + out_shape)
+            stack = ops.transpose(image, (2, 0, 1))
+            out = planes_at(stack, plane, ops.broadcast_to(r[None], plane.shape),
+                            ops.broadcast_to(c[None], plane.shape))
+            return ops.transpose(out, (1, 2, 0))
+
+        return ops.vectorized_map(one, (images, rows, cols))
+    count = batch * channels
+    stack = ops.reshape(ops.transpose(images, (0, 3, 1, 2)), (count,) + tuple(images.shape[1:3]))
+    plane = ops.broadcast_to(ops.reshape(ops.arange(count, dtype="float32"), (count, 1, 1)),
+                             (count,) + out_shape)
+    shape = (batch, channels) + out_shape
+    r = ops.reshape(ops.broadcast_to(rows[:, None], shape), plane.shape)
+    c = ops.reshape(ops.broadcast_to(cols[:, None], shape), plane.shape)
+    out = ops.reshape(planes_at(stack, plane, r, c), shape)
+    return ops.transpose(out, (0, 2, 3, 1))
 
 
 def _as_float(images):
@@ -238,8 +254,8 @@ def _pad_crop_flip(images, u, pad: int):
     y = ops.arange(height, dtype="float32")[None, :, None]
     x = ops.arange(width, dtype="float32")[None, None, :]
     x = ops.where(flip[:, None, None], (width - 1.0) - x, x)
-    rows = ops.broadcast_to(y + offset_y[:, None, None], (ops.shape(images)[0], height, width))
-    cols = ops.broadcast_to(x + offset_x[:, None, None], (ops.shape(images)[0], height, width))
+    rows = y + offset_y[:, None, None] + ops.zeros_like(x)  # (B, H, W)
+    cols = x + offset_x[:, None, None] + ops.zeros_like(y)
     return _sample(images, rows, cols, 0, 0.0)
 
 
