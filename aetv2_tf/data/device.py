@@ -29,6 +29,7 @@ reduced-precision TF32 matmuls on GPUs).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import keras
 from keras import ops
@@ -47,8 +48,11 @@ _HOMOGRAPHY_UNIFORMS = 10  # scale, rotation, 4 x-shifts, 4 y-shifts
 _AUGMENT_UNIFORMS = 3  # crop row offset, crop column offset, flip
 _STATE_KEY = "seed_generator_state"
 
+#: A tensor of the active Keras backend (tf.Tensor, jax.Array, ...) or anything convertible to one.
+Tensor = Any
 
-def square_to_quad(quad_u, quad_v):
+
+def square_to_quad(quad_u: Tensor, quad_v: Tensor) -> Tensor:
     """Homographies mapping the model-frame square onto quadrilaterals, in closed form.
 
     Args:
@@ -118,7 +122,7 @@ def sample_homography_components(
     shift: str = "integer",
     scale_range: Sequence[float] = (0.8, 1.2),
     shift_fraction: float = 0.125,
-) -> dict:
+) -> dict[str, Tensor]:
     """The AETv1 sampler with its random components, as ``homographies`` has it.
 
     Per sample: scale ``s ~ U(scale_range)`` about the centre, ``k ~ U{0..3}`` counter-clockwise
@@ -142,7 +146,7 @@ def sample_homographies(
     shift: str = "integer",
     scale_range: Sequence[float] = (0.8, 1.2),
     shift_fraction: float = 0.125,
-):
+) -> tuple[Tensor, Tensor]:
     """AETv1 homographies: ``(T (B, 3, 3) float32 model frame with T[2, 2] = 1, k (B,) int32)``.
 
     ``k`` counts counter-clockwise quarter turns. See :func:`sample_homography_components`.
@@ -152,7 +156,7 @@ def sample_homographies(
     return parts["matrix"], parts["rotation"]
 
 
-def matrix_to_params(t):
+def matrix_to_params(t: Tensor) -> Tensor:
     """(B, 3, 3) -> (B, 8): row-major entries of ``T / T[2, 2]`` without the last one."""
     flat = ops.reshape(t, (-1, 9))
     return flat[:, :8] / flat[:, 8:]
@@ -209,7 +213,7 @@ def _as_float(images):
     return ops.cast(images, "float32")
 
 
-def warp(images, t, fill_value: float = 0.5):
+def warp(images: Tensor, t: Tensor, fill_value: float = 0.5) -> Tensor:
     """t(x): bilinear projective warp of a batch by model-frame homographies.
 
     Args:
@@ -299,7 +303,7 @@ class HomographyPairs(keras.layers.Layer):
         self.std = tuple(float(s) for s in std)
         self.seed_generator = keras.random.SeedGenerator(seed)
 
-    def call(self, images):
+    def call(self, images: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         images = _as_float(images)
         height, width = images.shape[1], images.shape[2]
         count = _HOMOGRAPHY_UNIFORMS + _AUGMENT_UNIFORMS
