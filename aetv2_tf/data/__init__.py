@@ -1,42 +1,86 @@
-"""Data: image sources, AETv1 homographies and tf.data pipelines (see docs/conventions.md)."""
+"""Data: image sources, AETv1 homographies and tf.data pipelines (see docs/conventions.md).
 
-from aetv2_tf.data.homographies import (
-    AETV1_FILL,
-    CANONICAL_CORNERS,
-    corners,
-    normalization_matrix,
-    parameter_statistics,
-    rotation_matrix,
-    sample_homographies,
-    sample_homography_components,
-    square_to_quad,
-    to_pixel_homography,
-    warp,
-)
-from aetv2_tf.data.pipelines import (
-    CIFAR10_MEAN,
-    CIFAR10_STD,
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    classification_dataset,
-    normalization_constants,
-    normalize,
-    pad_crop_flip,
-    pretext_dataset,
-    resize_crop,
-    resize_shorter_side,
-    rotation_dataset,
-    to_float,
-)
-from aetv2_tf.data.sources import (
-    DataError,
-    is_cifar10_dir,
-    list_image_folder,
-    load_cifar10,
-    load_image_folder,
-    load_source,
-    load_tfds,
-)
+The public names are imported lazily (PEP 562), on first access: ``aetv2_tf.data.device`` (pure
+``keras.ops``) must import without TensorFlow, which ``homographies`` and ``pipelines`` need.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from aetv2_tf.data.homographies import (
+        AETV1_FILL,
+        CANONICAL_CORNERS,
+        corners,
+        normalization_matrix,
+        parameter_statistics,
+        rotation_matrix,
+        sample_homographies,
+        sample_homography_components,
+        square_to_quad,
+        to_pixel_homography,
+        warp,
+    )
+    from aetv2_tf.data.pipelines import (
+        CIFAR10_MEAN,
+        CIFAR10_STD,
+        IMAGENET_MEAN,
+        IMAGENET_STD,
+        classification_dataset,
+        normalization_constants,
+        normalize,
+        pad_crop_flip,
+        pretext_dataset,
+        resize_crop,
+        resize_shorter_side,
+        rotation_dataset,
+        to_float,
+    )
+    from aetv2_tf.data.sources import (
+        DataError,
+        is_cifar10_dir,
+        list_image_folder,
+        load_cifar10,
+        load_image_folder,
+        load_source,
+        load_tfds,
+    )
+
+_LAZY = {
+    "AETV1_FILL": "homographies",
+    "CANONICAL_CORNERS": "homographies",
+    "corners": "homographies",
+    "normalization_matrix": "homographies",
+    "parameter_statistics": "homographies",
+    "rotation_matrix": "homographies",
+    "sample_homographies": "homographies",
+    "sample_homography_components": "homographies",
+    "square_to_quad": "homographies",
+    "to_pixel_homography": "homographies",
+    "warp": "homographies",
+    "CIFAR10_MEAN": "pipelines",
+    "CIFAR10_STD": "pipelines",
+    "IMAGENET_MEAN": "pipelines",
+    "IMAGENET_STD": "pipelines",
+    "classification_dataset": "pipelines",
+    "normalization_constants": "pipelines",
+    "normalize": "pipelines",
+    "pad_crop_flip": "pipelines",
+    "pretext_dataset": "pipelines",
+    "resize_crop": "pipelines",
+    "resize_shorter_side": "pipelines",
+    "rotation_dataset": "pipelines",
+    "to_float": "pipelines",
+    "DataError": "sources",
+    "is_cifar10_dir": "sources",
+    "list_image_folder": "sources",
+    "load_cifar10": "sources",
+    "load_image_folder": "sources",
+    "load_source": "sources",
+    "load_tfds": "sources",
+}
 
 __all__ = [
     "AETV1_FILL",
@@ -71,3 +115,16 @@ __all__ = [
     "to_pixel_homography",
     "warp",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
