@@ -234,7 +234,8 @@ def auto_precision_note(results: dict[str, Result]) -> str:
     probe_ratio = rates["mixed_bfloat16"] / rates["float32"]
     line = (f"--mixed_precision=auto: its probe measures bfloat16 at {probe_ratio:.2f}x float32 "
             f"and picks {decide(rates)}")
-    fp32, bf16 = results.get("fused/fp32/geodesic"), results.get("fused/bf16/geodesic")
+    fp32 = results.get("fused/fp32/geodesic")
+    bf16 = results.get("fused/bf16/geodesic") or results.get("fused/auto/geodesic")
     if fp32 and bf16:
         step = bf16.pairs_per_s / fp32.pairs_per_s
         agree = (step >= 1.0) == (decide(rates) == "mixed_bfloat16")
