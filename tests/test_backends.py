@@ -108,12 +108,13 @@ def compare(name, jax_values, tf_values, rtol):
 
 
 # Relative tolerance (of the largest |TF| entry) of the cross-backend comparison: float32 rounding
-# of two different SVDs (TF's and LAPACK's via JAX). Measured worst case 1.2e-5 (a random
-# near-identity pair of the paper form, where JAX and TF are 6e-6 and 4e-6 away from float64 finite
-# differences, in opposite directions); elsewhere <= 2e-6. The pixel frame is the exception: at its theta = pi row (R180 vs I, |gradient| up to ~1.8e3)
-# M = F R180 F^{-1} is badly conditioned and BOTH backends' float32 gradients differ from float64
-# finite differences of the oracle by ~2e-4 relative (measured: JAX 0.31, TF 0.36), so there the
-# backends can only agree to that accuracy (measured 3.7e-4 relative).
+# of two different SVDs (TF's and LAPACK's via JAX). Measured worst case 1.2e-5, on one random
+# near-identity pair (every loss form), where JAX and TF are 6e-6 and 4e-6 away from float64
+# finite differences, in opposite directions. The pixel frame is the exception: at its
+# theta = pi row (R180 vs I, |gradient| up to ~1.8e3) M = F R180 F^{-1} is badly conditioned and
+# BOTH backends' float32 gradients differ from float64 finite differences of the oracle by ~2e-4
+# relative (measured: JAX 0.31, TF 0.36), so there the backends can only agree to that accuracy
+# (measured 3.7e-4 relative).
 RTOL = {"loss/pixel_frame": 1e-3}
 
 
