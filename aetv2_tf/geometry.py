@@ -54,15 +54,15 @@ def params_to_matrix(p):
     ``p = (T00, T01, T02, T10, T11, T12, T20, T21)``, row-major (conventions.md); same dtype.
     """
     p = ops.convert_to_tensor(p)
-    last = ops.concatenate([p[..., 6:8], ops.ones_like(p[..., :1])], axis=-1)
-    return ops.stack([p[..., 0:3], p[..., 3:6], last], axis=-2)
+    flat = ops.concatenate([p, ops.ones_like(p[..., :1])], axis=-1)
+    return ops.reshape(flat, (*ops.shape(p)[:-1], 3, 3))
 
 
 def matrix_to_params(m):
     """Matrices ``(..., 3, 3)`` -> 8 parameters ``(..., 8)`` of ``m / m[..., 2, 2]``."""
     m = ops.convert_to_tensor(m)
-    flat = ops.concatenate([m[..., 0, :], m[..., 1, :], m[..., 2, :2]], axis=-1)
-    return flat / m[..., 2, 2:]
+    flat = ops.reshape(m, (*ops.shape(m)[:-2], 9))
+    return flat[..., :8] / flat[..., 8:]
 
 
 def _entries(m) -> list:

@@ -17,8 +17,9 @@ from keras import ops
 from aetv2_tf import geometry, losses
 
 
-def _value_and_grad(backend: str):
-    """``f(x) -> (f(x), d sum(f(x)) / dx)`` as NumPy arrays, with the backend's own autodiff."""
+def _value_and_grad(backend: str, compiled: bool = False):
+    """``f(x) -> (f(x), d sum(f(x)) / dx)`` as NumPy arrays, with the backend's own autodiff;
+    ``compiled``: through ``jax.jit`` or ``tf.function(jit_compile=True)`` (XLA) instead."""
     if backend == "jax":
         import jax
 
@@ -27,19 +28,23 @@ def _value_and_grad(backend: str):
                 y = f(x)
                 return ops.sum(y), y
 
-            (_, y), g = jax.value_and_grad(total, has_aux=True)(ops.convert_to_tensor(x))
+            vg = jax.value_and_grad(total, has_aux=True)
+            (_, y), g = (jax.jit(vg) if compiled else vg)(ops.convert_to_tensor(x))
             return np.asarray(y), np.asarray(g)
 
         return jax_vg
     import tensorflow as tf
 
     def tf_vg(f, x):
-        x = tf.convert_to_tensor(x)
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            y = f(x)
-            total = tf.reduce_sum(y)
-        return y.numpy(), tape.gradient(total, x).numpy()
+        def step(x):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                y = f(x)
+                total = tf.reduce_sum(y)
+            return y, tape.gradient(total, x)
+
+        y, g = (tf.function(step, jit_compile=True) if compiled else step)(tf.constant(x))
+        return y.numpy(), g.numpy()
 
     return tf_vg
 
@@ -54,15 +59,15 @@ def run(spec: dict, backend: str) -> dict:
     ``spec`` keys: ``matrices`` (N, 3, 3) and ``weights`` (N, 3, 3) for the projection (value
     ``sum(W * P)`` per sample), ``rotations`` (N, 3, 3) for the angle; ``t`` / ``t_hat``
     (N, 3, 3) for `aetv2_distance`; ``y_true`` / ``y_pred`` (B, 8) and ``variants``
-    (``{name: GeodesicLoss kwargs}``) for the loss; ``fd_true`` / ``fd_pred`` (B, 8) for the
+    (``{name: GeodesicLoss kwargs}``) for the loss, ``compiled`` (names of variants also run
+    through XLA: ``jax.jit`` / ``jit_compile=True``); ``fd_true`` / ``fd_pred`` (B, 8) for the
     gradient of the summed loss that the caller compares with finite differences.
     """
-    vg = _value_and_grad(backend)
     out: dict = {}
     m, w = _f32(spec["matrices"]), _f32(spec["weights"])
 
-    def record(name, f, x):
-        value, grad = vg(f, _f32(x))
+    def record(name, f, x, compiled=False):
+        value, grad = _value_and_grad(backend, compiled)(f, _f32(x))
         out[name] = {"value": value.tolist(), "grad": grad.tolist()}
 
     record("project_to_so3", lambda x: ops.sum(w * geometry.project_to_so3(x), axis=(-2, -1)), m)
@@ -76,6 +81,8 @@ def run(spec: dict, backend: str) -> dict:
         loss = losses.GeodesicLoss(**kwargs, reduction=None)
         record(f"loss/{name}", lambda x, loss=loss: loss(y_true, x), spec["y_pred"])
         record(f"fd/{name}", lambda x, loss=loss: loss(fd_true, x), spec["fd_pred"])
+        if name in spec["compiled"]:
+            record(f"compiled/{name}", lambda x, loss=loss: loss(y_true, x), spec["y_pred"], True)
     out["nonfinite_samples"] = np.asarray(
         losses.nonfinite_samples(y_true, _f32(spec["y_pred"]))).tolist()
     blocked = sys.modules.get("tensorflow", "absent") is None
