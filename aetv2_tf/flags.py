@@ -39,6 +39,10 @@ flags.DEFINE_integer("mse_decay_steps", 0,
 flags.DEFINE_enum("loss_frame", "model", ["model", "pixel"],
                   "geodesic loss: the frame of T and T_hat before the SO(3) projection: the "
                   "centred, normalised model frame (docs/conventions.md) or pixel coordinates.")
+flags.DEFINE_float("loss_frame_scale", 1.0,
+                   "geodesic loss, --loss_frame=model: multiply the model frame's coordinates by "
+                   "this (> 0) before the SO(3) projection: rotations about the centre stay "
+                   "rotations, translations weigh s times more, perspective terms s times less.")
 flags.DEFINE_bool("decoder_scale", None,
                   "The decoder regresses parameters divided by their std under the sampler "
                   "(a fixed Rescaling turns them back). Default: on for --loss=mse (the AETv1 "
@@ -170,7 +174,7 @@ FLAGS = flags.FLAGS
 
 # Flags that define what a model_dir contains: resuming with other values is refused.
 ESSENTIAL = ("stage", "pretext", "loss", "angle_power", "residual_scale", "chordal_weight",
-             "mse_weight", "mse_decay_steps", "loss_frame", "decoder_scale",
+             "mse_weight", "mse_decay_steps", "loss_frame", "loss_frame_scale", "decoder_scale",
              "decoder_init_rotation", "backbone", "dataset", "batch_norm", "shift", "optimizer",
              "projection_weight", "batch_size", "seed", "probe", "feature", "pretrained")
 
@@ -189,6 +193,8 @@ for _name in ("quick_knn_train", "mse_decay_steps", "epochs", "train_steps", "st
               "train_examples", "image_summary_every_steps", "val_examples", "test_examples",
               "warmup_steps"):
     _positive(_name, allow_zero=True)
+flags.register_validator("loss_frame_scale", lambda v: v > 0,
+                         message="--loss_frame_scale must be > 0 (1: the model frame).")
 flags.register_validator("angle_power", lambda v: v in (1, 2),
                          message="--angle_power must be 1 (the paper) or 2.")
 for _name in ("residual_scale", "chordal_weight", "mse_weight"):

@@ -77,8 +77,11 @@ def geodesic_loss(param_std, image_size: int):
     from aetv2_tf.losses import GeodesicLoss
 
     F = FLAGS
-    frame = None if F.loss_frame == "model" else \
-        np.linalg.inv(normalization_matrix(image_size, image_size).numpy()).tolist()
+    if F.loss_frame == "pixel":
+        frame = np.linalg.inv(normalization_matrix(image_size, image_size).numpy()).tolist()
+    else:  # the model frame, its coordinates multiplied by --loss_frame_scale
+        frame = None if F.loss_frame_scale == 1.0 else \
+            np.diag([F.loss_frame_scale, F.loss_frame_scale, 1.0]).tolist()
     return GeodesicLoss(F.projection_weight, angle_power=F.angle_power,
                         residual_scale=F.residual_scale, chordal_weight=F.chordal_weight,
                         mse_weight=F.mse_weight, mse_std=param_std,
