@@ -13,9 +13,13 @@ The AETv2 loss between the applied ``T`` and the decoded ``T_hat`` is
 Every function here takes tensors with arbitrary leading (batch) dimensions, works in float32 and
 float64, is differentiable, and uses only ops with XLA kernels: the 3x3 determinant and inverse
 are written out with cofactors (``MatrixDeterminant`` has no XLA CPU kernel), the projection has
-its own gradient (autodiff through ``tf.linalg.svd`` is NaN at ``M = I`` and wrong at exact
-rotations, REFERENCE.md section 3), and the angle uses ``atan2`` (``acos`` has an infinite
-derivative at the identity and loses all precision there in float32).
+its own gradient (autodiff through the SVD is NaN at ``M = I`` and wrong at exact rotations,
+REFERENCE.md section 3), and the angle uses ``atan2`` (``acos`` has an infinite derivative at
+the identity and loses all precision there in float32).
+
+Only ``keras.ops`` is used, so the same code runs on the TensorFlow and the JAX backend (this
+module never imports TensorFlow); inputs and outputs are backend tensors (``tf.Tensor`` or
+``jax.Array``). Under JAX, float64 needs ``jax.config.update("jax_enable_x64", True)``.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import tensorflow as tf
+from keras import ops
+from keras.backend import standardize_dtype
 
 __all__ = [
     "params_to_matrix",
@@ -39,35 +44,32 @@ __all__ = [
 ]
 
 
-def _finfo(dtype: tf.DType) -> np.finfo:
-    return np.finfo(dtype.as_numpy_dtype)
+def _finfo(dtype) -> np.finfo:
+    return np.finfo(standardize_dtype(dtype))
 
 
-def params_to_matrix(p: tf.Tensor) -> tf.Tensor:
+def params_to_matrix(p):
     """8 homography parameters ``(..., 8)`` -> matrices ``(..., 3, 3)`` with ``T[2, 2] = 1``.
 
     ``p = (T00, T01, T02, T10, T11, T12, T20, T21)``, row-major (conventions.md); same dtype.
     """
-    p = tf.convert_to_tensor(p)
-    flat = tf.concat([p, tf.ones_like(p[..., :1])], axis=-1)
-    m = tf.reshape(flat, tf.concat([tf.shape(p)[:-1], [3, 3]], axis=0))
-    m.set_shape(p.shape[:-1].concatenate([3, 3]))
-    return m
+    p = ops.convert_to_tensor(p)
+    flat = ops.concatenate([p, ops.ones_like(p[..., :1])], axis=-1)
+    return ops.reshape(flat, (*ops.shape(p)[:-1], 3, 3))
 
 
-def matrix_to_params(m: tf.Tensor) -> tf.Tensor:
+def matrix_to_params(m):
     """Matrices ``(..., 3, 3)`` -> 8 parameters ``(..., 8)`` of ``m / m[..., 2, 2]``."""
-    m = tf.convert_to_tensor(m)
-    flat = tf.reshape(m, tf.concat([tf.shape(m)[:-2], [9]], axis=0))
-    flat.set_shape(m.shape[:-2].concatenate([9]))
+    m = ops.convert_to_tensor(m)
+    flat = ops.reshape(m, (*ops.shape(m)[:-2], 9))
     return flat[..., :8] / flat[..., 8:]
 
 
-def _entries(m: tf.Tensor) -> list[tf.Tensor]:
+def _entries(m) -> list:
     return [m[..., i, j] for i in range(3) for j in range(3)]
 
 
-def _adjugate_3x3(m: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+def _adjugate_3x3(m) -> tuple:
     """Adjugate (transposed cofactor matrix) ``(..., 3, 3)`` and determinant ``(...,)``."""
     a, b, c, d, e, f, g, h, i = _entries(m)
     rows = [
@@ -75,23 +77,23 @@ def _adjugate_3x3(m: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         [f * g - d * i, a * i - c * g, c * d - a * f],
         [d * h - e * g, b * g - a * h, a * e - b * d],
     ]
-    adj = tf.stack([tf.stack(r, axis=-1) for r in rows], axis=-2)
+    adj = ops.stack([ops.stack(r, axis=-1) for r in rows], axis=-2)
     det = a * rows[0][0] + b * rows[1][0] + c * rows[2][0]
     return adj, det
 
 
-def determinant_3x3(m: tf.Tensor) -> tf.Tensor:
+def determinant_3x3(m):
     """Determinant ``(...,)`` of ``(..., 3, 3)`` matrices by cofactor expansion (XLA-safe)."""
-    return _adjugate_3x3(tf.convert_to_tensor(m))[1]
+    return _adjugate_3x3(ops.convert_to_tensor(m))[1]
 
 
-def inverse_3x3(m: tf.Tensor) -> tf.Tensor:
+def inverse_3x3(m):
     """Inverse ``adj(m) / det(m)`` of ``(..., 3, 3)`` matrices (XLA-safe; inf/NaN if singular)."""
-    adj, det = _adjugate_3x3(tf.convert_to_tensor(m))
+    adj, det = _adjugate_3x3(ops.convert_to_tensor(m))
     return adj / det[..., None, None]
 
 
-def normalize_determinant(m: tf.Tensor, eps: float | None = None) -> tf.Tensor:
+def normalize_determinant(m, eps: float | None = None):
     """Scale ``(..., 3, 3)`` matrices to determinant +1: ``m / cbrt(det m)``, REAL cube root.
 
     ``cbrt(d) = sign(d) |d|^(1/3)``, so a negative determinant is handled (``-m`` is the same
@@ -105,52 +107,56 @@ def normalize_determinant(m: tf.Tensor, eps: float | None = None) -> tf.Tensor:
     (entries at most ``1 / eps``) with a finite gradient instead of a division by ~0; well
     conditioned inputs are not affected.
     """
-    m = tf.convert_to_tensor(m)
+    m = ops.convert_to_tensor(m)
+    info = _finfo(m.dtype)
     if eps is None:
-        eps = float(_finfo(m.dtype).eps) ** (1.0 / 3.0)
-    tiny = float(_finfo(m.dtype).tiny)
-    scale = tf.maximum(tf.reduce_max(tf.abs(m), axis=[-2, -1], keepdims=True), tiny)
+        eps = float(info.eps) ** (1.0 / 3.0)
+    scale = ops.maximum(ops.max(ops.abs(m), axis=(-2, -1), keepdims=True), float(info.tiny))
     m_s = m / scale
     det = determinant_3x3(m_s)
-    abs_det = tf.abs(det)
+    abs_det = ops.abs(det)
+    ones = ops.ones_like(abs_det)
     regular = abs_det > eps**3
     # "Double where": the power never sees 0, so its gradient stays finite in the clamped branch.
-    root = tf.where(regular, tf.pow(tf.where(regular, abs_det, tf.ones_like(abs_det)), 1.0 / 3.0),
-                    tf.cast(eps, m.dtype) * tf.ones_like(abs_det))
-    cbrt = tf.where(det < 0, -root, root)
+    root = ops.where(regular, ops.where(regular, abs_det, ones) ** (1.0 / 3.0), eps * ones)
+    cbrt = ops.where(det < 0, -root, root)
     return m_s / cbrt[..., None, None]
 
 
-@tf.custom_gradient
-def _project_to_so3(m: tf.Tensor):
-    s, u, v = tf.linalg.svd(m)  # m = u diag(s) v^T, s descending, s >= 0
-    d = tf.where(determinant_3x3(u) * determinant_3x3(v) < 0, -1.0, 1.0)
-    d = tf.cast(d, m.dtype)
-    ones = tf.ones_like(d)
-    flip = tf.stack([ones, ones, d], axis=-1)  # diag(1, 1, d), d = sign det(U V^T)
+def _transpose(m):
+    return ops.swapaxes(m, -1, -2)
+
+
+@ops.custom_gradient
+def _project_to_so3(m):
+    u, s, vh = ops.svd(m)  # m = u diag(s) vh, s descending, s >= 0 (vh = V^T)
+    ones = ops.ones_like(s[..., 0])
+    d = ops.where(determinant_3x3(u) * determinant_3x3(vh) < 0, -ones, ones)
+    flip = ops.stack([ones, ones, d], axis=-1)  # diag(1, 1, d), d = sign det(U V^T)
     u1 = u * flip[..., None, :]  # U' = U D, so that P = U' V^T and M = U' diag(s') V^T
     s1 = s * flip  # s' = D s
-    p = tf.matmul(u1, v, adjoint_b=True)
+    p = ops.matmul(u1, vh)
+    info = _finfo(m.dtype)
 
-    def grad(g: tf.Tensor) -> tf.Tensor:
+    def grad(*args, upstream=None):
+        # TF and JAX call grad(upstream); PyTorch grad(*inputs, upstream=...) (keras.ops docs).
+        g = args[0] if upstream is None else upstream
         # Polar-decomposition gradient (REFERENCE.md section 3): with B = U'^T G V,
         # dL/dM = U' [K o (B - B^T)] V^T, K_ij = 1 / (s'_i + s'_j) off the diagonal, 0 on it.
-        b = tf.matmul(tf.matmul(u1, g, adjoint_a=True), v)
+        b = ops.matmul(ops.matmul(_transpose(u1), g), _transpose(vh))
         denom = s1[..., :, None] + s1[..., None, :]
         # s'_i + s'_j ~ 0 only on the cut locus (d = -1 and s_2 = s_3, or rank <= 1), where P
         # jumps and the true gradient is unbounded: clamp |denominator| >= eps_machine * s_1.
-        floor = tf.maximum(float(_finfo(m.dtype).eps) * s[..., :1, None],
-                           float(_finfo(m.dtype).tiny))
-        safe = tf.where(tf.abs(denom) < floor, tf.where(denom < 0, -floor, floor), denom)
-        off_diagonal = 1.0 - tf.eye(3, dtype=m.dtype)
-        k = off_diagonal / safe
-        inner = k * (b - tf.linalg.matrix_transpose(b))
-        return tf.matmul(tf.matmul(u1, inner), v, adjoint_b=True)
+        floor = ops.maximum(float(info.eps) * s[..., :1, None], float(info.tiny))
+        safe = ops.where(ops.abs(denom) < floor, ops.where(denom < 0, -floor, floor), denom)
+        off_diagonal = 1.0 - ops.eye(3, dtype=m.dtype)
+        inner = off_diagonal / safe * (b - _transpose(b))
+        return ops.matmul(ops.matmul(u1, inner), vh)
 
     return p, grad
 
 
-def project_to_so3(m: tf.Tensor) -> tf.Tensor:
+def project_to_so3(m):
     """Nearest rotation (Frobenius norm) ``P = U diag(1, 1, det(U V^T)) V^T`` of ``m = U S V^T``.
 
     Shapes ``(..., 3, 3) -> (..., 3, 3)``, same float dtype; ``det(U V^T)`` is taken by its sign.
@@ -158,11 +164,13 @@ def project_to_so3(m: tf.Tensor) -> tf.Tensor:
     differences ``s_i - s_j`` of the plain SVD gradient), so it is finite and exact at ``m = I``
     and at exact rotations. On the cut locus (``s'_2 + s'_3 = 0``, where the projection itself is
     discontinuous) the denominators are clamped to ``eps_machine * s_1``: finite but large.
+    Backend-independent (``keras.ops.custom_gradient``: ``tf.custom_gradient`` under TensorFlow,
+    ``jax.custom_gradient`` under JAX).
     """
-    return _project_to_so3(tf.convert_to_tensor(m))
+    return _project_to_so3(ops.convert_to_tensor(m))
 
 
-def rotation_angle(r: tf.Tensor) -> tf.Tensor:
+def rotation_angle(r):
     """Geodesic angle ``theta in [0, pi]`` of rotation matrices ``(..., 3, 3) -> (...,)``.
 
     ``theta = atan2(||R - R^T||_F / (2 sqrt 2), (tr R - 1) / 2)``: ``sin`` and ``cos`` of the angle,
@@ -170,21 +178,27 @@ def rotation_angle(r: tf.Tensor) -> tf.Tensor:
     float32. The norm is "safe": where ``R = R^T`` (``theta`` = 0 or pi, the apex of a cone) its
     gradient is the zero subgradient instead of NaN.
     """
-    r = tf.convert_to_tensor(r)
-    skew = r - tf.linalg.matrix_transpose(r)
-    sq = tf.reduce_sum(tf.square(skew), axis=[-2, -1])
+    r = ops.convert_to_tensor(r)
+    sq = ops.sum(ops.square(r - _transpose(r)), axis=(-2, -1))
     nonzero = sq > 0
-    norm = tf.where(nonzero, tf.sqrt(tf.where(nonzero, sq, tf.ones_like(sq))), tf.zeros_like(sq))
+    norm = ops.where(nonzero, ops.sqrt(ops.where(nonzero, sq, ops.ones_like(sq))),
+                     ops.zeros_like(sq))
     sin = norm / (2.0 * math.sqrt(2.0))
-    cos = (tf.linalg.trace(r) - 1.0) / 2.0
-    return tf.atan2(sin, cos)
+    cos = (r[..., 0, 0] + r[..., 1, 1] + r[..., 2, 2] - 1.0) / 2.0
+    return ops.arctan2(sin, cos)
 
 
-def _check_matrices(t: tf.Tensor, t_hat: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    t = tf.convert_to_tensor(t)
-    t_hat = tf.convert_to_tensor(t_hat, dtype=t.dtype)
+def _rank(x) -> int | None:
+    rank = getattr(x.shape, "rank", -1)  # tf.TensorShape.rank (None: unknown); tuples: len
+    return len(x.shape) if rank == -1 else rank
+
+
+def _check_matrices(t, t_hat) -> tuple:
+    t = ops.convert_to_tensor(t)
+    t_hat = ops.convert_to_tensor(t_hat, dtype=t.dtype)
     for name, x in (("t", t), ("t_hat", t_hat)):
-        if x.shape.rank is not None and (x.shape.rank < 2 or x.shape[-2:] != (3, 3)):
+        rank = _rank(x)
+        if rank is not None and (rank < 2 or tuple(x.shape[-2:]) != (3, 3)):
             raise ValueError(
                 f"{name} must be (..., 3, 3) matrices, got shape {x.shape}; "
                 "convert 8 parameters with params_to_matrix first"
@@ -192,19 +206,17 @@ def _check_matrices(t: tf.Tensor, t_hat: tf.Tensor) -> tuple[tf.Tensor, tf.Tenso
     return t, t_hat
 
 
-def relative_homography(t: tf.Tensor, t_hat: tf.Tensor, eps: float | None = None) -> tf.Tensor:
+def relative_homography(t, t_hat, eps: float | None = None):
     """``M = normalize_determinant(T^{-1} T_hat)``, ``(..., 3, 3)``: the error of ``T_hat``.
 
     ``M = I`` exactly when ``T_hat`` equals ``T`` up to scale; ``t`` and ``t_hat`` as in
     `aetv2_components`.
     """
     t, t_hat = _check_matrices(t, t_hat)
-    return normalize_determinant(tf.matmul(inverse_3x3(t), t_hat), eps=eps)
+    return normalize_determinant(ops.matmul(inverse_3x3(t), t_hat), eps=eps)
 
 
-def aetv2_components(
-    t: tf.Tensor, t_hat: tf.Tensor, eps: float | None = None
-) -> tuple[tf.Tensor, tf.Tensor]:
+def aetv2_components(t, t_hat, eps: float | None = None) -> tuple:
     """The two terms of the AETv2 loss (Eq. 11): ``(angle, residual)``, each ``(...,)``.
 
     Args:
@@ -219,12 +231,10 @@ def aetv2_components(
     """
     m = relative_homography(t, t_hat, eps=eps)
     p = project_to_so3(m)
-    return rotation_angle(p), tf.reduce_sum(tf.square(m - p), axis=[-2, -1])
+    return rotation_angle(p), ops.sum(ops.square(m - p), axis=(-2, -1))
 
 
-def aetv2_distance(
-    t: tf.Tensor, t_hat: tf.Tensor, projection_weight: float = 1.0, eps: float | None = None
-) -> tf.Tensor:
+def aetv2_distance(t, t_hat, projection_weight: float = 1.0, eps: float | None = None):
     """Per-sample AETv2 loss (Eq. 11) ``angle(P) + lambda ||M - P||_F^2``, shape ``(...,)``.
 
     ``t`` and ``t_hat`` are ``(..., 3, 3)`` matrices (see `aetv2_components`);

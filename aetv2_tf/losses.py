@@ -7,16 +7,20 @@ decoder's 8 outputs are read as the row-major entries of ``T_hat`` with ``T_hat[
 Everything is computed in float32, whatever the global dtype policy (``mixed_bfloat16`` casts
 the decoder output up first). ``call`` returns per-sample losses ``(batch,)``; Keras reduces them
 with ``sum_over_batch_size`` (sum / global batch size per replica under ``tf.distribute``).
+
+Written with ``keras.ops`` only: the losses run unchanged on the TensorFlow and JAX backends, and
+this module never imports TensorFlow (tensors are ``tf.Tensor`` or ``jax.Array``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import keras
 import numpy as np
-import tensorflow as tf
+from keras import ops
 
 from aetv2_tf.geometry import (
     inverse_3x3,
@@ -35,47 +39,48 @@ __all__ = [
 ]
 
 IDENTITY_PARAMS = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0)
+_IDENTITY = np.array(IDENTITY_PARAMS, np.float32)
+
+Tensor = Any  # a backend tensor: tf.Tensor (TensorFlow) or jax.Array (JAX)
 
 
-def _as_float32_params(y_true, y_pred) -> tuple[tf.Tensor, tf.Tensor]:
-    return tf.cast(y_true, tf.float32), tf.cast(y_pred, tf.float32)
+def _as_float32_params(y_true, y_pred) -> tuple[Tensor, Tensor]:
+    return ops.cast(y_true, "float32"), ops.cast(y_pred, "float32")
 
 
-def _finite_rows(x: tf.Tensor) -> tf.Tensor:
-    return tf.reduce_all(tf.math.is_finite(x), axis=-1)
+def _finite_rows(x: Tensor) -> Tensor:
+    return ops.all(ops.isfinite(x), axis=-1)
 
 
-def _substitute(ok: tf.Tensor, y_true: tf.Tensor, y_pred: tf.Tensor):
+def _substitute(ok: Tensor, y_true: Tensor, y_pred: Tensor):
     """Replace the samples where ``ok`` is False by the identity pair."""
-    identity = tf.constant(IDENTITY_PARAMS, tf.float32)
+    identity = ops.convert_to_tensor(_IDENTITY)
     keep = ok[..., None]
-    return tf.where(keep, y_true, identity), tf.where(keep, y_pred, identity)
+    return ops.where(keep, y_true, identity), ops.where(keep, y_pred, identity)
 
 
-def _evaluate(fn, y_true: tf.Tensor, y_pred: tf.Tensor) -> tf.Tensor:
+def _evaluate(fn, y_true: Tensor, y_pred: Tensor) -> Tensor:
     return fn(params_to_matrix(y_true), params_to_matrix(y_pred))
 
 
-def _normalized_m(t: tf.Tensor, t_hat: tf.Tensor) -> tf.Tensor:
+def _normalized_m(t: Tensor, t_hat: Tensor) -> Tensor:
     """``M = normalize_determinant(T^{-1} T_hat)``, ``(..., 3, 3)``: the part before the SVD."""
-    return normalize_determinant(tf.matmul(inverse_3x3(t), t_hat))
+    return normalize_determinant(ops.matmul(inverse_3x3(t), t_hat))
 
 
-def _finite_samples(y_true: tf.Tensor, y_pred: tf.Tensor) -> tf.Tensor:
+def _finite_samples(y_true: Tensor, y_pred: Tensor) -> Tensor:
     """Boolean ``(batch,)``: inputs finite and ``M`` finite (a forward pass without gradient).
 
     That is enough: a finite ``M`` has entries of at most ``1 / eps`` (the clamp of
     `normalize_determinant`), so its SVD, ``P``, the angle and the residual are finite too; and
     the SVD never sees a NaN (e.g. from a singular ``y_true``).
     """
-    ok = _finite_rows(y_true) & _finite_rows(y_pred)
-    m = tf.stop_gradient(_evaluate(_normalized_m, *_substitute(ok, y_true, y_pred)))
-    return ok & tf.reduce_all(tf.math.is_finite(m), axis=[-2, -1])
+    ok = ops.logical_and(_finite_rows(y_true), _finite_rows(y_pred))
+    m = ops.stop_gradient(_evaluate(_normalized_m, *_substitute(ok, y_true, y_pred)))
+    return ops.logical_and(ok, ops.all(ops.isfinite(m), axis=(-2, -1)))
 
 
-def _guarded(
-    fn: Callable[[tf.Tensor, tf.Tensor], tf.Tensor], y_true: tf.Tensor, y_pred: tf.Tensor
-) -> tf.Tensor:
+def _guarded(fn: Callable[[Tensor, Tensor], Tensor], y_true: Tensor, y_pred: Tensor) -> Tensor:
     """Per-sample ``fn(T, T_hat)`` that is 0, with a 0 gradient, for non-finite samples.
 
     "Double where": a sample whose ``y_true`` or ``y_pred`` has a NaN/inf entry, or whose ``M``
@@ -86,7 +91,7 @@ def _guarded(
     """
     ok = _finite_samples(y_true, y_pred)
     value = _evaluate(fn, *_substitute(ok, y_true, y_pred))
-    return tf.where(ok & tf.math.is_finite(value), value, tf.zeros_like(value))
+    return ops.where(ops.logical_and(ok, ops.isfinite(value)), value, ops.zeros_like(value))
 
 
 def _check_weight(name: str, value: float, note: str = "") -> float:
@@ -102,14 +107,14 @@ def _check_projection_weight(projection_weight: float) -> float:
 
 
 def _frame_matrices(frame: Sequence[Sequence[float]] | None):
-    """``(F, F^{-1})`` float32 constants of a 3x3 change of frame, or None (the model frame)."""
+    """``(F, F^{-1})`` float32 NumPy arrays of a 3x3 change of frame, or None (the model frame)."""
     if frame is None:
         return None
     f = np.asarray(frame, np.float64)
     if f.shape != (3, 3) or not np.all(np.isfinite(f)) or abs(np.linalg.det(f)) < 1e-12:
         raise ValueError(f"frame must be an invertible 3x3 matrix (model -> loss frame, e.g. "
                          f"the inverse of conventions.md's N for pixels), got {frame!r}")
-    return tf.constant(f, tf.float32), tf.constant(np.linalg.inv(f), tf.float32)
+    return f.astype(np.float32), np.linalg.inv(f).astype(np.float32)
 
 
 class _Terms:
@@ -118,30 +123,31 @@ class _Terms:
     def __init__(self, loss: GeodesicLoss):
         self.loss = loss
         self.frame = _frame_matrices(loss.frame)
-        self.std = None if loss.mse_std is None else tf.constant(loss.mse_std, tf.float32)
+        self.std = None if loss.mse_std is None else np.array(loss.mse_std, np.float32)
 
-    def __call__(self, t: tf.Tensor, t_hat: tf.Tensor) -> tf.Tensor:
+    def __call__(self, t: Tensor, t_hat: Tensor) -> Tensor:
         c = self.loss
-        value = tf.zeros_like(t[..., 0, 0])
+        value = ops.zeros_like(t[..., 0, 0])
         if c.mse_weight > 0:  # AETv1's parameter MSE (std-normalised), in the model frame
             diff = matrix_to_params(t_hat) - matrix_to_params(t)
             if self.std is not None:
-                diff = diff / self.std
-            value += c.current_mse_weight() * tf.reduce_mean(tf.square(diff), axis=-1)
+                diff = diff / ops.convert_to_tensor(self.std)
+            value += c.current_mse_weight() * ops.mean(ops.square(diff), axis=-1)
         if self.frame is not None:  # T' = F T F^{-1}: the same map written in another frame
             f, f_inv = self.frame
-            t, t_hat = f @ t @ f_inv, f @ t_hat @ f_inv
+            f, f_inv = ops.convert_to_tensor(f), ops.convert_to_tensor(f_inv)
+            t, t_hat = (ops.matmul(ops.matmul(f, x), f_inv) for x in (t, t_hat))
         m = relative_homography(t, t_hat)
         p = project_to_so3(m)
-        residual = tf.reduce_sum(tf.square(m - p), axis=[-2, -1])
+        residual = ops.sum(ops.square(m - p), axis=(-2, -1))
         if c.residual_scale > 0:  # bounded growth: r for small r, b log(r / b) for large r
-            residual = c.residual_scale * tf.math.log1p(residual / c.residual_scale)
+            residual = c.residual_scale * ops.log1p(residual / c.residual_scale)
         angle = rotation_angle(p)
-        value += (angle if c.angle_power == 1 else tf.square(angle)) \
+        value += (angle if c.angle_power == 1 else ops.square(angle)) \
             + c.projection_weight * residual
         if c.chordal_weight > 0:  # ||M - I||_F^2 ~ ||Log M||^2 near I; no cut locus at pi
-            value += c.chordal_weight * tf.reduce_sum(
-                tf.square(m - tf.eye(3, dtype=m.dtype)), axis=[-2, -1])
+            value += c.chordal_weight * ops.sum(
+                ops.square(m - ops.eye(3, dtype=m.dtype)), axis=(-2, -1))
         return value
 
 
@@ -220,17 +226,17 @@ class GeodesicLoss(keras.losses.Loss):
         self.frame = None if frame is None else [[float(v) for v in row] for row in frame]
         self._terms = _Terms(self)
 
-    def current_mse_weight(self) -> tf.Tensor | float:
+    def current_mse_weight(self) -> Tensor | float:
         """The MSE term's weight at ``self.step`` (``mse_weight`` if there is no decay)."""
         if not self.mse_decay_steps:
             return self.mse_weight
         if self.step is None:
             raise ValueError("GeodesicLoss(mse_decay_steps > 0) needs loss.step = a step "
                              "variable (e.g. optimizer.iterations) before it is called")
-        done = tf.cast(tf.convert_to_tensor(self.step), tf.float32) / self.mse_decay_steps
-        return self.mse_weight * tf.maximum(1.0 - done, 0.0)
+        done = ops.cast(ops.convert_to_tensor(self.step), "float32") / self.mse_decay_steps
+        return self.mse_weight * ops.maximum(1.0 - done, 0.0)
 
-    def call(self, y_true, y_pred) -> tf.Tensor:
+    def call(self, y_true, y_pred) -> Tensor:
         y_true, y_pred = _as_float32_params(y_true, y_pred)
         return _guarded(self._terms, y_true, y_pred)
 
@@ -276,23 +282,23 @@ class ParameterMSELoss(keras.losses.Loss):
         self.mean = _check_vector("mean", mean, positive=False)
         self.std = _check_vector("std", std, positive=True)
 
-    def call(self, y_true, y_pred) -> tf.Tensor:
+    def call(self, y_true, y_pred) -> Tensor:
         y_true, y_pred = _as_float32_params(y_true, y_pred)
         diff = y_pred - y_true
         if self.std is not None:
-            diff = diff / tf.constant(self.std, tf.float32)
-        return tf.reduce_mean(tf.square(diff), axis=-1)
+            diff = diff / ops.convert_to_tensor(np.array(self.std, np.float32))
+        return ops.mean(ops.square(diff), axis=-1)
 
     def get_config(self) -> dict:
         return {**super().get_config(), "mean": self.mean, "std": self.std}
 
 
 @keras.saving.register_keras_serializable(package="aetv2_tf")
-def nonfinite_samples(y_true, y_pred) -> tf.Tensor:
+def nonfinite_samples(y_true, y_pred) -> Tensor:
     """Metric: per-sample 1.0 where `GeodesicLoss` zeroes the sample out (non-finite), else 0.0.
 
     ``(batch, 8) x 2 -> (batch,)`` float32; its running mean is the fraction of dropped samples.
     (The two terms of the loss are logged by `aetv2_tf.metrics`.)
     """
     y_true, y_pred = _as_float32_params(y_true, y_pred)
-    return 1.0 - tf.cast(_finite_samples(y_true, y_pred), tf.float32)
+    return 1.0 - ops.cast(_finite_samples(y_true, y_pred), "float32")

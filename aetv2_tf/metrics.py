@@ -3,6 +3,7 @@
 They are diagnostics, not losses: `geodesic_angle_deg` and `projection_residual` are the two terms
 of Eq. (11) (reported for the MSE baseline too), `rotation_accuracy` asks whether the decoded
 homography turns the image by the right multiple of 90 degrees (chance: 25%).
+Written with ``keras.ops`` only (TensorFlow or JAX backend; no TensorFlow import).
 """
 
 from __future__ import annotations
@@ -10,14 +11,14 @@ from __future__ import annotations
 import math
 
 import keras
-import tensorflow as tf
+from keras import ops
 
 from aetv2_tf.geometry import aetv2_components, params_to_matrix
 
 
 def _matrices(y_true, y_pred):
-    return (params_to_matrix(tf.cast(y_true, tf.float32)),
-            params_to_matrix(tf.cast(y_pred, tf.float32)))
+    return (params_to_matrix(ops.cast(y_true, "float32")),
+            params_to_matrix(ops.cast(y_pred, "float32")))
 
 
 def geodesic_angle_deg(y_true, y_pred):
@@ -31,7 +32,7 @@ def projection_residual(y_true, y_pred):
     return aetv2_components(*_matrices(y_true, y_pred))[1]
 
 
-def rotation_index(t: tf.Tensor) -> tf.Tensor:
+def rotation_index(t):
     """(..., 3, 3) model-frame homographies -> (...,) int32 quarter turns k in {0, 1, 2, 3}.
 
     k is read from the direction in which t sends the image's rightward axis (from the centre to
@@ -40,14 +41,14 @@ def rotation_index(t: tf.Tensor) -> tf.Tensor:
     p0 = t[..., :, 2]
     p1 = t[..., :, 0] + t[..., :, 2]
     d = p1[..., :2] / p1[..., 2:] - p0[..., :2] / p0[..., 2:]
-    angle = tf.atan2(-d[..., 1], d[..., 0])
-    return tf.math.floormod(tf.cast(tf.round(angle / (math.pi / 2)), tf.int32), 4)
+    angle = ops.arctan2(-d[..., 1], d[..., 0])
+    return ops.mod(ops.cast(ops.round(angle / (math.pi / 2)), "int32"), 4)
 
 
 def rotation_accuracy(y_true, y_pred):
     """(B,) 1.0 where T_hat implies the same quarter turn as T."""
     t, t_hat = _matrices(y_true, y_pred)
-    return tf.cast(tf.equal(rotation_index(t), rotation_index(t_hat)), tf.float32)
+    return ops.cast(ops.equal(rotation_index(t), rotation_index(t_hat)), "float32")
 
 
 def pretext_metrics() -> list[keras.metrics.Metric]:
