@@ -8,6 +8,9 @@ Layout of a `--model_dir`:
     train/             TensorBoard event files
     aet_model.keras    the whole pretext model (end of training)
     export/encoder/    SavedModel of the encoder for feature extraction (end of training)
+
+A run on another Keras backend (`aetv2_tf.portable`, flags.json `backend`) has Keras checkpoints
+instead (checkpoints/ckpt-<step>.weights.h5), train/log.csv, and encoder.weights.h5 at the end.
 """
 
 from __future__ import annotations
