@@ -104,6 +104,13 @@ def test_tensorflow_only_flags_are_refused(tmp_path, cifar10_dir):
                           env=_env({"KERAS_BACKEND": "jax"}), timeout=120)
     assert proc.returncode == 2
     assert "--strategy=mirrored is not available with KERAS_BACKEND=jax" in proc.stderr
+    (tmp_path / "tf_run").mkdir()  # a TensorFlow run's model_dir (no "backend" recorded)
+    (tmp_path / "tf_run" / "flags.json").write_text('{"stage": "pretext"}')
+    proc = subprocess.run([sys.executable, "-c", RUN_TRAIN,
+                           *train_args(tmp_path / "tf_run", cifar10_dir, "--train_steps=6")],
+                          cwd=REPO, capture_output=True, text=True,
+                          env=_env({"KERAS_BACKEND": "jax"}), timeout=120)
+    assert proc.returncode == 2 and "holds a run of the tensorflow backend" in proc.stderr
 
 
 def test_pretext_run_writes_checkpoints_logs_and_encoder(runs):
