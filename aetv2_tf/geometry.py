@@ -195,6 +195,9 @@ def _rank(x) -> int | None:
 
 def _check_matrices(t, t_hat) -> tuple:
     t = ops.convert_to_tensor(t)
+    if ops.is_tensor(t_hat) and standardize_dtype(t_hat.dtype) != standardize_dtype(t.dtype):
+        raise ValueError(f"t_hat must have the dtype of t ({standardize_dtype(t.dtype)}), got "
+                         f"{standardize_dtype(t_hat.dtype)}")  # as tf.convert_to_tensor did
     t_hat = ops.convert_to_tensor(t_hat, dtype=t.dtype)
     for name, x in (("t", t), ("t_hat", t_hat)):
         rank = _rank(x)
