@@ -3,6 +3,9 @@
 Only the chief writes checkpoints and summaries. Checkpoints go through
 `tf.train.CheckpointManager`, which writes a checkpoint's files completely before it updates the
 `checkpoint` index atomically, so the newest listed checkpoint is always whole.
+TensorFlow is imported only by what needs it (checkpoint checks, TensorBoard writers): the
+backend-neutral callbacks (`StopOnSignal`, `PretextSummaries` with another writer) serve
+`aetv2_tf.portable` too.
 """
 
 from __future__ import annotations
@@ -10,26 +13,43 @@ from __future__ import annotations
 import hashlib
 import signal
 import time
+from typing import TYPE_CHECKING
 
 import keras
 import numpy as np
-import tensorflow as tf
 from absl import logging
+
+if TYPE_CHECKING:  # TensorFlow is imported where it is used: the module loads on any backend.
+    import tensorflow as tf
 
 
 def all_finite(variables) -> bool:
     """True when every variable is free of NaN and inf."""
+    import tensorflow as tf
+
     return all(bool(tf.reduce_all(tf.math.is_finite(tf.cast(v, tf.float32)))) for v in variables)
+
+
+def digest_arrays(arrays) -> str:
+    """A short SHA-256 (16 hex digits) of numpy arrays' bytes, in order."""
+    digest = hashlib.sha256()
+    for a in arrays:
+        digest.update(np.ascontiguousarray(a).tobytes())
+    return digest.hexdigest()[:16]
 
 
 def weights_digest(variables) -> str:
     """A short SHA-256 of the variables' values (in order): equal digests mean bitwise-equal
     weights, e.g. the trainable weights on every worker of a multi-worker run (BatchNorm moving
-    statistics are per replica, as in Keras, and differ), or in two `--deterministic` runs."""
-    digest = hashlib.sha256()
-    for v in variables:
-        digest.update(np.ascontiguousarray(tf.convert_to_tensor(v).numpy()).tobytes())
-    return digest.hexdigest()[:16]
+    statistics are per replica, as in Keras, and differ), or in two `--deterministic` runs.
+    Any backend: the values are read with `keras.ops.convert_to_numpy` except under TensorFlow,
+    which reads them as it always has (`tf.convert_to_tensor(v).numpy()`, distributed variables
+    included)."""
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        return digest_arrays(tf.convert_to_tensor(v).numpy() for v in variables)
+    return digest_arrays(keras.ops.convert_to_numpy(v) for v in variables)
 
 
 class CheckpointEvery(keras.callbacks.Callback):
@@ -158,7 +178,7 @@ class PretextSummaries(keras.callbacks.Callback):
     def __init__(self, log_dir: str, step_fn, lr_fn, every: int, image_every: int,
                  global_batch: int, sample=None, draw_fn=None):
         super().__init__()
-        self.writer = tf.summary.create_file_writer(log_dir)
+        self.writer = self._create_writer(log_dir)
         self.step_fn, self.lr_fn = step_fn, lr_fn
         self.every, self.image_every, self.global_batch = every, image_every, global_batch
         self.sample, self.draw_fn = sample, draw_fn
@@ -194,19 +214,30 @@ class PretextSummaries(keras.callbacks.Callback):
     def on_train_end(self, logs=None):
         self.writer.flush()
 
+    def _create_writer(self, log_dir: str):
+        import tensorflow as tf
+
+        return tf.summary.create_file_writer(log_dir)
+
     def _scalars(self, step: int, logs: dict) -> None:
         now = time.perf_counter()
         rate = (step - self._s0) * self.global_batch / max(now - self._t0, 1e-9)
         self._t0, self._s0 = now, step
+        row = {name: float(logs[name]) for name in self.SCALARS if name in logs}
+        row.update(learning_rate=float(self.lr_fn(step)), pairs_per_sec=rate)
+        self._write_scalars(step, row)
+
+    def _write_scalars(self, step: int, row: dict[str, float]) -> None:
+        import tensorflow as tf
+
         with self.writer.as_default(step=step):
-            for name in self.SCALARS:
-                if name in logs:
-                    tf.summary.scalar(name, float(logs[name]))
-            tf.summary.scalar("learning_rate", float(self.lr_fn(step)))
-            tf.summary.scalar("pairs_per_sec", rate)
+            for name, value in row.items():
+                tf.summary.scalar(name, value)
         self.writer.flush()
 
     def _images(self, step: int) -> None:
+        import tensorflow as tf
+
         (x, tx), params = self.sample
         # A direct call, not predict_on_batch: that would gather across workers, but only the
         # chief draws images (a collective on one worker hangs a multi-worker run).

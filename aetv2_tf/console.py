@@ -49,15 +49,18 @@ def quiet_native_stderr(enabled: bool = True):
         os.close(saved)
 
 
-def configure_logging(verbose: bool) -> None:
-    """absl/TensorFlow logs at WARNING and known noise filtered, unless `verbose`."""
+def configure_logging(verbose: bool, tensorflow: bool = True) -> None:
+    """absl/TensorFlow logs at WARNING and known noise filtered, unless `verbose`.
+
+    `tensorflow=False` (another Keras backend) leaves TensorFlow alone (it is not imported)."""
     from absl import logging
 
     if verbose:
         return
     logging.set_verbosity(logging.WARNING)
-    import tensorflow as tf
+    if tensorflow:
+        import tensorflow as tf
 
-    tf.get_logger().setLevel("ERROR")  # its python-side INFO and retracing notices
+        tf.get_logger().setLevel("ERROR")  # its python-side INFO and retracing notices
     for pattern in _NOISE:
         warnings.filterwarnings("ignore", message=pattern)

@@ -19,10 +19,8 @@ import shutil
 import sys
 
 import keras
-import tensorflow as tf
 from absl import app, flags, logging
 
-from aetv2_tf.data.pipelines import normalization_constants
 from aetv2_tf.models import build_backbone
 
 FLAGS = flags.FLAGS
@@ -30,6 +28,10 @@ FLAGS = flags.FLAGS
 
 def export_encoder(encoder: keras.Model, output: str, dataset: str) -> str:
     """Writes `encoder` as a SavedModel at `output` with a uint8 -> named-features signature."""
+    import tensorflow as tf
+
+    from aetv2_tf.data.pipelines import normalization_constants
+
     height, width = encoder.input_shape[1:3]
     mean, std = normalization_constants(dataset)
     mean = tf.constant(mean, tf.float32)
@@ -64,10 +66,24 @@ def load_saved_flags(model_dir: str) -> dict:
 
 
 def restore_encoder(model_dir: str) -> tuple[keras.Model, dict]:
-    """Rebuilds the pretext model of `model_dir` and restores its newest checkpoint's encoder."""
+    """Rebuilds the pretext model of `model_dir` and restores its newest checkpoint's encoder.
+
+    A run of `aetv2_tf.portable` (flags.json `backend` other than tensorflow, e.g. jax) has
+    Keras checkpoints: its `encoder.weights.h5` (else its newest checkpoint) is loaded into a
+    fused-BN backbone under TensorFlow, a keras-BN one elsewhere (`keras_checkpoints`).
+    """
     from aetv2_tf.models import build_aet_model, build_rotation_model
 
     saved = load_saved_flags(model_dir)
+    if saved.get("backend", "tensorflow") != "tensorflow":
+        from aetv2_tf.keras_checkpoints import load_encoder_weights
+
+        if saved.get("stage") != "pretext":
+            raise ValueError(f"{model_dir} holds a {saved.get('stage')!r} run, not a pretext run.")
+        batch_norm = "fused" if keras.backend.backend() == "tensorflow" else "keras"
+        return load_encoder_weights(model_dir, saved, batch_norm), saved
+    import tensorflow as tf
+
     size = 32 if saved["dataset"] == "cifar10" else 224
     encoder = build_backbone(saved["backbone"], (size, size, 3), batch_norm=saved["batch_norm"])
     if saved.get("stage") == "pretext" and saved.get("pretext") == "rotation":

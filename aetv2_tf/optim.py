@@ -94,6 +94,14 @@ class SkipNonFinite(keras.optimizers.LossScaleOptimizer):
     def _stateful_handle_non_finite_grads(self):
         self.skipped_steps.assign_add(1)
 
+    def _stateless_handle_non_finite_grads(self, optimizer_variables, trainable_variables):
+        """The JAX (stateless) path: count the skipped step, change nothing else (Keras would
+        halve the loss scale, which would then double every later gradient)."""
+        mapping = list(zip(self.variables, optimizer_variables, strict=True))
+        with keras.StatelessScope(state_mapping=mapping) as scope:
+            self.skipped_steps.assign_add(1)
+        return trainable_variables, [scope.get_current_value(v) for v in self.variables]
+
 
 def build_optimizer(name: str, schedule, *, momentum: float = 0.9, beta_1: float = 0.9,
                     beta_2: float = 0.999, weight_decay: float = 0.0,

@@ -8,6 +8,9 @@ Layout of a `--model_dir`:
     train/             TensorBoard event files
     aet_model.keras    the whole pretext model (end of training)
     export/encoder/    SavedModel of the encoder for feature extraction (end of training)
+
+A run on another Keras backend (`aetv2_tf.portable`, flags.json `backend`) has Keras checkpoints
+instead (checkpoints/ckpt-<step>.weights.h5), train/log.csv, and encoder.weights.h5 at the end.
 """
 
 from __future__ import annotations
@@ -72,6 +75,16 @@ def prepare(model_dir: str, run_flags: dict, flagfile: str, essential: tuple[str
         # A flag newer than the saved run is absent from it: that run had its default behaviour.
         diff = {k: (saved.get(k), run_flags.get(k)) for k in essential
                 if k in saved and saved[k] != run_flags.get(k)}
+        # The Keras backend (recorded by aetv2_tf.portable; absent: tensorflow) fixes the
+        # checkpoint format, so a run continues only on the backend that started it.
+        backends = saved.get("backend", "tensorflow"), run_flags.get("backend", "tensorflow")
+        if backends[0] != backends[1]:
+            if not overwrite:
+                raise UsageError(f"--model_dir={model_dir} holds a run of the {backends[0]} "
+                                 f"backend, whose checkpoints KERAS_BACKEND={backends[1]} cannot "
+                                 f"continue; rerun it with KERAS_BACKEND={backends[0]}, pass "
+                                 "--overwrite to start afresh there, or choose a new --model_dir.")
+            diff["backend"] = backends
         if diff and not overwrite:
             lines = ", ".join(f"--{k}: saved {a!r}, now {b!r}" for k, (a, b) in diff.items())
             raise UsageError(f"--model_dir={model_dir} holds a run with different essential "

@@ -9,6 +9,11 @@ One absl entry point for every stage (see `aetv2_tf/flags.py` or `--helpfull`):
 
 Everything a run produces lives under `--model_dir` (layout in `aetv2_tf/rundir.py`); rerunning
 the same command resumes from the newest checkpoint, at the same step and learning rate.
+
+The Keras backend decides which program runs: TensorFlow (the default) runs this module's
+program (tf.distribute, tf.data, TensorBoard, SavedModel export); any other backend
+(`KERAS_BACKEND=jax`) runs `aetv2_tf.portable` with the same flags, and TensorFlow is then never
+imported (the module and `--helpfull` load without it).
 """
 
 from __future__ import annotations
@@ -25,17 +30,13 @@ from aetv2_tf import console
 with console.quiet_native_stderr(not console.verbose_requested()):
     import keras
     import numpy as np
-    import tensorflow as tf
+
+    TENSORFLOW = keras.backend.backend() == "tensorflow"
+    if TENSORFLOW:  # other backends run aetv2_tf.portable and never import TensorFlow
+        import tensorflow as tf
 from absl import app, logging
 
-from aetv2_tf import distribute, optim, rundir
-from aetv2_tf.callbacks import (
-    CheckpointEvery,
-    PretextSummaries,
-    StopOnSignal,
-    StopOnSkippedStep,
-    weights_digest,
-)
+from aetv2_tf import optim, rundir
 from aetv2_tf.data.sources import DataError
 from aetv2_tf.flags import ESSENTIAL, FLAGS, flagfile_text, run_flags
 from aetv2_tf.precision import Choice, choose_precision
@@ -46,6 +47,19 @@ IMAGE_SIZE = {"nin": 32, "alexnet": 224}
 
 def check_flags(num_replicas: int) -> None:
     """Rejects contradictory flags before anything is written."""
+    F = FLAGS
+    check_common_flags(num_replicas)
+    if F.stage != "pretext":
+        from aetv2_tf.probes.stage import check_flags as check_probe_flags
+
+        check_probe_flags()
+    if F.mixed_precision == "mixed_float16" and not tf.config.list_logical_devices("GPU"):
+        raise UsageError("--mixed_precision=mixed_float16 needs a GPU; on a CPU use "
+                         "mixed_bfloat16 (fast with AMX) or none.")
+
+
+def check_common_flags(num_replicas: int) -> None:
+    """The flag checks of every backend (no TensorFlow): steps, batch split, data, backbone."""
     F = FLAGS
     if F.stage == "pretext" and not (F.epochs or F.train_steps):
         raise UsageError("pass --epochs or --train_steps (both are 0).")
@@ -60,25 +74,17 @@ def check_flags(num_replicas: int) -> None:
                          f"--dataset={F.dataset}.")
     if F.stage == "probe" and not F.pretrained:
         raise UsageError("--stage=probe needs --pretrained=<model_dir|SavedModel dir|none>.")
-    if F.stage != "pretext":
-        from aetv2_tf.probes.stage import check_flags as check_probe_flags
-
-        check_probe_flags()
     if F.pretext == "rotation" and F.loss == "mse" and F.stage == "pretext":
         logging.info("--loss is ignored by --pretext=rotation (cross-entropy over 4 rotations).")
-    if F.mixed_precision == "mixed_float16" and not tf.config.list_logical_devices("GPU"):
-        raise UsageError("--mixed_precision=mixed_float16 needs a GPU; on a CPU use "
-                         "mixed_bfloat16 (fast with AMX) or none.")
 
 
 def geodesic_loss(param_std, image_size: int):
     """The `GeodesicLoss` of the flags (`--projection_weight`, `--angle_power`, ...)."""
-    from aetv2_tf.data.homographies import normalization_matrix
     from aetv2_tf.losses import GeodesicLoss
 
     F = FLAGS
     if F.loss_frame == "pixel":
-        frame = np.linalg.inv(normalization_matrix(image_size, image_size).numpy()).tolist()
+        frame = pixel_frame(image_size)
     else:  # the model frame, its coordinates multiplied by --loss_frame_scale
         frame = None if F.loss_frame_scale == 1.0 else \
             np.diag([F.loss_frame_scale, F.loss_frame_scale, 1.0]).tolist()
@@ -86,6 +92,42 @@ def geodesic_loss(param_std, image_size: int):
                         residual_scale=F.residual_scale, chordal_weight=F.chordal_weight,
                         mse_weight=F.mse_weight, mse_std=param_std,
                         mse_decay_steps=F.mse_decay_steps, frame=frame)
+
+
+def aet_loss(param_std, image_size: int, optimizer) -> tuple[keras.losses.Loss, list]:
+    """The AET loss of the flags (geodesic: AETv2, mse: AETv1) and the pretext metrics."""
+    from aetv2_tf import losses, metrics
+
+    if FLAGS.loss == "geodesic":
+        loss = geodesic_loss(param_std, image_size)
+        loss.step = optimizer.iterations  # read by an MSE warm-up (--mse_decay_steps)
+    else:
+        loss = losses.ParameterMSELoss(std=param_std if FLAGS.mse_normalize else None)
+    return loss, metrics.pretext_metrics()
+
+
+def schedule_and_optimizer(model: keras.Model, steps: int):
+    """The learning-rate schedule and optimizer of the flags; `--weight_decay_mode=l2` adds the
+    decay to `model`'s losses. Call inside the distribution scope."""
+    F = FLAGS
+    if F.weight_decay_mode == "l2":
+        optim.add_l2_decay(model, F.weight_decay)
+    schedule = optim.Schedule(F.lr_schedule, F.learning_rate, steps, F.warmup_steps)
+    optimizer = optim.build_optimizer(
+        F.optimizer, schedule, momentum=F.momentum, beta_1=F.adam_beta1,
+        beta_2=F.adam_beta2, weight_decay=F.weight_decay,
+        weight_decay_mode=F.weight_decay_mode,
+        mixed_float16=keras.mixed_precision.dtype_policy().name == "mixed_float16")
+    return schedule, optimizer
+
+
+def pixel_frame(image_size: int) -> list[list[float]]:
+    """N^{-1} (3x3 nested lists): model frame -> pixel frame of a square image (conventions.md),
+    inverted in float32 from N as `data.homographies.normalization_matrix` has it."""
+    n = np.asarray([[2.0 / image_size, 0.0, -(image_size - 1.0) / image_size],
+                    [0.0, 2.0 / image_size, -(image_size - 1.0) / image_size],
+                    [0.0, 0.0, 1.0]], np.float32)
+    return np.linalg.inv(n).tolist()
 
 
 def load_train_images(split: str = "train"):
@@ -141,7 +183,14 @@ def pretext_stage(strategy: tf.distribute.Strategy, chief: bool, data=None) -> d
     `data` is `load_train_images()`'s result when the caller has already loaded (and so checked)
     the images.
     """
-    from aetv2_tf import losses, metrics
+    from aetv2_tf import distribute
+    from aetv2_tf.callbacks import (
+        CheckpointEvery,
+        PretextSummaries,
+        StopOnSignal,
+        StopOnSkippedStep,
+        weights_digest,
+    )
     from aetv2_tf.data import pipelines
     from aetv2_tf.data.homographies import parameter_statistics
     from aetv2_tf.export import export_encoder
@@ -158,27 +207,16 @@ def pretext_stage(strategy: tf.distribute.Strategy, chief: bool, data=None) -> d
         encoder = build_backbone(F.backbone, (size, size, 3), batch_norm=F.batch_norm)
         # AETv1: the decoder regresses std-normalised parameters, as the AETv1 code does.
         param_std = parameter_statistics(size, size, F.shift)[1]
-        std = param_std if F.loss == "mse" and F.mse_normalize else None
         decoder_scale = F.loss == "mse" if F.decoder_scale is None else F.decoder_scale
         model = build_rotation_model(encoder) if rotation else \
             build_aet_model(encoder, param_scale=param_std if decoder_scale else None,
                             init_rotation_deg=F.decoder_init_rotation)
-        if F.weight_decay_mode == "l2":
-            optim.add_l2_decay(model, F.weight_decay)
-        schedule = optim.Schedule(F.lr_schedule, F.learning_rate, steps, F.warmup_steps)
-        optimizer = optim.build_optimizer(
-            F.optimizer, schedule, momentum=F.momentum, beta_1=F.adam_beta1,
-            beta_2=F.adam_beta2, weight_decay=F.weight_decay,
-            weight_decay_mode=F.weight_decay_mode,
-            mixed_float16=keras.mixed_precision.dtype_policy().name == "mixed_float16")
+        schedule, optimizer = schedule_and_optimizer(model, steps)
         if rotation:
             loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
             compiled_metrics = [keras.metrics.SparseCategoricalAccuracy(name="rotation_accuracy")]
-        elif F.loss == "geodesic":
-            loss, compiled_metrics = geodesic_loss(param_std, size), metrics.pretext_metrics()
-            loss.step = optimizer.iterations  # read by an MSE warm-up (--mse_decay_steps)
         else:
-            loss, compiled_metrics = losses.ParameterMSELoss(std=std), metrics.pretext_metrics()
+            loss, compiled_metrics = aet_loss(param_std, size, optimizer)
         model.compile(optimizer=optimizer, loss=loss, metrics=compiled_metrics,
                       steps_per_execution=F.steps_per_execution, jit_compile=False)
         optimizer.build(model.trainable_variables)
@@ -278,6 +316,8 @@ class StopAtStep(keras.callbacks.Callback):
 
 def run() -> dict:
     """Sets up devices, precision and the model_dir, then runs the chosen stage."""
+    from aetv2_tf import distribute
+
     F = FLAGS
     distribute.configure_cpu_devices(F.cpu_devices)
     if F.deterministic:
@@ -295,15 +335,16 @@ def run() -> dict:
     data = load_train_images() if F.stage == "pretext" else None
     recorded = dict(run_flags(), precision=precision._asdict())
     rundir.prepare(F.model_dir, recorded, flagfile_text(), ESSENTIAL, F.overwrite, chief)
-    print(start_line(strategy, precision, data), flush=True)
+    print(start_line(type(strategy).__name__.lstrip("_"), strategy.num_replicas_in_sync,
+                     precision, data), flush=True)
     if F.stage == "pretext":
         return pretext_stage(strategy, chief, data)
     from aetv2_tf.probes import stage as probe_stage
     return probe_stage.run(strategy, chief)
 
 
-def start_line(strategy: tf.distribute.Strategy, precision: Choice, data) -> str:
-    """One line: what runs, on which data, strategy and precision (and why that precision)."""
+def start_line(distribution: str, replicas: int, precision: Choice, data) -> str:
+    """One line: what runs, on which data, distribution (strategy) and precision (and why)."""
     F = FLAGS
     if F.stage == "pretext":
         what = "RotNet" if F.pretext == "rotation" else \
@@ -312,16 +353,22 @@ def start_line(strategy: tf.distribute.Strategy, precision: Choice, data) -> str
         what = f"{F.probe} probe of {F.pretrained}" if F.stage == "probe" else "supervised NIN"
     images = f", {data[2]} training images" if data and data[2] else ""
     return (f"aetv2_tf {F.stage}: {what} | {F.dataset}{images} | "
-            f"{type(strategy).__name__.lstrip('_')} x{strategy.num_replicas_in_sync} | "
+            f"{distribution} x{replicas} | "
             f"{precision.policy} ({precision.reason}) | {F.model_dir}")
 
 
 def main(argv) -> None:
-    console.configure_logging(FLAGS["verbosity"].present)
+    console.configure_logging(FLAGS["verbosity"].present, tensorflow=TENSORFLOW)
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}: every option is a --flag.")
+    if TENSORFLOW:
+        program = run
+    else:  # KERAS_BACKEND=jax (or another non-TensorFlow backend): the portable program
+        from aetv2_tf import portable
+
+        program = portable.run
     try:
-        summary = run()
+        summary = program()
     except (UsageError, DataError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(2)

@@ -9,6 +9,9 @@ Nothing here downloads unless asked (``download=True``); offline, a missing data
 * :func:`load_tfds` wraps a prepared tensorflow-datasets directory.
 * :func:`load_image_folder` reads ``root/split/<class>/<image>`` (ImageNet/Places-style folders).
 * :func:`load_source` is the single entry point used by the programs.
+
+TensorFlow is imported only by the tensorflow-datasets and folder readers: the CIFAR-10 python
+files load on any Keras backend (``KERAS_BACKEND=jax`` without TensorFlow installed).
 """
 
 from __future__ import annotations
@@ -16,9 +19,12 @@ from __future__ import annotations
 import os
 import pathlib
 import pickle
+from typing import TYPE_CHECKING
 
 import numpy as np
-import tensorflow as tf
+
+if TYPE_CHECKING:  # TensorFlow is imported lazily: the CIFAR-10 reader works without it.
+    import tensorflow as tf
 
 CIFAR10_DIRNAME = "cifar-10-batches-py"
 CIFAR10_FILES = {
@@ -207,6 +213,8 @@ def list_image_folder(root, split: str | None = None) -> tuple[list[str], np.nda
 
 
 def _decode_image(path: tf.Tensor, label: tf.Tensor):
+    import tensorflow as tf
+
     image = tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
     image = tf.ensure_shape(tf.cast(image, tf.uint8), [None, None, 3])
     return image, label
@@ -218,6 +226,8 @@ def load_image_folder(root, split: str | None = None) -> tf.data.Dataset:
     Images keep their own size (decoded as RGB); classes are numbered in sorted name order (see
     :func:`list_image_folder`); elements come in sorted (class, file name) order.
     """
+    import tensorflow as tf
+
     paths, labels, _ = list_image_folder(root, split)
     ds = tf.data.Dataset.from_tensor_slices((paths, labels))
     return ds.map(_decode_image, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
@@ -242,6 +252,8 @@ def load_source(dataset: str, data_dir=None, split: str = "train", download: boo
     if name == "cifar10":
         if is_cifar10_dir(data_dir):
             return load_cifar10(data_dir, split)
+        import tensorflow as tf
+
         if data_dir is not None and not tf.io.gfile.isdir(os.fspath(data_dir)):
             raise DataError(f"--data_dir={data_dir} does not exist; {_CIFAR10_HELP}")
         try:

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import keras
 import numpy as np
-import tensorflow as tf
+from keras import ops
 
 from aetv2_tf.models.alexnet import build_alexnet
 from aetv2_tf.models.nin import build_nin
@@ -52,8 +52,8 @@ class PairConcat(keras.layers.Layer):
     """
 
     def call(self, inputs):
-        first, second = tf.split(inputs, 2, axis=0)
-        return tf.concat([first, second], axis=-1)
+        first, second = ops.split(inputs, 2, axis=0)
+        return ops.concatenate([first, second], axis=-1)
 
     def compute_output_shape(self, input_shape):
         batch = None if input_shape[0] is None else input_shape[0] // 2

@@ -9,6 +9,9 @@
 
 Batch-norm hyper-parameters follow the PyTorch defaults of the published AETv1/RotNet code
 (`BN_MOMENTUM = 0.9` in the Keras convention, i.e. PyTorch's `momentum=0.1`, `BN_EPSILON = 1e-5`).
+
+TensorFlow is imported only when a TF-only layer runs (the fused BN, the adaptive pooling): the
+module, `make_batch_norm("keras")` and `conv_bn_relu(batch_norm="keras")` work on any backend.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ import math
 from collections.abc import Sequence
 
 import keras
-import tensorflow as tf
 
 BN_MOMENTUM = 0.9  # Keras convention: moving = moving * momentum + batch * (1 - momentum).
 BN_EPSILON = 1e-5  # PyTorch's default; the raw fused op does not clamp it (tf.nn's wrapper does).
@@ -132,6 +134,8 @@ class FusedBatchNormalization(keras.layers.Layer):
         return input_shape
 
     def call(self, inputs, training=None):
+        import tensorflow as tf
+
         channels = self.moving_mean.shape[0]
         x = inputs
         if len(inputs.shape) != 4:
@@ -227,6 +231,8 @@ class AdaptivePooling2D(keras.layers.Layer):
         return (input_shape[0], *self.output_size, input_shape[-1])
 
     def _pool_axis(self, x, axis: int, out: int):
+        import tensorflow as tf
+
         reduce = tf.reduce_mean if self.mode == "avg" else tf.reduce_max
         size = x.shape[axis]
         cells = []

@@ -17,7 +17,8 @@
 A Keras encoder is cut to the layers its feature needs (`truncate`): a probe on NIN block 2 does
 not run blocks 3-4, an AlexNet conv probe skips fc6/fc7. Every failure is a `UsageError` naming
 the problem and the fix; `check_pretrained` makes the cheap checks (path, kind, backbone) before
-the run writes anything.
+the run writes anything. TensorFlow is imported only for SavedModels and TensorFlow checkpoints:
+a `--pretrained` run of `aetv2_tf.portable` (Keras checkpoints) loads on any backend.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import os
 from collections.abc import Callable, Sequence
 
 import keras
-import tensorflow as tf
 
 from aetv2_tf.export import load_saved_flags, restore_encoder
 from aetv2_tf.models import DEFAULT_INPUT_SHAPES, build_backbone
@@ -131,6 +131,8 @@ def saved_model_features(path: str, feature: str, image_size: int, mean: Sequenc
     Returns ``fn(images (B, S, S, 3) float32, training=None) -> dict`` of the signature's
     outputs; the images are mapped back to uint8 exactly (module docstring).
     """
+    import tensorflow as tf
+
     try:
         loaded = tf.saved_model.load(path)
     except Exception as e:  # noqa: BLE001 - any load failure is the user's path
@@ -188,11 +190,23 @@ def load_encoder(pretrained: str, backbone: str, feature: str, *, batch_norm: st
     if kind == "saved_model":
         fn = saved_model_features(path, feature, input_shape[0], mean, std)
         return Encoder(fn, feature, kind, path, method_from_flags(_exporting_run_flags(path)))
+    errors: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, OSError)
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        errors += (tf.errors.OpError,)
     try:
         model, saved = restore_encoder(path)
-    except (ValueError, FileNotFoundError, tf.errors.OpError) as e:
+    except errors as e:
         raise UsageError(f"--pretrained={pretrained}: the encoder could not be restored ({e}); "
                          "pass a pretraining --model_dir with a checkpoint.") from e
-    checkpoint = tf.train.latest_checkpoint(os.path.join(path, "checkpoints"))
+    if saved.get("backend", "tensorflow") != "tensorflow":  # Keras checkpoints (portable run)
+        from aetv2_tf.keras_checkpoints import encoder_source
+
+        checkpoint = encoder_source(path)
+    else:
+        import tensorflow as tf
+
+        checkpoint = tf.train.latest_checkpoint(os.path.join(path, "checkpoints"))
     return Encoder(truncate(model, feature), feature, kind, path, method_from_flags(saved),
                    checkpoint)

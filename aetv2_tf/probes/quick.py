@@ -15,9 +15,6 @@ import time
 import keras
 import numpy as np
 
-from aetv2_tf.data.pipelines import classification_dataset
-from aetv2_tf.probes.knn import extract_features, knn_accuracy, make_feature_fn
-
 FEATURE = {"nin": "block2", "alexnet": "conv5"}
 
 
@@ -36,6 +33,9 @@ def quick_knn(
 
     Returns ``{"knn_top1": .., "random_knn_top1": .., "knn_gain": .., "knn_seconds": ..}``.
     """
+    from aetv2_tf.data.pipelines import classification_dataset  # TensorFlow
+    from aetv2_tf.probes.knn import extract_features, knn_accuracy, make_feature_fn
+
     start = time.perf_counter()
 
     def features(model, images, labels):

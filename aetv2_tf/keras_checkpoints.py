@@ -1,0 +1,184 @@
+"""Keras-native checkpoints of `aetv2_tf.portable` (any Keras backend, no TensorFlow).
+
+Layout under `<model_dir>/checkpoints/`: `ckpt-<step>.weights.h5`, one file per checkpoint, written
+by `model.save_weights`: the model's weights, the optimizer's variables (Keras saves those of a
+built optimizer with the model's) and the `HomographyPairs` seed-generator state (that layer
+saves it itself); `<step>` is the number of training batches consumed, which fixes the data
+position (the optimizer's step counter, which fixes the learning rate, is inside). A checkpoint is
+written to a temporary name in the same directory and renamed into place (`os.replace`, atomic),
+so a listed `ckpt-*.weights.h5` is always complete; only the `keep` newest are kept.
+
+`<model_dir>/encoder.weights.h5` (`ENCODER_WEIGHTS`, written at the end of a run): the encoder
+alone, a keras-BatchNorm NIN/AlexNet; `load_encoder_weights` loads it (or, for a run cut short,
+the encoder inside its newest checkpoint) into a backbone with either batch norm: the fused and
+the Keras BN layer have the same variables in the same order (`models/layers.py`), but
+`.weights.h5` files key layers by class, so the weights go through a keras-BN twin.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import keras
+import numpy as np
+from absl import logging
+
+from aetv2_tf.callbacks import digest_arrays
+
+ENCODER_WEIGHTS = "encoder.weights.h5"
+_NAME = re.compile(r"^ckpt-(\d+)\.weights\.h5$")
+
+
+def list_checkpoints(directory: str) -> list[tuple[int, str]]:
+    """`(step, path)` of every complete checkpoint in `directory`, oldest first."""
+    if not os.path.isdir(directory):
+        return []
+    found = ((_NAME.match(name), name) for name in os.listdir(directory))
+    return sorted((int(m.group(1)), os.path.join(directory, name)) for m, name in found if m)
+
+
+def save_atomically(saver, path: str) -> str:
+    """`saver(tmp)` then `os.replace(tmp, path)`; tmp ends like `path` (Keras checks suffixes)."""
+    directory, name = os.path.split(path)
+    os.makedirs(directory or ".", exist_ok=True)
+    tmp = os.path.join(directory, f".tmp{os.getpid()}-{name}")
+    try:
+        saver(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return path
+
+
+def all_finite(variables) -> bool:
+    """True when every variable is free of NaN and inf (read to the host: call rarely)."""
+    return all(np.isfinite(keras.ops.convert_to_numpy(v).astype(np.float32)).all()
+               for v in variables)
+
+
+def save_checkpoint(model: keras.Model, directory: str, step: int, keep: int) -> str | None:
+    """Writes `ckpt-<step>.weights.h5` atomically and deletes all but the `keep` newest.
+
+    Nothing is written when a weight is non-finite (the newest checkpoint stays the last good
+    one); returns the path written or None.
+    """
+    if not all_finite(model.weights):
+        logging.error("Non-finite weights at step %d: checkpoint NOT written.", step)
+        return None
+    path = save_atomically(model.save_weights,
+                           os.path.join(directory, f"ckpt-{step}.weights.h5"))
+    for _, old in list_checkpoints(directory)[:-keep]:
+        os.remove(old)
+    return path
+
+
+def restore_checkpoint(model: keras.Model, directory: str) -> int:
+    """Loads the newest checkpoint of `directory` into `model` (its optimizer built first);
+    returns its step, 0 when there is none."""
+    found = list_checkpoints(directory)
+    if not found:
+        logging.info("No checkpoint in %s: starting at step 0.", directory)
+        return 0
+    step, path = found[-1]
+    model.load_weights(path)
+    message = f"Resumed from checkpoint {path} at step {step}."
+    logging.info(message)
+    print(message, flush=True)
+    return step
+
+
+class StepCounter(keras.callbacks.Callback):
+    """The number of batches consumed so far (from `start`), counted in Python: reading the
+    optimizer's counter every step would wait for the device."""
+
+    def __init__(self, start: int):
+        super().__init__()
+        self.step = self._epoch_start = int(start)
+
+    def __call__(self) -> int:
+        return self.step
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_start = self.step
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.step = self._epoch_start + int(batch) + 1
+
+
+class SaveEvery(keras.callbacks.Callback):
+    """`save_checkpoint` every `every` batches (by `counter`) and when training ends."""
+
+    def __init__(self, directory: str, counter: StepCounter, every: int, keep: int):
+        super().__init__()
+        self.directory, self.counter, self.every, self.keep = directory, counter, every, keep
+        self._last = None
+
+    def save(self) -> None:
+        step = self.counter()
+        found = list_checkpoints(self.directory)
+        if step == self._last or (found and found[-1][0] == step):
+            return
+        model = self.model  # under JAX this syncs the jitted state into the variables
+        if save_checkpoint(model, self.directory, step, self.keep) is None:
+            model.stop_training = True
+        self._last = step
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.counter() % self.every == 0:
+            self.save()
+
+    def on_train_end(self, logs=None):
+        self.save()
+
+
+def encoder_digest(encoder: keras.Model) -> str:
+    """`digest_arrays` of an encoder's trainable weights."""
+    return digest_arrays(keras.ops.convert_to_numpy(v) for v in encoder.trainable_weights)
+
+
+def encoder_source(model_dir: str) -> str | None:
+    """Where `load_encoder_weights` reads: `encoder.weights.h5`, else the newest checkpoint."""
+    path = os.path.join(model_dir, ENCODER_WEIGHTS)
+    if os.path.isfile(path):
+        return path
+    found = list_checkpoints(os.path.join(model_dir, "checkpoints"))
+    return found[-1][1] if found else None
+
+
+def load_encoder_weights(model_dir: str, saved: dict, batch_norm: str) -> keras.Model:
+    """The encoder of a Keras-checkpoint run (`saved`: its flags.json), with `batch_norm`.
+
+    Reads `model_dir/encoder.weights.h5`, else the newest `checkpoints/ckpt-*.weights.h5`
+    (the whole pretext model is rebuilt to read it). FileNotFoundError when neither exists.
+    """
+    from aetv2_tf.models import DEFAULT_INPUT_SHAPES, build_backbone
+    from aetv2_tf.models.pairs import build_pairs_model
+
+    shape = DEFAULT_INPUT_SHAPES[saved["backbone"]]
+    twin = build_backbone(saved["backbone"], shape, batch_norm="keras")
+    path = encoder_source(model_dir)
+    if path is None:
+        raise FileNotFoundError(f"neither {os.path.join(model_dir, ENCODER_WEIGHTS)} nor a "
+                                f"checkpoint in {model_dir}/checkpoints: train first.")
+    if path.endswith(ENCODER_WEIGHTS):
+        twin.load_weights(path)
+    else:
+        _load_model_part(build_pairs_model(twin, seed=0), path)
+    logging.info("Loaded the encoder from %s.", path)
+    if batch_norm == "keras":
+        return twin
+    encoder = build_backbone(saved["backbone"], shape, batch_norm=batch_norm)
+    encoder.set_weights(twin.get_weights())
+    return encoder
+
+
+def _load_model_part(model: keras.Model, path: str) -> None:
+    """`model.load_weights(path)` for a checkpoint that also holds optimizer variables, which
+    an uncompiled model has no place for (Keras then warns; the layers load all the same)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.load_weights(path)

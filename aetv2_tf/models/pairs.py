@@ -1,0 +1,79 @@
+"""The AET pretext model on uint8 images, for any Keras backend: the pairs are made on the device.
+
+    images (B, H, W, 3) uint8
+      -> HomographyPairs (aetv2_tf.data.device; seeded)  -> x, tx (B, H, W, 3) float32, p (B, 8)
+      -> build_aet_model(encoder)([x, tx])                -> p_hat (B, 8) float32
+      -> concat([p_hat, p], axis=-1)                      -> output (B, 16) float32
+
+The model's output carries the decoded AND the true parameters, so a training batch is just the
+images (no `y`): `PairsModel.compute_loss` / `compute_metrics` split the output into
+`y_pred = output[:, :8]` and `y_true = output[:, 8:]` and hand them to the compiled loss and
+metrics, which are the usual `GeodesicLoss` / `ParameterMSELoss` / `pretext_metrics` on (B, 8).
+The warp, the sampling and the augmentation run inside the compiled train step (`jax.jit` under
+JAX), from the layer's `keras.random.SeedGenerator`, whose state is a non-trainable variable
+saved with the weights (`HomographyPairs.save_own_variables`).
+
+Layer names: "pairs" (HomographyPairs), "aet" (the Siamese model, whose encoder is the layer
+"nin"/"alexnet"), "pred_and_true" (the concatenation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import keras
+
+from aetv2_tf.data.device import CIFAR10_MEAN, CIFAR10_STD, HomographyPairs
+from aetv2_tf.models.aet import build_aet_model
+
+NUM_PARAMS = 8
+
+
+@keras.saving.register_keras_serializable(package="aetv2_tf")
+class PairsModel(keras.Model):
+    """A functional model whose output is `concat([y_pred, y_true])`; loss and metrics see the
+    two halves as `(y_true, y_pred)` (module docstring). Fitted on images alone (`y=None`)."""
+
+    def _split(self, y_pred):
+        return y_pred[..., NUM_PARAMS:], y_pred[..., :NUM_PARAMS]
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        y_true, y_hat = self._split(y_pred)
+        return super().compute_loss(x, y_true, y_hat, sample_weight, training=training)
+
+    def compute_metrics(self, x, y, y_pred, sample_weight=None):
+        y_true, y_hat = self._split(y_pred)
+        return super().compute_metrics(x, y_true, y_hat, sample_weight)
+
+
+def build_pairs_model(
+    encoder: keras.Model,
+    seed: int,
+    *,
+    shift: str = "integer",
+    augment: bool = True,
+    mean: Sequence[float] = CIFAR10_MEAN,
+    std: Sequence[float] = CIFAR10_STD,
+    param_scale: Sequence[float] | None = None,
+    init_rotation_deg: float = 0.0,
+) -> PairsModel:
+    """uint8 images `(B, H, W, 3)` -> `(B, 16)` = `[T_hat params, T params]` (module docstring).
+
+    `encoder`, `param_scale`, `init_rotation_deg`: as `build_aet_model` (same decoder and init).
+    `seed`, `shift`, `augment`, `mean`, `std`: the `HomographyPairs` sampler and normalisation.
+    """
+    size = tuple(encoder.inputs[0].shape[1:])
+    images = keras.Input(shape=size, dtype="uint8", name="images")
+    x, tx, params = HomographyPairs(seed=seed, shift=shift, augment=augment, mean=mean, std=std,
+                                    name="pairs")(images)
+    aet = build_aet_model(encoder, param_scale=param_scale, init_rotation_deg=init_rotation_deg)
+    predicted = aet([x, tx])
+    output = keras.layers.Concatenate(axis=-1, dtype="float32", name="pred_and_true")(
+        [predicted, params])
+    return PairsModel(images, output, name="aet_pairs")
+
+
+def pairs_encoder(model: keras.Model) -> keras.Model:
+    """The encoder inside a `build_pairs_model` model (shared weights)."""
+    aet = model.get_layer("aet")
+    return next(layer for layer in aet.layers if isinstance(layer, keras.Model))

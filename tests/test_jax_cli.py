@@ -1,0 +1,196 @@
+"""The training program under Keras on JAX, with TensorFlow blocked (as on a machine without it).
+
+Child processes run `python -m aetv2_tf.train` with `KERAS_BACKEND=jax` and
+`sys.modules["tensorflow"] = None` (any TensorFlow import fails): a 6-step pretext run on 256
+CIFAR-10 images, the same run interrupted after 3 steps and resumed, a KNN probe of it, and the
+block-2 features of its encoder. This process (TensorFlow) then loads the run's encoder into the
+fused-BN NIN (`--pretrained=<jax run>`, `aetv2_tf.export`) and compares the features.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.cli import REPO, _env, train_args
+
+BLOCK_TF = "import sys; sys.modules['tensorflow'] = None; "
+RUN_TRAIN = BLOCK_TF + ("import runpy; runpy.run_module('aetv2_tf.train', run_name='__main__', "
+                        "alter_sys=True)")
+FEATURES = BLOCK_TF + """
+import json, pathlib, sys
+import numpy as np
+from aetv2_tf.data.device import CIFAR10_MEAN, CIFAR10_STD
+from aetv2_tf.data.sources import load_cifar10
+from aetv2_tf.keras_checkpoints import load_encoder_weights
+model_dir, data_dir, out = sys.argv[1:]
+saved = json.loads((pathlib.Path(model_dir) / "flags.json").read_text())
+encoder = load_encoder_weights(model_dir, saved, "keras")
+images = load_cifar10(data_dir, "test")[0][:8]
+x = ((images / 255.0 - np.array(CIFAR10_MEAN)) / np.array(CIFAR10_STD)).astype("float32")
+np.save(out, np.asarray(encoder(x, training=False)["block2"]))
+"""
+
+
+def start(code: str, *args: str, log) -> subprocess.Popen:
+    """`python -c code args` with KERAS_BACKEND=jax from the repository root; output in `log`."""
+    handle = open(log, "w")  # noqa: SIM115 - closed by `finish`
+    proc = subprocess.Popen([sys.executable, "-c", code, *map(str, args)], cwd=REPO,
+                            env=_env({"KERAS_BACKEND": "jax"}), stdout=handle,
+                            stderr=subprocess.STDOUT, text=True)
+    proc.handle = handle
+    return proc
+
+
+def finish(proc: subprocess.Popen, check: bool = True, timeout: float = 300) -> str:
+    proc.wait(timeout)
+    proc.handle.close()
+    out = open(proc.handle.name).read()
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}:\n{out[-5000:]}")
+    return out
+
+
+def done_line(out: str) -> str:
+    lines = [x for x in out.splitlines() if x.startswith("Done (")]
+    assert lines, out[-3000:]
+    return lines[-1]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, cifar10_dir):
+    """The JAX children, two at a time: full run || first half, then resume || probe || features."""
+    tmp = tmp_path_factory.mktemp("jax")
+    full, cut = tmp / "full", tmp / "cut"
+    common = ("--train_steps=6", "--checkpoint_every_steps=3", "--summary_every_steps=2")
+    first = [start(RUN_TRAIN, *train_args(full, cifar10_dir, *common), log=tmp / "full.log"),
+             start(RUN_TRAIN, *train_args(cut, cifar10_dir, *common, "--stop_after_steps=3"),
+                   log=tmp / "cut1.log")]
+    out = {"full": finish(first[0]), "cut1": finish(first[1])}
+    probe_args = train_args(tmp / "knn", cifar10_dir, "--stage=probe", "--probe=knn",
+                            f"--pretrained={full}", "--test_examples=64")
+    second = {"cut2": start(RUN_TRAIN, *train_args(cut, cifar10_dir, *common),
+                            log=tmp / "cut2.log"),
+              "knn": start(RUN_TRAIN, *probe_args, log=tmp / "knn.log"),
+              "features": start(FEATURES, full, cifar10_dir, tmp / "jax_block2.npy",
+                                log=tmp / "features.log")}
+    out.update({name: finish(proc) for name, proc in second.items()})
+    return tmp, out
+
+
+def test_import_and_helpfull_without_tensorflow():
+    code = BLOCK_TF + ("import aetv2_tf.train, aetv2_tf.portable, aetv2_tf.portable_probe, "
+                       "aetv2_tf.export, aetv2_tf.probes.encoders; print('imported')")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, env=_env({"KERAS_BACKEND": "jax"}), timeout=120)
+    assert proc.returncode == 0 and "imported" in proc.stdout, proc.stderr[-3000:]
+    helpfull = subprocess.run([sys.executable, "-c", RUN_TRAIN, "--helpfull"], cwd=REPO,
+                              capture_output=True, text=True,
+                              env=_env({"KERAS_BACKEND": "jax"}), timeout=120)
+    # absl's --helpfull exits with 1 after printing the flags.
+    assert "--projection_weight" in helpfull.stdout and "Traceback" not in helpfull.stderr, \
+        helpfull.stderr[-3000:]
+
+
+def test_tensorflow_only_flags_are_refused(tmp_path, cifar10_dir):
+    proc = subprocess.run([sys.executable, "-c", RUN_TRAIN,
+                           *train_args(tmp_path / "m", cifar10_dir, "--strategy=mirrored")],
+                          cwd=REPO, capture_output=True, text=True,
+                          env=_env({"KERAS_BACKEND": "jax"}), timeout=120)
+    assert proc.returncode == 2
+    assert "--strategy=mirrored is not available with KERAS_BACKEND=jax" in proc.stderr
+    (tmp_path / "tf_run").mkdir()  # a TensorFlow run's model_dir (no "backend" recorded)
+    (tmp_path / "tf_run" / "flags.json").write_text('{"stage": "pretext"}')
+    proc = subprocess.run([sys.executable, "-c", RUN_TRAIN,
+                           *train_args(tmp_path / "tf_run", cifar10_dir, "--train_steps=6")],
+                          cwd=REPO, capture_output=True, text=True,
+                          env=_env({"KERAS_BACKEND": "jax"}), timeout=120)
+    assert proc.returncode == 2 and "holds a run of the tensorflow backend" in proc.stderr
+
+
+def test_pretext_run_writes_checkpoints_logs_and_encoder(runs):
+    tmp, out = runs
+    line = done_line(out["full"])
+    assert line.startswith("Done (pretext): steps=6, start_step=0,") and "pairs_per_sec=" in line
+    assert np.isfinite(float(re.search(r"\bloss=([-+0-9.e]+|nan|inf)", line).group(1)))
+    assert re.search(r"^aetv2_tf pretext: AETv2 .* \| jax OneDevice x1 \| float32", out["full"],
+                     re.M)
+    names = sorted(p.name for p in (tmp / "full" / "checkpoints").iterdir())
+    assert names == ["ckpt-3.weights.h5", "ckpt-6.weights.h5"]
+    assert json.loads((tmp / "full" / "flags.json").read_text())["backend"] == "jax"
+    rows = (tmp / "full" / "train" / "log.csv").read_text().splitlines()
+    assert rows[0].startswith("step,loss,geodesic_angle_deg") and len(rows) == 4
+    assert [r.split(",")[0] for r in rows[1:]] == ["2", "4", "6"]
+    assert (tmp / "full" / "encoder.weights.h5").is_file()
+
+
+def test_resumed_run_ends_with_the_same_weights(runs):
+    """Bitwise: the resumed run restores weights, optimizer slots and step, the sampler's seed
+    state (HomographyPairs) and the data position, and XLA on a CPU is deterministic."""
+    _, out = runs
+    assert "steps=3," in done_line(out["cut1"])
+    assert "Resumed from checkpoint" in out["cut2"] and "at step 3." in out["cut2"]
+    digest = re.compile(r"trainable_digest=(\w+)")
+    assert "steps=6, start_step=3," in done_line(out["cut2"])
+    assert digest.search(done_line(out["cut2"])).group(1) == \
+        digest.search(done_line(out["full"])).group(1)
+
+
+def test_knn_probe_under_jax(runs):
+    from aetv2_tf.probes.results import read_results
+
+    tmp, out = runs
+    assert done_line(out["knn"]).startswith("Done (probe): probe=knn, feature=block2, "
+                                            "method=AETv2, test_top1=")
+    results = read_results(tmp / "knn" / "results.json")
+    assert results["test_examples"] == 64 and results["train_examples"] == 256
+    assert results["backend"] == "jax" and 0 <= results["test_top1"] <= 100
+    assert results["pretrained_checkpoint"].endswith("encoder.weights.h5")
+
+
+def test_tensorflow_loads_the_jax_encoder(runs, cifar10_dir):
+    """--pretrained=<jax run> under TensorFlow: fused-BN NIN, same block-2 features (1e-4)."""
+    import tensorflow as tf
+
+    from aetv2_tf.data.device import CIFAR10_MEAN, CIFAR10_STD
+    from aetv2_tf.data.sources import load_cifar10
+    from aetv2_tf.export import export_encoder, restore_encoder
+    from aetv2_tf.models import FusedBatchNormalization
+    from aetv2_tf.probes.encoders import load_encoder
+
+    tmp, _ = runs
+    expected = np.load(tmp / "jax_block2.npy")
+    images = load_cifar10(cifar10_dir, "test")[0][:8]
+    x = ((images / 255.0 - np.array(CIFAR10_MEAN)) / np.array(CIFAR10_STD)).astype("float32")
+    encoder = load_encoder(str(tmp / "full"), "nin", "block2", batch_norm="fused",
+                           mean=CIFAR10_MEAN, std=CIFAR10_STD)
+    assert any(isinstance(layer, FusedBatchNormalization) for layer in encoder.model.layers)
+    got = encoder.model(x, training=False)["block2"].numpy()
+    np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
+    exported = export_encoder(restore_encoder(str(tmp / "full"))[0], str(tmp / "export"),
+                              "cifar10")
+    served = tf.saved_model.load(exported).signatures["serving_default"](images=images)
+    np.testing.assert_allclose(served["block2"].numpy(), expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("metric", ["cosine", "euclidean"])
+def test_numpy_knn_equals_tensorflow_knn(metric):
+    from aetv2_tf.probes import knn, knn_numpy
+
+    rng = np.random.default_rng(0)
+    train, queries = rng.normal(size=(500, 16)), rng.normal(size=(300, 16))
+    labels = rng.integers(0, 10, 500)
+    # Ties: integer features (exact similarities), repeated rows, and all-equal rows.
+    tied_train = np.concatenate([rng.integers(0, 3, (200, 4)), np.ones((50, 4))])
+    tied_queries = np.concatenate([rng.integers(0, 3, (100, 4)), np.ones((10, 4))])
+    tied_labels = rng.integers(0, 4, 250)
+    for args in ((train, labels, queries), (tied_train, tied_labels, tied_queries)):
+        for k in (1, 10):
+            np.testing.assert_array_equal(
+                knn_numpy.knn_classify(*args, k=k, metric=metric, query_batch_size=64),
+                knn.knn_classify(*args, k=k, metric=metric))
