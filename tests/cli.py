@@ -52,7 +52,7 @@ def train_args(model_dir, data_dir, *args: str) -> list[str]:
     """Flags of a tiny pretext run on real CIFAR-10 (quickstart flags, small batch and slice)."""
     return ["--flagfile=configs/quickstart.cfg", f"--model_dir={model_dir}",
             f"--data_dir={data_dir}", "--batch_size=16", "--train_examples=256", "--verbose=0",
-            *args]
+            "--quick_knn_train=0", *args]
 
 
 def train(model_dir, data_dir, *args: str, **kwargs) -> subprocess.CompletedProcess:
