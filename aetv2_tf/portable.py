@@ -65,8 +65,6 @@ def check_flags(num_devices: int) -> None:
                     "tf.data folders; use --dataset=cifar10 or the TensorFlow backend"),
         "pretext": (F.pretext != "aet", "=rotation (RotNet) is the TensorFlow program's; pass "
                     "--pretext=aet"),
-        "mse_decay_steps": (F.mse_decay_steps > 0, "reads the optimizer step inside the loss, "
-                            "which the jitted JAX step does not carry; pass 0"),
         "stage": (F.stage == "supervised" or (F.stage == "probe" and F.probe != "knn"),
                   "only pretext and --stage=probe --probe=knn run here; use the TensorFlow "
                   "backend for heads and the supervised stage"),
@@ -157,9 +155,12 @@ def pretext_stage(data) -> dict:
     model = build_pairs_model(encoder, F.seed, shift=F.shift, augment=F.augment,
                               mean=CIFAR10_MEAN, std=CIFAR10_STD,
                               param_scale=param_std if decoder_scale else None,
-                              init_rotation_deg=F.decoder_init_rotation)
+                              init_rotation_deg=F.decoder_init_rotation,
+                              count_steps=F.mse_decay_steps > 0)
     schedule, optimizer = train.schedule_and_optimizer(model, steps)
     loss, compiled_metrics = train.aet_loss(param_std, size, optimizer)
+    if model.loss_step is not None:  # the step a jitted JAX step carries (models.pairs)
+        loss.step = model.loss_step
     model.compile(optimizer=optimizer, loss=loss, metrics=compiled_metrics,
                   steps_per_execution=F.steps_per_execution)
     optimizer.build(model.trainable_variables)

@@ -178,12 +178,42 @@ def fit_outputs(uint8_images: np.ndarray, folder: str) -> dict:
     return out
 
 
+def loss_step_outputs(uint8_images: np.ndarray) -> dict:
+    """`models.pairs.PairsModel(count_steps=True)` under the backend's compiled `model.fit`: a loss
+    whose value is `GeodesicLoss(mse_weight=1, mse_decay_steps=3).current_mse_weight()` logs
+    1, 2/3, 1/3, 0 on steps 0..3 only if the jitted step reads the counter's traced value; the
+    counter ends at the number of steps (4 batches, 2 steps per execution)."""
+    from aetv2_tf.losses import GeodesicLoss
+    from aetv2_tf.models.pairs import build_pairs_model
+
+    inputs = keras.Input((32, 32, 3))
+    init = keras.initializers.GlorotUniform(seed=1)
+    block = layers.Conv2D(4, 3, strides=4, kernel_initializer=init)(inputs)
+    encoder = keras.Model(inputs, {"block4": block})
+    model = build_pairs_model(encoder, FIT_SEED, count_steps=True)
+    decay = GeodesicLoss(mse_weight=1.0, mse_std=[1.0] * 8, mse_decay_steps=3)
+    decay.step = model.loss_step
+    records = []
+
+    class Record(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            records.append(float(logs["loss"]))
+
+    model.compile(optimizer=keras.optimizers.SGD(0.0), steps_per_execution=2,
+                  loss=lambda y_true, y_pred: decay.current_mse_weight() + 0.0 * y_pred[:, 0])
+    model.fit(uint8_images[:4], batch_size=1, epochs=1, shuffle=False, verbose=0,
+              callbacks=[Record()])
+    return {"loss_step_running_means": np.array(records),
+            "loss_step_final": np.array(int(ops.convert_to_numpy(model.loss_step)))}
+
+
 def run_all(images: np.ndarray, uint8_images: np.ndarray, t: np.ndarray, folder: str) -> dict:
     out = {"backend": np.array(keras.backend.backend())}
     out.update(warp_outputs(images, t))
     out.update(rot90_errors(images))
     out.update(sampler_outputs())
     out.update(fit_outputs(uint8_images, folder))
+    out.update(loss_step_outputs(uint8_images))
     out["tensorflow_imported"] = np.array(sys.modules.get("tensorflow") is not None)
     return out
 

@@ -253,6 +253,19 @@ def test_pairs_in_model_fit_jax(jax_results):
     _check_fit(jax_results, "JAX")
 
 
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_loss_reads_the_traced_step_counter(backend, tf_results, jax_results):
+    """--mse_decay_steps on any backend: the jitted step's loss sees steps 0, 1, 2, 3 (weights
+    1, 2/3, 1/3, 0), not a step frozen at compile time (which would log 1 throughout)."""
+    results = tf_results if backend == "tensorflow" else jax_results
+    means = np.cumsum([1.0, 2 / 3, 1 / 3, 0.0]) / np.arange(1, 5)  # Keras logs running means
+    logged = results["loss_step_running_means"]
+    assert len(logged) in (2, 4), logged  # one log per execution of 2 steps, or per step
+    every = 4 // len(logged)
+    np.testing.assert_allclose(logged, means[every - 1::every], atol=1e-6)
+    assert int(results["loss_step_final"]) == 4
+
+
 def test_pairs_outputs_match_the_pretext_protocol(inputs):
     """x is a 4-px zero-padded crop (+ flip) of the image, tx = warp(x, T, 128/255), normalised."""
     images = inputs["uint8_images"]

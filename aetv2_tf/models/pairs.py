@@ -15,6 +15,12 @@ saved with the weights (`HomographyPairs.save_own_variables`).
 
 Layer names: "pairs" (HomographyPairs), "aet" (the Siamese model, whose encoder is the layer
 "nin"/"alexnet"), "pred_and_true" (the concatenation).
+
+A loss that depends on the training step (`GeodesicLoss(mse_decay_steps=n)`) reads
+`PairsModel.loss_step` (`count_steps=True`): a non-trainable int32 counter of the training steps,
+incremented in `compute_loss`. Unlike `optimizer.iterations`, a model variable is carried through
+Keras's stateless JAX train step, so the loss sees the traced step, not a constant frozen when the
+step was compiled; it is saved with the weights, so a resumed run continues the schedule.
 """
 
 from __future__ import annotations
@@ -32,14 +38,25 @@ NUM_PARAMS = 8
 @keras.saving.register_keras_serializable(package="aetv2_tf")
 class PairsModel(keras.Model):
     """A functional model whose output is `concat([y_pred, y_true])`; loss and metrics see the
-    two halves as `(y_true, y_pred)` (module docstring). Fitted on images alone (`y=None`)."""
+    two halves as `(y_true, y_pred)` (module docstring). Fitted on images alone (`y=None`).
+    `count_steps=True` adds the step counter `loss_step` (module docstring; else None)."""
+
+    def __init__(self, *args, count_steps: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.loss_step = None
+        if count_steps:
+            self.loss_step = self.add_weight(shape=(), dtype="int32", initializer="zeros",
+                                             trainable=False, name="loss_step")
 
     def _split(self, y_pred):
         return y_pred[..., NUM_PARAMS:], y_pred[..., :NUM_PARAMS]
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         y_true, y_hat = self._split(y_pred)
-        return super().compute_loss(x, y_true, y_hat, sample_weight, training=training)
+        loss = super().compute_loss(x, y_true, y_hat, sample_weight, training=training)
+        if training and self.loss_step is not None:  # after the loss: it reads steps 0, 1, ...
+            self.loss_step.assign(self.loss_step + 1)
+        return loss
 
     def compute_metrics(self, x, y, y_pred, sample_weight=None):
         y_true, y_hat = self._split(y_pred)
@@ -56,11 +73,13 @@ def build_pairs_model(
     std: Sequence[float] = CIFAR10_STD,
     param_scale: Sequence[float] | None = None,
     init_rotation_deg: float = 0.0,
+    count_steps: bool = False,
 ) -> PairsModel:
     """uint8 images `(B, H, W, 3)` -> `(B, 16)` = `[T_hat params, T params]` (module docstring).
 
     `encoder`, `param_scale`, `init_rotation_deg`: as `build_aet_model` (same decoder and init).
     `seed`, `shift`, `augment`, `mean`, `std`: the `HomographyPairs` sampler and normalisation.
+    `count_steps`: add the training-step counter `loss_step` (module docstring).
     """
     size = tuple(encoder.inputs[0].shape[1:])
     images = keras.Input(shape=size, dtype="uint8", name="images")
@@ -70,7 +89,7 @@ def build_pairs_model(
     predicted = aet([x, tx])
     output = keras.layers.Concatenate(axis=-1, dtype="float32", name="pred_and_true")(
         [predicted, params])
-    return PairsModel(images, output, name="aet_pairs")
+    return PairsModel(images, output, name="aet_pairs", count_steps=count_steps)
 
 
 def pairs_encoder(model: keras.Model) -> keras.Model:
