@@ -91,15 +91,17 @@ def interleave(runs: dict[str, Callable[[], object]], repeats: int) -> dict[str,
     The order within a round rotates, so no configuration always runs right after the same
     neighbour. CPU seconds say how much of the machine the process actually got: on a shared
     machine `work / cpu` is far steadier than `work / wall` (spinning worker threads count as
-    busy, so it is a lower bound of the unloaded rate per core).
+    busy, so it is a lower bound of the unloaded rate per core). A run that returns a `Timing`
+    measured it itself (a worker process: `benchmarks.backends`); that one is recorded instead.
     """
     names = list(runs)
     out: dict[str, list[Timing]] = {name: [] for name in names}
     for r in range(repeats):
         for name in names[r % len(names):] + names[:r % len(names)]:
             w0, c0 = time.perf_counter(), time.process_time()
-            runs[name]()
-            out[name].append(Timing(time.perf_counter() - w0, time.process_time() - c0))
+            own = runs[name]()
+            timing = Timing(time.perf_counter() - w0, time.process_time() - c0)
+            out[name].append(own if isinstance(own, Timing) else timing)
     return out
 
 

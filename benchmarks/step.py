@@ -3,10 +3,16 @@
 Times the compiled AET training step that `python -m aetv2_tf.train` runs (NIN Siamese encoder,
 decoder, the real loss, metrics, Adam wrapped in the non-finite-step guard, L2 decay) through
 `model.fit` on one in-memory batch repeated, so the input pipeline costs nothing here (see
-`benchmarks.pipeline` for it). A configuration is `BN/PRECISION/LOSS[/spe<N>][/xla]`:
+`benchmarks.pipeline` for it). A configuration is `[BACKEND:]BN/PRECISION/LOSS[/spe<N>][/xla]`:
 
+* BACKEND: the Keras backend, `tensorflow` (the default) or `jax`. Configurations of another
+  backend than this process's run in a worker process of that backend (`benchmarks.backends`),
+  built and warmed up like the others and timed in the same interleaved rounds, so
+  `--configs=keras/fp32/geodesic,jax:keras/fp32/geodesic` compares the backends in one run;
 * BN: `fused` (FusedBatchNormalization, the default) or `keras` (keras.layers.BatchNormalization);
-* PRECISION: `fp32`, `bf16` (mixed_bfloat16) or `auto` (what `--mixed_precision=auto` picks here);
+  (`fused` is TensorFlow's kernel: other backends take `keras`);
+* PRECISION: `fp32`, `bf16` (mixed_bfloat16) or `auto` (what `--mixed_precision=auto` picks here
+  on that backend);
 * LOSS: `geodesic` (AETv2) or `mse` (AETv1);
 * `spe<N>`: `steps_per_execution=N` (default `--steps_per_execution`), `xla`: `jit_compile=True`.
 
@@ -38,18 +44,25 @@ class Spec:
 
     name: str
     batch_norm: str
-    precision: str  # Keras policy name
+    precision: str  # Keras policy name ("auto" for another backend's config: its worker decides)
     loss: str
     steps_per_execution: int
     xla: bool
+    backend: str = "tensorflow"
 
     @classmethod
     def parse(cls, name: str, steps_per_execution: int = 1) -> Spec:
-        parts = name.split("/")
+        import keras
+
+        backend, _, rest = name.rpartition(":")
+        backend = backend or "tensorflow"
+        parts = rest.split("/")
         if len(parts) < 3 or parts[0] not in ("fused", "keras") or parts[2] not in (
-                "geodesic", "mse") or parts[1] not in (*PRECISIONS, "auto"):
-            raise ValueError(f"bad config {name!r}: use BN/PRECISION/LOSS[/spe<N>][/xla] with BN "
-                             f"fused|keras, PRECISION fp32|bf16|auto, LOSS geodesic|mse")
+                "geodesic", "mse") or parts[1] not in (*PRECISIONS, "auto") or backend not in (
+                "tensorflow", "jax") or (backend != "tensorflow" and parts[0] == "fused"):
+            raise ValueError(f"bad config {name!r}: use [BACKEND:]BN/PRECISION/LOSS[/spe<N>][/xla] "
+                             f"with BACKEND tensorflow|jax, BN fused|keras (jax: keras), "
+                             f"PRECISION fp32|bf16|auto, LOSS geodesic|mse")
         spe, xla = steps_per_execution, False
         for extra in parts[3:]:
             if extra == "xla":
@@ -58,23 +71,46 @@ class Spec:
                 spe = int(extra[3:])
             else:
                 raise ValueError(f"bad config suffix {extra!r} in {name!r}: spe<N> or xla")
-        if parts[1] == "auto":
+        if parts[1] != "auto":
+            precision = PRECISIONS[parts[1]]
+        elif backend != keras.backend.backend():
+            precision = "auto"
+        elif backend == "tensorflow":
             from aetv2_tf.precision import choose_precision
 
             precision = choose_precision("auto").policy
         else:
-            precision = PRECISIONS[parts[1]]
-        return cls(name, parts[0], precision, parts[2], spe, xla)
+            from aetv2_tf.portable import choose_portable_precision
+
+            precision = choose_portable_precision("auto").policy
+        return cls(name, parts[0], precision, parts[2], spe, xla, backend)
+
+    def round_steps(self, steps: int) -> int:
+        """`steps` rounded up to whole executions of `steps_per_execution`."""
+        return -(-steps // self.steps_per_execution) * self.steps_per_execution
 
 
 def example_batch(batch_size: int, seed: int = 0):
-    """One real pretext batch ((x, tx), params) of random images (the content costs nothing)."""
+    """One real pretext batch ((x, tx), params) of random images (the content costs nothing):
+    from the tf.data pipeline under TensorFlow, from the device sampler on other backends."""
+    import keras
     import numpy as np
 
+    images = np.random.default_rng(seed).integers(0, 256, (2 * batch_size, 32, 32, 3), np.uint8)
+    if keras.backend.backend() != "tensorflow":
+        from aetv2_tf.data.device import HomographyPairs
+
+        x, tx, params = (keras.ops.convert_to_numpy(a) for a in
+                         HomographyPairs(seed=seed)(images[:batch_size]))
+        return (x, tx), params
     from aetv2_tf.data.pipelines import pretext_dataset
 
-    images = np.random.default_rng(seed).integers(0, 256, (2 * batch_size, 32, 32, 3), np.uint8)
     return next(iter(pretext_dataset(images, batch_size, seed=seed)))
+
+
+def _repeat(batch):
+    while True:
+        yield batch
 
 
 class StepRunner:
@@ -82,10 +118,8 @@ class StepRunner:
 
     def __init__(self, spec: Spec, batch, learning_rate: float = 1e-3):
         import keras
-        import tensorflow as tf
 
         from aetv2_tf import losses, metrics, optim
-        from aetv2_tf.data.homographies import parameter_statistics
         from aetv2_tf.models import build_aet_model, build_backbone
 
         self.spec = spec
@@ -99,20 +133,31 @@ class StepRunner:
         optim.add_l2_decay(self.model, 5e-4)
         optimizer = optim.build_optimizer(
             "adam", optim.Schedule("constant", learning_rate, 1), weight_decay=5e-4)
+        tensorflow = keras.backend.backend() == "tensorflow"
         if spec.loss == "geodesic":
             loss = losses.GeodesicLoss(1.0)
-        else:
+        elif tensorflow:
+            from aetv2_tf.data.homographies import parameter_statistics
+
             loss = losses.ParameterMSELoss(std=parameter_statistics(32, 32, "integer")[1])
+        else:
+            from aetv2_tf.portable import parameter_std
+
+            loss = losses.ParameterMSELoss(std=parameter_std(32, "integer"))
         self.model.compile(optimizer=optimizer, loss=loss, metrics=metrics.pretext_metrics(),
-                           steps_per_execution=spec.steps_per_execution, jit_compile=spec.xla)
+                           steps_per_execution=spec.steps_per_execution,
+                           jit_compile=spec.xla or not tensorflow)  # JAX always compiles
         self.batch_size = int(batch[1].shape[0])
-        self.dataset = tf.data.Dataset.from_tensors(batch).repeat()
+        if tensorflow:
+            import tensorflow as tf
+
+            self.dataset = tf.data.Dataset.from_tensors(batch).repeat()
+        else:
+            self.dataset = _repeat(batch)
         self.history: dict[str, float] = {}
 
     def round_steps(self, steps: int) -> int:
-        """`steps` rounded up to whole executions of `steps_per_execution`."""
-        spe = self.spec.steps_per_execution
-        return -(-steps // spe) * spe
+        return self.spec.round_steps(steps)
 
     def run(self, steps: int, dataset=None) -> None:
         """`steps` (rounded up to whole executions) training steps through `model.fit`, on the
@@ -149,14 +194,21 @@ def measure(specs: list[Spec], batch_size: int, steps: int, repeats: int, warmup
     Returns ({config: Result in pairs}, {"float32"|"bfloat16": matmul Result in GFLOP},
     {config: StepRunner}).
     """
+    from benchmarks import backends
+
+    local = [s for s in specs if s.backend == "tensorflow"]
+    remote = backends.start_workers([s for s in specs if s.backend != "tensorflow"], batch_size,
+                                    warmup)
     batch = example_batch(batch_size)
     runners = {}
-    for spec in specs:
+    for spec in local:
         t0 = time.perf_counter()
         runner = StepRunner(spec, batch)
         runner.run(warmup)
         runners[spec.name] = runner
         print(f"built and warmed up {spec.name} in {time.perf_counter() - t0:.1f}s", flush=True)
+    runners.update(backends.wait_ready(remote))
+    runners = {spec.name: runners[spec.name] for spec in specs}  # the order asked for
     runs = {name: (lambda r=r: r.run(steps)) for name, r in runners.items()}
     matmuls = {}
     if matmul_n:
@@ -176,18 +228,18 @@ def table(results: dict[str, Result], peaks: dict[str, Result], flops: float,
     rows = []
     for name, r in results.items():
         per_cpu = r.pairs_per_cpu_s * flops / 1e9
-        rows.append([name, f"{r.pairs_per_s:.1f}", common.spread(r.rates),
-                     f"{r.pairs_per_cpu_s:.1f}", f"{r.pairs_per_s * flops / 1e9:.0f}",
-                     f"{per_cpu:.0f}",
+        rows.append([name, name.rpartition(":")[0] or "tensorflow", f"{r.pairs_per_s:.1f}",
+                     common.spread(r.rates), f"{r.pairs_per_cpu_s:.1f}",
+                     f"{r.pairs_per_s * flops / 1e9:.0f}", f"{per_cpu:.0f}",
                      *(f"{100 * per_cpu / peaks[d].pairs_per_cpu_s:.0f}%" if d in peaks else "-"
                        for d in ("float32", "bfloat16")),
                      f"{r.pairs_per_s / base.pairs_per_s:.2f}x / "
                      f"{r.pairs_per_cpu_s / base.pairs_per_cpu_s:.2f}x" if base else "-"])
     for dtype, m in peaks.items():
-        rows.append([f"matmul {matmul_n}^3 {dtype}", "-", common.spread(m.rates), "-",
+        rows.append([f"matmul {matmul_n}^3 {dtype}", "tensorflow", "-", common.spread(m.rates), "-",
                      f"{m.pairs_per_s:.0f}", f"{m.pairs_per_cpu_s:.0f}", "", "", ""])
     return common.markdown_table(
-        ["config", "pairs/s", "round spread", "pairs/CPU-s", "GFLOP/s", "GFLOP/CPU-s",
+        ["config", "backend", "pairs/s", "round spread", "pairs/CPU-s", "GFLOP/s", "GFLOP/CPU-s",
          "% fp32 peak", "% bf16 peak", f"vs {BASELINE} (wall / CPU)"], rows)
 
 
@@ -259,7 +311,7 @@ def main() -> None:
     p = common.parser(__doc__)
     add_step_flags(p)
     p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
-                   help="Comma-separated BN/PRECISION/LOSS[/spe<N>][/xla] configurations.")
+                   help="Comma-separated [BACKEND:]BN/PRECISION/LOSS[/spe<N>][/xla] configs.")
     p.add_argument("--matmul_n", type=int, default=4096,
                    help="Size of the peak matmuls (0: skip them).")
     args = p.parse_args()

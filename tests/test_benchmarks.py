@@ -46,7 +46,12 @@ def test_spec_parsing():
     assert (spec.steps_per_execution, spec.xla) == (4, True)
     assert Spec.parse("fused/fp32/geodesic", 2).steps_per_execution == 2
     assert Spec.parse("fused/auto/geodesic").precision in ("float32", "mixed_bfloat16")
-    for bad in ("fused/fp32", "fused/fp16/geodesic", "other/fp32/mse", "fused/fp32/mse/spe0"):
+    jax = Spec.parse("jax:keras/auto/geodesic/spe3")
+    assert (jax.backend, jax.precision, jax.steps_per_execution) == ("jax", "auto", 3)
+    assert Spec.parse("tensorflow:fused/fp32/mse").backend == "tensorflow"
+    assert jax.round_steps(4) == 6
+    for bad in ("fused/fp32", "fused/fp16/geodesic", "other/fp32/mse", "fused/fp32/mse/spe0",
+                "jax:fused/fp32/mse", "torch:keras/fp32/mse"):
         with pytest.raises(ValueError, match="bad config"):
             Spec.parse(bad)
 
@@ -62,11 +67,18 @@ def test_helpers():
 
 
 def test_step_module(tmp_path, benchmarks_md_untouched):
+    """Both backends in one run: the JAX configuration is timed by a worker process."""
     output = tmp_path / "bench.md"
-    proc = run_module("benchmarks.step", "--batch_size=4", "--steps=1", "--repeats=1",
-                      "--warmup=1", "--matmul_n=64", "--configs=fused/fp32/geodesic",
-                      f"--output={output}", timeout=300)
-    assert "| fused/fp32/geodesic |" in proc.stdout and "matmul 64^3 bfloat16" in proc.stdout
+    proc = run_module("benchmarks.step", "--batch_size=4", "--steps=1", "--repeats=2",
+                      "--warmup=1", "--matmul_n=64",
+                      "--configs=fused/fp32/geodesic,jax:keras/auto/mse", f"--output={output}",
+                      timeout=300)
+    assert "| fused/fp32/geodesic | tensorflow |" in proc.stdout
+    assert "matmul 64^3 bfloat16" in proc.stdout
+    assert "built and warmed up jax:keras/auto/mse in" in proc.stdout
+    assert "(jax worker, float32)" in proc.stdout  # auto on a CPU under JAX
+    row = next(r for r in proc.stdout.splitlines() if r.startswith("| jax:keras/auto/mse |"))
+    assert row.split("|")[2].strip() == "jax" and float(row.split("|")[3]) > 0
     text = output.read_text()
     assert text.startswith("# Benchmarks") and "## Training step (benchmarks.step)" in text
     assert "avx512_bf16" in text and "python -m benchmarks.step --batch_size=4" in text
