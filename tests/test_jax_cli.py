@@ -242,3 +242,39 @@ def test_numpy_knn_equals_tensorflow_knn(metric):
             np.testing.assert_array_equal(
                 knn_numpy.knn_classify(*args, k=k, metric=metric, query_batch_size=64),
                 knn.knn_classify(*args, k=k, metric=metric))
+
+
+ALEXNET = BLOCK_TF + """
+import sys
+import numpy as np
+from aetv2_tf.models import build_aet_model, build_alexnet
+weights, inputs, out = sys.argv[1:]
+encoder = build_alexnet((64, 64, 3), batch_norm="keras")
+model = build_aet_model(encoder, feature="fc7")
+model.load_weights(weights)
+x = np.load(inputs)
+features = {k: np.asarray(v) for k, v in encoder(x, training=False).items()}
+np.savez(out, params=np.asarray(model([x, x[::-1]], training=True)), **features)
+"""
+
+
+def test_alexnet_under_jax(tmp_path):
+    """AlexNet (Keras BN) and its AET model under JAX: the TensorFlow model's weights give the
+    same features (inference) and decoded parameters (training-mode batch statistics)."""
+    from aetv2_tf.models import build_aet_model, build_alexnet
+
+    encoder = build_alexnet((64, 64, 3), batch_norm="keras")  # pool5 1x1: a small fc6
+    model = build_aet_model(encoder, feature="fc7")
+    x = np.random.default_rng(0).normal(size=(4, 64, 64, 3)).astype("float32")
+    np.save(tmp_path / "x.npy", x)
+    model.save_weights(tmp_path / "aet.weights.h5")
+    proc = start(ALEXNET, tmp_path / "aet.weights.h5", tmp_path / "x.npy", tmp_path / "jax.npz",
+                 log=tmp_path / "alexnet.log")
+    finish(proc)
+    got = np.load(tmp_path / "jax.npz")
+    for name, value in encoder(x, training=False).items():
+        np.testing.assert_allclose(got[name], value.numpy(), atol=1e-4, rtol=1e-4, err_msg=name)
+    bias = model.get_layer("decoder").bias.numpy()  # the identity; the rest is the features'
+    moved = model([x, x[::-1]], training=True).numpy() - bias
+    assert np.abs(moved).max() > 1e-2
+    np.testing.assert_allclose(got["params"] - bias, moved, atol=1e-5, rtol=1e-3)
