@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 
 from benchmarks import common
 
@@ -77,12 +78,14 @@ def pretrain(flagfile: str, model_dir: pathlib.Path, args, log: pathlib.Path) ->
                 pairs_per_s=float(done["pairs_per_sec"]), loss=done.get("loss", "-"))
 
 
-def knn(pretrained: str, model_dir: pathlib.Path, args, log: pathlib.Path) -> dict:
-    """The KNN probe of `pretrained` (a model_dir or "none"); returns top-1 and its times."""
+def knn(pretrained: str, model_dir: pathlib.Path, args, log: pathlib.Path,
+        extra: Sequence[str] = ()) -> dict:
+    """The KNN probe of `pretrained` (a model_dir or "none"; `extra` probe flags, e.g. the
+    `--seed` of a random init); returns top-1 and its times."""
     _, wall, cpu = run_program(
         [f"--flagfile={KNN_FLAGFILE}", f"--pretrained={pretrained}", f"--model_dir={model_dir}",
          f"--data_dir={args.data_dir}", f"--train_examples={args.knn_train_examples}",
-         f"--test_examples={args.knn_test_examples}", "--verbose=0"], log)
+         f"--test_examples={args.knn_test_examples}", "--verbose=0", *extra], log)
     results = json.loads((model_dir / "results.json").read_text())
     return dict(top1=float(results["test_top1"]), wall=wall, cpu=cpu,
                 train_examples=results["train_examples"], test_examples=results["test_examples"])

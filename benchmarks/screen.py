@@ -6,7 +6,8 @@
 runs `python -m aetv2_tf.train --flagfile=F --model_dir=runs/screen/NAME --train_steps=STEPS
 [train flags]` and then the KNN probe (`configs/cifar10_probe_knn.cfg`: k = 10, cosine,
 average-pooled block-2 features, 50,000 training vs 10,000 test images) on its newest checkpoint.
-`--flagfile=none` scores a random-init encoder (seeded by --seed) instead. The markdown row
+`--flagfile=none` scores a random-init encoder instead (its `--train_flag`s go to the probe,
+e.g. `--train_flag=--seed=1` for another init). The markdown row
 (name, the exact pretraining command, steps x batch, wall times, final loss, the held-out
 accuracy of each quarter turn k = 0/1/2/3 (`benchmarks.pretext_eval`), KNN top-1) is
 printed and appended to `runs/screen/rows.md`; docs/reproduction.md collects those rows.
@@ -45,8 +46,9 @@ def main() -> None:
     args.work_dir.mkdir(parents=True, exist_ok=True)
     log.unlink(missing_ok=True)
     if args.flagfile == "none":
-        command, train = "(random init)", dict(wall=0.0, loss="-", steps=0, batch="-")
-        probe = knn("none", knn_dir, args, log)
+        command = " ".join(["(random init)", *args.train_flag])
+        train = dict(wall=0.0, loss="-", steps=0, batch="-")
+        probe = knn("none", knn_dir, args, log, args.train_flag)
     else:
         flags = [f"--flagfile={args.flagfile}", f"--model_dir={run_dir}",
                  f"--train_steps={args.steps}", *args.train_flag]
