@@ -52,6 +52,28 @@ def weights_digest(variables) -> str:
     return digest_arrays(keras.ops.convert_to_numpy(v) for v in variables)
 
 
+class StepCounter(keras.callbacks.Callback):
+    """The step of every backend: the number of batches consumed so far, counted in Python from
+    `start` (reading a device counter every step would wait for the device) and capped at `stop`
+    (the data ends there, so a last execution of `steps_per_execution` can be short). It names
+    checkpoints and fixes the data position on resume; a skipped (non-finite) step counts, as
+    its batch was consumed. Fit with `program.fit_epochs`. Call it for the current step."""
+
+    def __init__(self, start: int, stop: int):
+        super().__init__()
+        self.step = self._epoch_start = int(start)
+        self.stop = int(stop)
+
+    def __call__(self) -> int:
+        return self.step
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_start = self.step
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.step = min(self._epoch_start + int(batch) + 1, self.stop)
+
+
 class CheckpointEvery(keras.callbacks.Callback):
     """Saves `manager`'s checkpoint every `every` optimiser steps and when training ends.
 
@@ -132,34 +154,43 @@ class StopOnSkippedStep(keras.callbacks.Callback):
     With `stop=False` (skip), training still ends after `patience` skipped steps in a row: the
     model has diverged (e.g. non-finite weights or BatchNorm statistics make every step
     non-finite), and skipping would otherwise spin until the end of the run doing nothing.
+    The optimizer's `skipped_steps` is read every `every` steps (`step_fn()`: the step); under
+    JAX a read first syncs the jitted state into the variables, which waits for the device.
     """
 
-    def __init__(self, optimizer, step_fn, stop: bool, patience: int = 10):
+    def __init__(self, optimizer, step_fn, stop: bool, patience: int = 10, every: int = 1):
         super().__init__()
         self.optimizer, self.step_fn, self.stop, self.patience = optimizer, step_fn, stop, patience
+        self.every = every
         self._seen = self._in_a_row = 0
-        self.diverged = False
+        self._checked_at = None
+        self.diverged = self.stopped = False
 
     def on_train_batch_end(self, batch, logs=None):
         counter = getattr(self.optimizer, "skipped_steps", None)
-        if counter is None:
+        step = self.step_fn()
+        if counter is None or step % self.every:
             return
-        skipped = int(counter.numpy())
+        self.model  # noqa: B018 - the property syncs a JAX model's state into its variables
+        skipped = int(keras.ops.convert_to_numpy(counter.value))
+        since, self._checked_at = step - (self._checked_at or step - 1), step
         if skipped == self._seen:
             self._in_a_row = 0
             return
-        self._in_a_row += skipped - self._seen
-        logging.error("Non-finite loss or gradient: %d step(s) skipped after step %d "
-                      "(total skipped: %d).", skipped - self._seen, self.step_fn(), skipped)
+        new = skipped - self._seen
+        self._in_a_row = self._in_a_row + new if new >= since else new
+        logging.error("Non-finite loss or gradient: %d step(s) skipped by step %d "
+                      "(total skipped: %d).", new, step, skipped)
         self._seen = skipped
         if self.stop:
             logging.error("--on_nonfinite=stop: ending training; no update was applied.")
+            self.stopped = True
             self.model.stop_training = True
         elif self._in_a_row >= self.patience:
-            logging.error("%d steps in a row were non-finite after step %d: the model has "
+            logging.error("%d steps in a row were non-finite by step %d: the model has "
                           "diverged; ending training (lower --learning_rate, add "
                           "--warmup_steps, or resume from an earlier checkpoint).",
-                          self._in_a_row, self.step_fn())
+                          self._in_a_row, step)
             self.diverged = True
             self.model.stop_training = True
 

@@ -70,16 +70,25 @@ def restore_encoder(model_dir: str) -> tuple[keras.Model, dict]:
 
     A run of `aetv2_tf.portable` (flags.json `backend` other than tensorflow, e.g. jax) has
     Keras checkpoints: its `encoder.weights.h5` (else its newest checkpoint) is loaded into a
-    fused-BN backbone under TensorFlow, a keras-BN one elsewhere (`keras_checkpoints`).
+    fused-BN backbone under TensorFlow, a keras-BN one elsewhere (`keras_checkpoints`). A finished
+    run of the TensorFlow program writes the same `encoder.weights.h5`, which is what other
+    backends load; under TensorFlow its newest checkpoint is read.
     """
     from aetv2_tf.models import build_aet_model, build_rotation_model
 
     saved = load_saved_flags(model_dir)
-    if saved.get("backend", "tensorflow") != "tensorflow":
-        from aetv2_tf.keras_checkpoints import load_encoder_weights
+    tensorflow_run = saved.get("backend", "tensorflow") == "tensorflow"
+    if not tensorflow_run or keras.backend.backend() != "tensorflow":
+        from aetv2_tf.keras_checkpoints import ENCODER_WEIGHTS, load_encoder_weights
 
         if saved.get("stage") != "pretext":
             raise ValueError(f"{model_dir} holds a {saved.get('stage')!r} run, not a pretext run.")
+        if tensorflow_run and not os.path.isfile(os.path.join(model_dir, ENCODER_WEIGHTS)):
+            raise ValueError(
+                f"{model_dir} is a run of the TensorFlow program without {ENCODER_WEIGHTS} (it "
+                f"is unfinished, or older than that file): its TensorFlow checkpoints load under "
+                f"KERAS_BACKEND=tensorflow only; finish the run (rerun its command) or probe it "
+                f"with KERAS_BACKEND=tensorflow.")
         batch_norm = "fused" if keras.backend.backend() == "tensorflow" else "keras"
         return load_encoder_weights(model_dir, saved, batch_norm), saved
     import tensorflow as tf

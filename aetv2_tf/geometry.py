@@ -44,6 +44,12 @@ __all__ = [
 ]
 
 
+def _tensor(x, dtype=None):
+    """`keras.ops.convert_to_tensor`, with a TensorFlow variable read to its value first (the
+    TensorFlow backend passes a `tf.Variable` through unchanged, and ops on it then fail)."""
+    return ops.convert_to_tensor(x.read_value() if hasattr(x, "read_value") else x, dtype=dtype)
+
+
 def _finfo(dtype) -> np.finfo:
     return np.finfo(standardize_dtype(dtype))
 
@@ -53,14 +59,14 @@ def params_to_matrix(p):
 
     ``p = (T00, T01, T02, T10, T11, T12, T20, T21)``, row-major (conventions.md); same dtype.
     """
-    p = ops.convert_to_tensor(p)
+    p = _tensor(p)
     flat = ops.concatenate([p, ops.ones_like(p[..., :1])], axis=-1)
     return ops.reshape(flat, (*ops.shape(p)[:-1], 3, 3))
 
 
 def matrix_to_params(m):
     """Matrices ``(..., 3, 3)`` -> 8 parameters ``(..., 8)`` of ``m / m[..., 2, 2]``."""
-    m = ops.convert_to_tensor(m)
+    m = _tensor(m)
     flat = ops.reshape(m, (*ops.shape(m)[:-2], 9))
     return flat[..., :8] / flat[..., 8:]
 
@@ -84,12 +90,12 @@ def _adjugate_3x3(m) -> tuple:
 
 def determinant_3x3(m):
     """Determinant ``(...,)`` of ``(..., 3, 3)`` matrices by cofactor expansion (XLA-safe)."""
-    return _adjugate_3x3(ops.convert_to_tensor(m))[1]
+    return _adjugate_3x3(_tensor(m))[1]
 
 
 def inverse_3x3(m):
     """Inverse ``adj(m) / det(m)`` of ``(..., 3, 3)`` matrices (XLA-safe; inf/NaN if singular)."""
-    adj, det = _adjugate_3x3(ops.convert_to_tensor(m))
+    adj, det = _adjugate_3x3(_tensor(m))
     return adj / det[..., None, None]
 
 
@@ -107,7 +113,7 @@ def normalize_determinant(m, eps: float | None = None):
     (entries at most ``1 / eps``) with a finite gradient instead of a division by ~0; well
     conditioned inputs are not affected.
     """
-    m = ops.convert_to_tensor(m)
+    m = _tensor(m)
     info = _finfo(m.dtype)
     if eps is None:
         eps = float(info.eps) ** (1.0 / 3.0)
@@ -167,7 +173,7 @@ def project_to_so3(m):
     Backend-independent (``keras.ops.custom_gradient``: ``tf.custom_gradient`` under TensorFlow,
     ``jax.custom_gradient`` under JAX).
     """
-    return _project_to_so3(ops.convert_to_tensor(m))
+    return _project_to_so3(_tensor(m))
 
 
 def rotation_angle(r):
@@ -178,7 +184,7 @@ def rotation_angle(r):
     float32. The norm is "safe": where ``R = R^T`` (``theta`` = 0 or pi, the apex of a cone) its
     gradient is the zero subgradient instead of NaN.
     """
-    r = ops.convert_to_tensor(r)
+    r = _tensor(r)
     sq = ops.sum(ops.square(r - _transpose(r)), axis=(-2, -1))
     nonzero = sq > 0
     norm = ops.where(nonzero, ops.sqrt(ops.where(nonzero, sq, ops.ones_like(sq))),
@@ -194,11 +200,11 @@ def _rank(x) -> int | None:
 
 
 def _check_matrices(t, t_hat) -> tuple:
-    t = ops.convert_to_tensor(t)
+    t = _tensor(t)
     if ops.is_tensor(t_hat) and standardize_dtype(t_hat.dtype) != standardize_dtype(t.dtype):
         raise ValueError(f"t_hat must have the dtype of t ({standardize_dtype(t.dtype)}), got "
                          f"{standardize_dtype(t_hat.dtype)}")  # as tf.convert_to_tensor did
-    t_hat = ops.convert_to_tensor(t_hat, dtype=t.dtype)
+    t_hat = _tensor(t_hat, dtype=t.dtype)
     for name, x in (("t", t), ("t_hat", t_hat)):
         rank = _rank(x)
         if rank is not None and (rank < 2 or tuple(x.shape[-2:]) != (3, 3)):

@@ -24,8 +24,6 @@ import keras
 import numpy as np
 from absl import logging
 
-from aetv2_tf.callbacks import digest_arrays
-
 ENCODER_WEIGHTS = "encoder.weights.h5"
 _NAME = re.compile(r"^ckpt-(\d+)\.weights\.h5$")
 
@@ -89,28 +87,11 @@ def restore_checkpoint(model: keras.Model, directory: str) -> int:
     return step
 
 
-class StepCounter(keras.callbacks.Callback):
-    """The number of batches consumed so far (from `start`), counted in Python: reading the
-    optimizer's counter every step would wait for the device."""
-
-    def __init__(self, start: int):
-        super().__init__()
-        self.step = self._epoch_start = int(start)
-
-    def __call__(self) -> int:
-        return self.step
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._epoch_start = self.step
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.step = self._epoch_start + int(batch) + 1
-
-
 class SaveEvery(keras.callbacks.Callback):
-    """`save_checkpoint` every `every` batches (by `counter`) and when training ends."""
+    """`save_checkpoint` every `every` batches (`counter()`: a `callbacks.StepCounter`) and when
+    training ends."""
 
-    def __init__(self, directory: str, counter: StepCounter, every: int, keep: int):
+    def __init__(self, directory: str, counter, every: int, keep: int):
         super().__init__()
         self.directory, self.counter, self.every, self.keep = directory, counter, every, keep
         self._last = None
@@ -133,9 +114,15 @@ class SaveEvery(keras.callbacks.Callback):
         self.save()
 
 
-def encoder_digest(encoder: keras.Model) -> str:
-    """`digest_arrays` of an encoder's trainable weights."""
-    return digest_arrays(keras.ops.convert_to_numpy(v) for v in encoder.trainable_weights)
+def save_encoder_weights(encoder: keras.Model, backbone: str, model_dir: str) -> str:
+    """Writes `<model_dir>/encoder.weights.h5` atomically in the keras-BN layout that every
+    backend reads (`load_encoder_weights`): the weights go through a keras-BN twin (the fused
+    and the Keras BN layer have the same variables in the same order)."""
+    from aetv2_tf.models import build_backbone
+
+    twin = build_backbone(backbone, tuple(encoder.input_shape[1:]), batch_norm="keras")
+    twin.set_weights(encoder.get_weights())
+    return save_atomically(twin.save_weights, os.path.join(model_dir, ENCODER_WEIGHTS))
 
 
 def encoder_source(model_dir: str) -> str | None:

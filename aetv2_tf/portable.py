@@ -13,7 +13,7 @@ TensorFlow is then never imported (it need not be installed). What runs:
   step is one jitted function (Keras's), warp included; all local devices are used through
   `keras.distribution.DataParallel` when there are several.
 * `--stage=probe --probe=knn` with `--pretrained=<run of either program>|none`
-  (`probes.knn_numpy`), writing the same `results.json` as the TensorFlow probe.
+  (`probes.knn`), writing the same `results.json` as the TensorFlow probe.
 
 Outputs in `--model_dir`: flags.cfg / flags.json (with `backend`), Keras checkpoints
 (`keras_checkpoints`: checkpoints/ckpt-<step>.weights.h5, atomic, `--keep_checkpoints` newest;
@@ -30,7 +30,6 @@ scale and the MSE normalisation use the parameter std measured with the device s
 
 from __future__ import annotations
 
-import math
 import os
 import time
 
@@ -38,42 +37,18 @@ import keras
 import numpy as np
 from absl import logging
 
-from aetv2_tf import rundir
+from aetv2_tf import program, rundir
 from aetv2_tf.flags import ESSENTIAL, FLAGS, flagfile_text, run_flags
-from aetv2_tf.precision import Choice, choose_precision
-from aetv2_tf.rundir import UsageError
+from aetv2_tf.precision import choose_precision
 
 PAIRS_FEATURE = "block2"
 
 
 def check_flags(num_devices: int) -> None:
-    """The TensorFlow program's checks, then what only TensorFlow can run (each names the fix)."""
-    from aetv2_tf import train
-
+    """`program.check_flags` for this backend (its flag-support table), then the probe's
+    cheap `--pretrained` checks."""
     F = FLAGS
-    backend = keras.backend.backend()
-    train.check_common_flags(num_devices)
-    tf_only = {
-        "strategy": (F.strategy not in ("auto", "default"),
-                     "uses every local device by itself (keras.distribution.DataParallel); "
-                     "drop --strategy or pass --strategy=auto"),
-        "tpu": (bool(F.tpu), "is tf.distribute's TPU resolver; drop --tpu (JAX finds TPUs)"),
-        "cpu_devices": (F.cpu_devices != 1, "splits a CPU in tf.config; drop it (1)"),
-        "deterministic": (F.deterministic, "is TensorFlow's op determinism; drop it "
-                          "(XLA_FLAGS=--xla_gpu_deterministic_ops=true on JAX GPUs)"),
-        "dataset": (F.dataset != "cifar10", "other than cifar10 reads tensorflow-datasets or "
-                    "tf.data folders; use --dataset=cifar10 or the TensorFlow backend"),
-        "pretext": (F.pretext != "aet", "=rotation (RotNet) is the TensorFlow program's; pass "
-                    "--pretext=aet"),
-        "stage": (F.stage == "supervised" or (F.stage == "probe" and F.probe != "knn"),
-                  "only pretext and --stage=probe --probe=knn run here; use the TensorFlow "
-                  "backend for heads and the supervised stage"),
-    }
-    for flag, (bad, fix) in tf_only.items():
-        if bad:
-            raise UsageError(f"--{flag}={getattr(F, flag)} is not available with "
-                             f"KERAS_BACKEND={backend}: it {fix} (or run with "
-                             "KERAS_BACKEND=tensorflow).")
+    program.check_flags(num_devices, keras.backend.backend(), accelerator=_accelerator() != "")
     if F.stage == "probe":
         from aetv2_tf.probes import encoders
 
@@ -81,16 +56,12 @@ def check_flags(num_devices: int) -> None:
         encoders.check_pretrained(F.pretrained, F.backbone)
 
 
-def choose_portable_precision(name: str) -> Choice:
-    """`--mixed_precision` here: explicit policies pass through; `auto` is mixed_bfloat16 on a
-    GPU or TPU (the fast type of their matrix units), float32 on a CPU."""
-    if name != "auto":
-        return choose_precision(name)
+def _accelerator() -> str:
+    """"tpu", "gpu" (CUDA, ROCm) or "" (a CPU): the local devices' platform."""
     platforms = {d.split(":")[0].lower() for d in keras.distribution.list_devices()}
-    accelerator = sorted(platforms & {"gpu", "cuda", "rocm", "tpu"})
-    if accelerator:
-        return Choice("mixed_bfloat16", f"auto: {accelerator[0].upper()}")
-    return Choice("float32", "auto: CPU under " + keras.backend.backend())
+    if "tpu" in platforms:
+        return "tpu"
+    return "gpu" if platforms & {"gpu", "cuda", "rocm"} else ""
 
 
 def parameter_std(size: int, shift: str, samples: int = 200_000) -> np.ndarray:
@@ -104,22 +75,20 @@ def parameter_std(size: int, shift: str, samples: int = 200_000) -> np.ndarray:
 
 def run() -> dict:
     """`aetv2_tf.train.run` for this backend: devices, precision, model_dir, then the stage."""
-    from aetv2_tf import train
-
     F = FLAGS
     devices = keras.distribution.list_devices()
     keras.utils.set_random_seed(F.seed)
     check_flags(len(devices))
     if len(devices) > 1:
         keras.distribution.set_distribution(keras.distribution.DataParallel(devices=devices))
-    precision = choose_portable_precision(F.mixed_precision)
+    precision = choose_precision(F.mixed_precision, keras.backend.backend(), _accelerator())
     keras.mixed_precision.set_global_policy(precision.policy)
-    data = train.load_train_images() if F.stage == "pretext" else None
+    data = program.load_train_images() if F.stage == "pretext" else None
     recorded = dict(run_flags(), precision=precision._asdict(), backend=keras.backend.backend())
     rundir.prepare(F.model_dir, recorded, flagfile_text(), ESSENTIAL, F.overwrite)
     distribution = "DataParallel" if len(devices) > 1 else "OneDevice"
     note = " | batch norm: keras" if F.batch_norm != "keras" else ""
-    print(train.start_line(f"{keras.backend.backend()} {distribution}", len(devices), precision,
+    print(program.start_line(f"{keras.backend.backend()} {distribution}", len(devices), precision,
                            data) + note, flush=True)
     if F.stage == "pretext":
         return pretext_stage(data)
@@ -130,25 +99,26 @@ def run() -> dict:
 
 def pretext_stage(data) -> dict:
     """AET pretraining (module docstring); returns the summary `train.main` prints."""
-    from aetv2_tf import train
-    from aetv2_tf.callbacks import StopOnSignal
-    from aetv2_tf.data.device import CIFAR10_MEAN, CIFAR10_STD
+    from aetv2_tf.callbacks import (
+        StepCounter,
+        StopOnSignal,
+        StopOnSkippedStep,
+        weights_digest,
+    )
+    from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD
     from aetv2_tf.data.stream import ImageBatches
     from aetv2_tf.keras_checkpoints import (
-        ENCODER_WEIGHTS,
         SaveEvery,
-        StepCounter,
-        encoder_digest,
         restore_checkpoint,
-        save_atomically,
+        save_encoder_weights,
     )
     from aetv2_tf.models import build_backbone
     from aetv2_tf.models.pairs import build_pairs_model
 
     F = FLAGS
     images, labels, num_examples = data
-    size = train.IMAGE_SIZE[F.backbone]
-    per_epoch, steps = train.total_steps(num_examples, F.batch_size)
+    size = program.IMAGE_SIZE[F.backbone]
+    per_epoch, steps = program.total_steps(num_examples, F.batch_size)
     encoder = build_backbone(F.backbone, (size, size, 3), batch_norm="keras")
     param_std = parameter_std(size, F.shift)
     decoder_scale = F.loss == "mse" if F.decoder_scale is None else F.decoder_scale
@@ -157,18 +127,21 @@ def pretext_stage(data) -> dict:
                               param_scale=param_std if decoder_scale else None,
                               init_rotation_deg=F.decoder_init_rotation,
                               count_steps=F.mse_decay_steps > 0)
-    schedule, optimizer = train.schedule_and_optimizer(model, steps)
-    loss, compiled_metrics = train.aet_loss(param_std, size, optimizer)
-    if model.loss_step is not None:  # the step a jitted JAX step carries (models.pairs)
-        loss.step = model.loss_step
+    schedule, optimizer = program.schedule_and_optimizer(model, steps)
+    # An MSE warm-up reads the step a jitted JAX step carries (models.pairs).
+    loss, compiled_metrics = program.aet_loss(param_std, size, model.loss_step)
     model.compile(optimizer=optimizer, loss=loss, metrics=compiled_metrics,
                   steps_per_execution=F.steps_per_execution)
     optimizer.build(model.trainable_variables)
     ckpt_dir = os.path.join(F.model_dir, "checkpoints")
     start = restore_checkpoint(model, ckpt_dir)
-    stop = min(steps, start + F.stop_after_steps) if F.stop_after_steps else steps
-    counter = StepCounter(start)
-    callbacks = [counter, StopOnSignal(), train.StopAtStep(stop, counter),
+    stop = program.stop_step(start, steps)
+    counter = StepCounter(start, stop)
+    signals = StopOnSignal()
+    # Reading the skip counter waits for the device: every step only with --on_nonfinite=stop.
+    skips = StopOnSkippedStep(optimizer, counter, F.on_nonfinite == "stop",
+                              every=1 if F.on_nonfinite == "stop" else F.summary_every_steps)
+    callbacks = [counter, signals, skips, program.StopAtStep(stop, counter),
                  SaveEvery(ckpt_dir, counter, F.checkpoint_every_steps, F.keep_checkpoints),
                  *summary_callbacks(counter, schedule)]
 
@@ -176,30 +149,51 @@ def pretext_stage(data) -> dict:
     history = {}
     if start < stop:
         batches = ImageBatches(images, F.batch_size, F.seed, start, stop)
-        per_fit_epoch = min(per_epoch, stop - start)
-        fit = model.fit(batches, epochs=math.ceil((stop - start) / per_fit_epoch),
-                        steps_per_epoch=per_fit_epoch, shuffle=False, callbacks=callbacks,
-                        verbose=F.verbose)
+        fit = model.fit(batches, shuffle=False, callbacks=callbacks, verbose=F.verbose,
+                        **program.fit_epochs(start, stop, per_epoch, F.steps_per_execution))
         history = {k: float(v[-1]) for k, v in fit.history.items()}
     wall = time.perf_counter() - t0
     done = counter()
     summary = dict(steps=done, start_step=start, wall_time_s=round(wall, 1),
                    pairs_per_sec=round((done - start) * F.batch_size / max(wall, 1e-9), 1),
-                   **history, trainable_digest=encoder_digest(model))
-    skipped = getattr(optimizer, "skipped_steps", None)
-    if skipped is not None and int(keras.ops.convert_to_numpy(skipped)):
-        summary["skipped_steps"] = int(keras.ops.convert_to_numpy(skipped))
-    interrupted = callbacks[1].received
-    if done >= steps and not interrupted:
-        summary["encoder_weights"] = save_atomically(
-            encoder.save_weights, os.path.join(F.model_dir, ENCODER_WEIGHTS))
+                   **history, trainable_digest=weights_digest(model.trainable_weights))
+    skipped = int(keras.ops.convert_to_numpy(optimizer.skipped_steps)) \
+        if hasattr(optimizer, "skipped_steps") else 0
+    if skipped:
+        summary["skipped_steps"] = skipped
+    interrupted = signals.received
+    if done >= steps and not interrupted and not skips.stopped:
+        summary["encoder_weights"] = save_encoder_weights(encoder, F.backbone, F.model_dir)
+        if F.export:
+            summary.update(export_saved_model())
         if F.quick_knn_train:
-            from aetv2_tf.portable_probe import quick_knn_summary
-
-            summary.update(quick_knn_summary(encoder, images, labels))
+            summary.update(program.quick_knn_summary(encoder, images, labels))
     if interrupted:
         summary["interrupted_by"] = interrupted
+    if skips.diverged:
+        summary["diverged"] = True
+    if skips.stopped:
+        summary["stopped_nonfinite"] = True
     return summary
+
+
+def export_saved_model() -> dict:
+    """`--export` here: the SavedModel is TensorFlow's, so `python -m aetv2_tf.export` runs on
+    the TensorFlow backend in a child process, from `encoder.weights.h5` (the flag-support
+    table refuses an explicit --export where TensorFlow is not importable; by default the
+    export is then left out, and the summary says so)."""
+    import subprocess
+    import sys
+
+    from aetv2_tf.flag_support import tensorflow_importable
+
+    if not tensorflow_importable():
+        return {"export": "none (TensorFlow is not importable here)"}
+    out = os.path.join(FLAGS.model_dir, "export", "encoder")
+    env = dict(os.environ, KERAS_BACKEND="tensorflow")
+    subprocess.run([sys.executable, "-m", "aetv2_tf.export", f"--model_dir={FLAGS.model_dir}",
+                    f"--output={out}"], env=env, check=True)
+    return {"export": out}
 
 
 def summary_callbacks(counter, schedule) -> list[keras.callbacks.Callback]:

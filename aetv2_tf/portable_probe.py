@@ -1,5 +1,5 @@
-"""KNN evaluation on a Keras backend other than TensorFlow: `--stage=probe --probe=knn` and the
-quick KNN that ends pretraining (`--quick_knn_train`), with `probes.knn_numpy`.
+"""KNN evaluation on a Keras backend other than TensorFlow: `--stage=probe --probe=knn`, with
+`probes.knn`.
 
 The probe: the frozen `--feature` (NIN block 2 by default) of `--pretrained` (a run of either
 program, via `probes.encoders.load_encoder`, or `none`: a random init seeded by `--seed`) on the
@@ -15,11 +15,10 @@ import os
 import time
 
 import keras
-import numpy as np
 
-from aetv2_tf.data.device import CIFAR10_MEAN, CIFAR10_STD
+from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD
 from aetv2_tf.flags import FLAGS, run_flags
-from aetv2_tf.probes.knn_numpy import knn_accuracy, pooled_features
+from aetv2_tf.probes.knn import knn_accuracy, pooled_features
 from aetv2_tf.rundir import UsageError
 
 CIFAR10_CLASSES = 10
@@ -68,33 +67,3 @@ def knn_stage() -> dict:
                if results[key] is not None}
     summary["results"] = write_results(F.model_dir, results)
     return summary
-
-
-def quick_knn_summary(encoder: keras.Model, images: np.ndarray, labels: np.ndarray) -> dict:
-    """`train.quick_knn_summary` here: the trained and a random-init encoder (same seed), the
-    first `--quick_knn_train` training images vs the first `--quick_knn_test` test images."""
-    from aetv2_tf.data.sources import load_source
-    from aetv2_tf.models import build_backbone
-    from aetv2_tf.probes.quick import FEATURE
-
-    F = FLAGS
-    start = time.perf_counter()
-    data_dir = os.path.expanduser(F.data_dir) if F.data_dir else None
-    test, test_labels = load_source(F.dataset, data_dir, "test")
-    keras.utils.set_random_seed(F.seed)  # the random init of --pretrained=none, same seed
-    random_encoder = build_backbone(F.backbone, tuple(images.shape[1:]), batch_norm="keras")
-    n, m = F.quick_knn_train, F.quick_knn_test
-    train_set, test_set = (images[:n], labels[:n]), (test[:m], test_labels[:m])
-    scores = []
-    for model in (encoder, random_encoder):
-        gallery, queries = (pooled_features(model, FEATURE[F.backbone], x, CIFAR10_MEAN,
-                                            CIFAR10_STD) for x, _ in (train_set, test_set))
-        scores.append(knn_accuracy(gallery, train_set[1], queries, test_set[1], k=10,
-                                   num_classes=CIFAR10_CLASSES))
-    result = dict(knn_top1=scores[0], random_knn_top1=scores[1], knn_gain=scores[0] - scores[1],
-                  knn_seconds=round(time.perf_counter() - start, 1))
-    print(f"Quick KNN (k=10, cosine, {FEATURE[F.backbone]}; first {len(train_set[0])} training "
-          f"images vs first {len(test_set[0])} test images): {scores[0]:.2f}% trained vs "
-          f"{scores[1]:.2f}% random init ({result['knn_gain']:+.2f} points, "
-          f"{result['knn_seconds']:.0f} s).", flush=True)
-    return result

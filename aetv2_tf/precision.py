@@ -163,21 +163,25 @@ def _rates_text(rates: dict | None) -> str:
     return f"bfloat16 {ratio:.2f}x float32 in a NIN-block probe"
 
 
-def choose_precision(name: str) -> Choice:
-    """The Keras dtype policy for `--mixed_precision`, with the reason.
+def choose_precision(name: str, backend: str = "tensorflow", accelerator: str = "") -> Choice:
+    """The Keras dtype policy for `--mixed_precision`, with the reason; one rule for every
+    backend (`accelerator`: "tpu", "gpu" or "" for a CPU, as the backend's adapter sees it).
 
-    `none` -> float32; explicit policies pass through; `auto`: mixed_bfloat16 on TPUs,
-    mixed_float16 on GPUs, and on CPUs the faster of float32 and mixed_bfloat16 as measured by
-    `auto_cpu_policy`.
+    `none` -> float32; explicit policies pass through; `auto`: mixed_bfloat16 on TPUs; on GPUs
+    mixed_float16 under TensorFlow (dynamic loss scaling) and mixed_bfloat16 elsewhere (the JAX
+    GPU rates of BENCHMARKS.md); on CPUs, under TensorFlow the faster of float32 and
+    mixed_bfloat16 as measured by `auto_cpu_policy`, elsewhere float32 (bfloat16 gained nothing
+    under JAX on the CPUs measured, BENCHMARKS.md).
     """
     if name == "none":
         return Choice("float32", "--mixed_precision=none")
     if name != "auto":
         return Choice(name, f"--mixed_precision={name}")
-    import tensorflow as tf
-
-    if tf.config.list_logical_devices("TPU"):
+    if accelerator == "tpu":
         return Choice("mixed_bfloat16", "auto: TPU")
-    if tf.config.list_logical_devices("GPU"):
-        return Choice("mixed_float16", "auto: GPU")
+    if accelerator:
+        policy = "mixed_float16" if backend == "tensorflow" else "mixed_bfloat16"
+        return Choice(policy, f"auto: {accelerator.upper()}")
+    if backend != "tensorflow":
+        return Choice("float32", f"auto: CPU under {backend}")
     return auto_cpu_policy()

@@ -75,14 +75,10 @@ class Spec:
             precision = PRECISIONS[parts[1]]
         elif backend != keras.backend.backend():
             precision = "auto"
-        elif backend == "tensorflow":
+        else:  # the benchmark machine is a CPU
             from aetv2_tf.precision import choose_precision
 
-            precision = choose_precision("auto").policy
-        else:
-            from aetv2_tf.portable import choose_portable_precision
-
-            precision = choose_portable_precision("auto").policy
+            precision = choose_precision("auto", backend).policy
         return cls(name, parts[0], precision, parts[2], spe, xla, backend)
 
     def round_steps(self, steps: int) -> int:

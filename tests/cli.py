@@ -49,10 +49,11 @@ def finish(proc: subprocess.Popen, timeout: float = 300) -> subprocess.Completed
 
 
 def train_args(model_dir, data_dir, *args: str) -> list[str]:
-    """Flags of a tiny pretext run on real CIFAR-10 (quickstart flags, small batch and slice)."""
+    """Flags of a tiny pretext run on real CIFAR-10 (quickstart flags, small batch and slice),
+    in float32: `--mixed_precision=auto` would decide by a timing race on the test machine."""
     return ["--flagfile=configs/quickstart.cfg", f"--model_dir={model_dir}",
             f"--data_dir={data_dir}", "--batch_size=16", "--train_examples=256", "--verbose=0",
-            "--quick_knn_train=0", *args]
+            "--quick_knn_train=0", "--mixed_precision=none", *args]
 
 
 def train(model_dir, data_dir, *args: str, **kwargs) -> subprocess.CompletedProcess:

@@ -69,30 +69,36 @@ TWO_CPUS = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, cifar10_dir):
-    """The JAX children, side by side: full run || first half || two devices || bfloat16, then
-    resume || probe || features."""
+    """The JAX children, two at a time (2 cores): full run || first half, two devices ||
+    bfloat16, resume || a run cut at step 5 with --steps_per_execution=3, its resume || probe,
+    features."""
     tmp = tmp_path_factory.mktemp("jax")
-    full, cut = tmp / "full", tmp / "cut"
-    common = ("--train_steps=6", "--checkpoint_every_steps=3", "--summary_every_steps=2")
-    first = {
-        "full": start(RUN_TRAIN, *train_args(full, cifar10_dir, *common), log=tmp / "full.log"),
-        "cut1": start(RUN_TRAIN, *train_args(cut, cifar10_dir, *common, "--stop_after_steps=3"),
-                      log=tmp / "cut1.log"),
-        "two": start(RUN_TRAIN, *train_args(tmp / "two", cifar10_dir, *common),
-                     log=tmp / "two.log", env=TWO_CPUS),
-        "bf16": start(RUN_TRAIN, *train_args(tmp / "bf16", cifar10_dir, *common,
-                                             "--mixed_precision=mixed_bfloat16",
-                                             "--mse_weight=1", "--mse_decay_steps=4"),
-                      log=tmp / "bf16.log")}
-    out = {name: finish(proc) for name, proc in first.items()}
+    full, cut, spe = tmp / "full", tmp / "cut", tmp / "spe"
+    common = ("--train_steps=6", "--checkpoint_every_steps=3", "--summary_every_steps=2",
+              "--mixed_precision=none")
     probe_args = train_args(tmp / "knn", cifar10_dir, "--stage=probe", "--probe=knn",
-                            f"--pretrained={full}", "--test_examples=64")
-    second = {"cut2": start(RUN_TRAIN, *train_args(cut, cifar10_dir, *common),
-                            log=tmp / "cut2.log"),
-              "knn": start(RUN_TRAIN, *probe_args, log=tmp / "knn.log"),
-              "features": start(FEATURES, full, cifar10_dir, tmp / "jax_block2.npy",
-                                log=tmp / "features.log")}
-    out.update({name: finish(proc) for name, proc in second.items()})
+                            f"--pretrained={full}", "--test_examples=64", "--mixed_precision=none")
+    rounds = [
+        {"full": (RUN_TRAIN, *train_args(full, cifar10_dir, *common)),
+         "cut1": (RUN_TRAIN, *train_args(cut, cifar10_dir, *common, "--stop_after_steps=3"))},
+        {"two": (RUN_TRAIN, *train_args(tmp / "two", cifar10_dir, *common), TWO_CPUS),
+         "bf16": (RUN_TRAIN, *train_args(tmp / "bf16", cifar10_dir, *common,
+                                         "--mixed_precision=mixed_bfloat16", "--mse_weight=1",
+                                         "--mse_decay_steps=4"))},
+        {"cut2": (RUN_TRAIN, *train_args(cut, cifar10_dir, *common)),
+         "spe1": (RUN_TRAIN, *train_args(spe, cifar10_dir, *common, "--steps_per_execution=3",
+                                         "--stop_after_steps=5"))},
+        {"spe2": (RUN_TRAIN, *train_args(spe, cifar10_dir, *common, "--steps_per_execution=3")),
+         "knn": (RUN_TRAIN, *probe_args)},
+        {"features": (FEATURES, full, cifar10_dir, tmp / "jax_block2.npy")},
+    ]
+    out = {}
+    for children in rounds:
+        procs = {}
+        for name, (code, *args) in children.items():
+            env = args.pop() if isinstance(args[-1], dict) else None
+            procs[name] = start(code, *args, log=tmp / f"{name}.log", env=env)
+        out.update({name: finish(proc) for name, proc in procs.items()})
     return tmp, out
 
 
@@ -151,6 +157,19 @@ def test_resumed_run_ends_with_the_same_weights(runs):
     digest = re.compile(r"trainable_digest=(\w+)")
     assert "steps=6, start_step=3," in done_line(out["cut2"])
     assert digest.search(done_line(out["cut2"])).group(1) == \
+        digest.search(done_line(out["full"])).group(1)
+
+
+def test_resume_is_exact_with_steps_per_execution(runs):
+    """--steps_per_execution=3 --stop_after_steps=5: the run stops after exactly 5 batches (the
+    second execution is short), writes ckpt-5, and the resumed run ends bitwise equal to the
+    uninterrupted one (before the fix it counted 6 after 5 batches and skipped one)."""
+    tmp, out = runs
+    assert "steps=5, start_step=0," in done_line(out["spe1"])
+    assert (tmp / "spe" / "checkpoints" / "ckpt-5.weights.h5").is_file()
+    assert "at step 5." in out["spe2"] and "steps=6, start_step=5," in done_line(out["spe2"])
+    digest = re.compile(r"trainable_digest=(\w+)")
+    assert digest.search(done_line(out["spe2"])).group(1) == \
         digest.search(done_line(out["full"])).group(1)
 
 
@@ -224,24 +243,6 @@ def test_tensorflow_loads_the_jax_encoder(runs, cifar10_dir):
                               "cifar10")
     served = tf.saved_model.load(exported).signatures["serving_default"](images=images)
     np.testing.assert_allclose(served["block2"].numpy(), expected, atol=1e-4, rtol=0)
-
-
-@pytest.mark.parametrize("metric", ["cosine", "euclidean"])
-def test_numpy_knn_equals_tensorflow_knn(metric):
-    from aetv2_tf.probes import knn, knn_numpy
-
-    rng = np.random.default_rng(0)
-    train, queries = rng.normal(size=(500, 16)), rng.normal(size=(300, 16))
-    labels = rng.integers(0, 10, 500)
-    # Ties: integer features (exact similarities), repeated rows, and all-equal rows.
-    tied_train = np.concatenate([rng.integers(0, 3, (200, 4)), np.ones((50, 4))])
-    tied_queries = np.concatenate([rng.integers(0, 3, (100, 4)), np.ones((10, 4))])
-    tied_labels = rng.integers(0, 4, 250)
-    for args in ((train, labels, queries), (tied_train, tied_labels, tied_queries)):
-        for k in (1, 10):
-            np.testing.assert_array_equal(
-                knn_numpy.knn_classify(*args, k=k, metric=metric, query_batch_size=64),
-                knn.knn_classify(*args, k=k, metric=metric))
 
 
 ALEXNET = BLOCK_TF + """

@@ -75,7 +75,8 @@ def test_two_workers_train_identically_and_only_the_chief_writes(tmp_path, cifar
     assert checkpoint_digest(model_dir) == digests[0]
 
     assert sorted(p.name for p in model_dir.iterdir()) == [
-        "aet_model.keras", "checkpoints", "export", "flags.cfg", "flags.json", "train"]
+        "aet_model.keras", "checkpoints", "encoder.weights.h5", "export", "flags.cfg",
+        "flags.json", "train"]
     assert sorted(p.name for p in (model_dir / "checkpoints").glob("*.index")) == [
         "ckpt-2.index", "ckpt-4.index"]
     events = list((model_dir / "train").iterdir())

@@ -63,15 +63,16 @@ def test_the_real_probe_returns_positive_rates():
     assert set(rates) == {"float32", "mixed_bfloat16"} and min(rates.values()) > 0
 
 
-def test_accelerators_keep_their_rules(monkeypatch):
-    import tensorflow as tf
-
-    monkeypatch.setattr(tf.config, "list_logical_devices",
-                        lambda kind=None: ["dev"] if kind == "GPU" else [])
-    assert precision.choose_precision("auto").policy == "mixed_float16"
-    monkeypatch.setattr(tf.config, "list_logical_devices",
-                        lambda kind=None: ["dev"] if kind == "TPU" else [])
-    assert precision.choose_precision("auto").policy == "mixed_bfloat16"
+def test_accelerators_keep_their_rules():
+    """One rule for every backend: TPUs bfloat16; GPUs float16 under TensorFlow (loss scaling),
+    bfloat16 under JAX; a CPU under JAX float32 (no probe: it times TensorFlow kernels)."""
+    choose = precision.choose_precision
+    assert choose("auto", "tensorflow", "gpu").policy == "mixed_float16"
+    assert choose("auto", "jax", "gpu").policy == "mixed_bfloat16"
+    assert choose("auto", "tensorflow", "tpu").policy == choose("auto", "jax", "tpu").policy \
+        == "mixed_bfloat16"
+    assert choose("auto", "jax", "").policy == "float32"
+    assert choose("mixed_float16", "jax", "gpu").reason == "--mixed_precision=mixed_float16"
 
 
 @pytest.mark.parametrize("name, expected", [("none", "float32"),

@@ -140,7 +140,9 @@ def test_sigkill_at_a_random_moment_resumes_exactly(reference, tmp_path, cifar10
     assert_same_final_state(model_dir, reference[0])
 
 
-def test_sigterm_writes_a_final_checkpoint_and_exits_cleanly(tmp_path, cifar10_dir):
+def test_sigterm_writes_a_final_checkpoint_and_exits_143(tmp_path, cifar10_dir):
+    """Preemption-style: the final checkpoint, then exit 128 + 15 and a last line that says the
+    run is not finished and how to resume (a finished run exits 0: every other CLI test)."""
     sig = signal.SIGTERM
     model_dir = tmp_path / "run"
     proc = start_module("aetv2_tf.train", *train_args(
@@ -152,7 +154,10 @@ def test_sigterm_writes_a_final_checkpoint_and_exits_cleanly(tmp_path, cifar10_d
         time.sleep(0.01)
     proc.send_signal(sig)
     out = finish(proc, timeout=120)
-    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.returncode == 128 + sig.value == 143, out.stderr[-3000:]
+    assert out.stdout.rstrip().splitlines()[-1].startswith(
+        "Stopped by SIGTERM at step "), out.stdout[-2000:]
+    assert "rerun the same command to resume (exit 143)" in out.stdout
     done = re.search(r"Done \(pretext\): steps=(\d+),.*interrupted_by=(\w+)", out.stdout)
     assert done and done.group(2) == sig.name, out.stdout[-2000:]
     reached = int(done.group(1))

@@ -25,7 +25,7 @@ import pytest
 import tensorflow as tf
 
 from aetv2_tf import losses, optim
-from aetv2_tf.callbacks import CheckpointEvery, StopOnSkippedStep
+from aetv2_tf.callbacks import CheckpointEvery, StepCounter, StopOnSkippedStep
 from aetv2_tf.models import build_aet_model
 from aetv2_tf.models.layers import FusedBatchNormalization
 from tests.test_losses import adversarial_pairs
@@ -66,10 +66,10 @@ def fit(batches: list, tmp_path, stop_on_skip: bool = False):
     optimizer = optim.build_optimizer("adam", optim.Schedule("constant", 1e-3, len(batches)))
     model.compile(optimizer=optimizer, loss=losses.GeodesicLoss(), jit_compile=False)
     optimizer.build(model.trainable_variables)
-    step_fn = lambda: int(optimizer.iterations.numpy())  # noqa: E731
+    step_fn = StepCounter(0, len(batches))  # batches consumed, skipped ones included
     manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model, optimizer=optimizer),
                                          str(tmp_path / "checkpoints"), max_to_keep=None)
-    callbacks = [StopOnSkippedStep(optimizer, step_fn, stop_on_skip),
+    callbacks = [step_fn, StopOnSkippedStep(optimizer, step_fn, stop_on_skip),
                  CheckpointEvery(manager, step_fn, every=1)]
     data = tf.data.Dataset.from_generator(
         lambda: iter(batches), output_signature=tf.nest.map_structure(
@@ -103,9 +103,9 @@ def test_nonfinite_step_is_skipped_logged_and_never_checkpointed(tmp_path, caplo
         model, optimizer, manager = fit(good[:2] + [batch(2, weight=np.inf)] + good[2:],
                                         tmp_path / "faulty")
     assert int(optimizer.skipped_steps.numpy()) == 1
-    assert int(optimizer.iterations.numpy()) == 3
-    assert "1 step(s) skipped after step 2" in caplog.text
-    assert checkpoint_steps_all_finite(manager) == [1, 2, 3]
+    assert int(optimizer.iterations.numpy()) == 3  # updates applied; 4 batches consumed
+    assert "1 step(s) skipped by step 3" in caplog.text
+    assert checkpoint_steps_all_finite(manager) == [1, 2, 3, 4]
     clean_model, clean_optimizer, _ = fit(good, tmp_path / "clean")
     for got, want in zip(state(model, optimizer), state(clean_model, clean_optimizer),
                          strict=True):
@@ -117,9 +117,9 @@ def test_on_nonfinite_stop_ends_training_at_the_last_good_checkpoint(tmp_path, c
     with caplog.at_level(logging.ERROR):
         model, optimizer, manager = fit(batches, tmp_path, stop_on_skip=True)
     assert int(optimizer.iterations.numpy()) == 2
-    assert "1 step(s) skipped after step 2" in caplog.text
+    assert "1 step(s) skipped by step 3" in caplog.text
     assert "--on_nonfinite=stop: ending training" in caplog.text
-    assert checkpoint_steps_all_finite(manager) == [1, 2]
+    assert checkpoint_steps_all_finite(manager) == [1, 2, 3]  # 3: the bad batch consumed
     assert all(np.all(np.isfinite(w)) for w in state(model, optimizer))
 
 
@@ -133,7 +133,7 @@ def test_nan_images_never_reach_a_checkpoint(tmp_path, caplog):
     assert "Non-finite weights at step 3: checkpoint NOT written" in caplog.text
     assert checkpoint_steps_all_finite(manager) == [1, 2]
     assert manager.latest_checkpoint.endswith("ckpt-2")
-    assert int(optimizer.iterations.numpy()) == 3  # stopped after the next (finite) step
+    assert int(optimizer.iterations.numpy()) == 2  # stopped at the refused checkpoint
 
 
 # --------------------------------------------------------------- adversarial outputs, bfloat16

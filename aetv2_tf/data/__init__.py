@@ -49,7 +49,7 @@ if TYPE_CHECKING:  # pragma: no cover
     )
 
 _LAZY = {
-    "AETV1_FILL": "homographies",
+    "AETV1_FILL": "constants",
     "CANONICAL_CORNERS": "homographies",
     "corners": "homographies",
     "normalization_matrix": "homographies",
@@ -60,12 +60,12 @@ _LAZY = {
     "square_to_quad": "homographies",
     "to_pixel_homography": "homographies",
     "warp": "homographies",
-    "CIFAR10_MEAN": "pipelines",
-    "CIFAR10_STD": "pipelines",
-    "IMAGENET_MEAN": "pipelines",
-    "IMAGENET_STD": "pipelines",
+    "CIFAR10_MEAN": "constants",
+    "CIFAR10_STD": "constants",
+    "IMAGENET_MEAN": "constants",
+    "IMAGENET_STD": "constants",
     "classification_dataset": "pipelines",
-    "normalization_constants": "pipelines",
+    "normalization_constants": "constants",
     "normalize": "pipelines",
     "pad_crop_flip": "pipelines",
     "pretext_dataset": "pipelines",

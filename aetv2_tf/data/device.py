@@ -34,11 +34,7 @@ from typing import Any
 import keras
 from keras import ops
 
-#: AETv1's grey fill (128, 128, 128) on uint8 images, in ``[0, 1]`` (= homographies.AETV1_FILL).
-AETV1_FILL = 128.0 / 255.0
-#: CIFAR-10 normalisation (= pipelines.CIFAR10_MEAN / CIFAR10_STD).
-CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
-CIFAR10_STD = (0.2023, 0.1994, 0.2010)
+from aetv2_tf.data.constants import AETV1_FILL, CIFAR10_MEAN, CIFAR10_STD
 
 #: Model-frame image corners (u, v): top-left, top-right, bottom-right, bottom-left.
 _CORNER_U = (-1.0, 1.0, 1.0, -1.0)

@@ -24,10 +24,8 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
+from aetv2_tf.data.constants import AETV1_FILL  # noqa: F401 - re-exported
 from aetv2_tf.geometry import inverse_3x3, matrix_to_params
-
-#: AETv1's grey fill, ``(128, 128, 128)`` on uint8 images, as a float in ``[0, 1]``: 0.50196...
-AETV1_FILL = 128.0 / 255.0
 
 #: The image corners in the model frame, (4, 2) as (u, v): top-left, top-right, bottom-right,
 #: bottom-left (clockwise on screen, since v points down).

@@ -23,13 +23,16 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
-from aetv2_tf.data.homographies import AETV1_FILL, sample_homographies, warp
+from aetv2_tf.data.constants import (  # noqa: F401 - re-exported
+    AETV1_FILL,
+    CIFAR10_MEAN,
+    CIFAR10_STD,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    normalization_constants,
+)
+from aetv2_tf.data.homographies import sample_homographies, warp
 from aetv2_tf.geometry import matrix_to_params
-
-CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
-CIFAR10_STD = (0.2023, 0.1994, 0.2010)
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 AUTOTUNE = tf.data.AUTOTUNE
 _DATASET_SHUFFLE_BUFFER = 1024  # decoded variable-size images are large
@@ -336,7 +339,3 @@ def rotation_dataset(
 
     return _options(ds.map(rotations, num_parallel_calls=AUTOTUNE).prefetch(AUTOTUNE))
 
-
-def normalization_constants(dataset: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """(mean, std) per channel of the images a model trained on `dataset` expects."""
-    return (CIFAR10_MEAN, CIFAR10_STD) if dataset == "cifar10" else (IMAGENET_MEAN, IMAGENET_STD)

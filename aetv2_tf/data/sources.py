@@ -252,7 +252,16 @@ def load_source(dataset: str, data_dir=None, split: str = "train", download: boo
     if name == "cifar10":
         if is_cifar10_dir(data_dir):
             return load_cifar10(data_dir, split)
-        import tensorflow as tf
+        if data_dir is not None and "://" not in os.fspath(data_dir) \
+                and not os.path.isdir(os.fspath(data_dir)):
+            raise DataError(f"--data_dir={data_dir} does not exist; {_CIFAR10_HELP}")
+        try:
+            import tensorflow as tf
+        except ImportError as e:
+            raise DataError(f"--data_dir={data_dir} does not hold the CIFAR-10 python layout "
+                            f"(data_batch_1..5, test_batch), and reading a tensorflow-datasets "
+                            f"copy needs TensorFlow, which is not importable here ({e}); "
+                            f"{_CIFAR10_HELP}") from e
 
         if data_dir is not None and not tf.io.gfile.isdir(os.fspath(data_dir)):
             raise DataError(f"--data_dir={data_dir} does not exist; {_CIFAR10_HELP}")

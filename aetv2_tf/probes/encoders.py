@@ -90,6 +90,10 @@ def pretrained_kind(pretrained: str) -> str:
 def check_pretrained(pretrained: str, backbone: str) -> str:
     """The cheap checks of ``--pretrained`` (exists, kind, a run's backbone); returns the kind."""
     kind = pretrained_kind(pretrained)
+    if kind == "saved_model" and keras.backend.backend() != "tensorflow":
+        raise UsageError(f"--pretrained={pretrained} is a TensorFlow SavedModel, which runs "
+                         f"under KERAS_BACKEND=tensorflow only; pass the pretraining --model_dir "
+                         f"it was exported from (its encoder.weights.h5 loads on every backend).")
     if kind == "model_dir":
         saved = load_saved_flags(os.path.expanduser(pretrained))
         if saved.get("stage") != "pretext":
@@ -102,6 +106,14 @@ def check_pretrained(pretrained: str, backbone: str) -> str:
                 f"{saved.get('backbone')} (dataset {saved.get('dataset')}), but this probe uses "
                 f"--backbone={backbone}; pass a {backbone} run, or probe this one with "
                 f"--backbone={saved.get('backbone')} on a dataset of its image size.")
+        tensorflow_run = saved.get("backend", "tensorflow") == "tensorflow"
+        if tensorflow_run and keras.backend.backend() != "tensorflow" and not os.path.isfile(
+                os.path.join(os.path.expanduser(pretrained), "encoder.weights.h5")):
+            raise UsageError(
+                f"--pretrained={pretrained} is a run of the TensorFlow program without "
+                f"encoder.weights.h5 (it is unfinished, or older than that file): its TensorFlow "
+                f"checkpoints load under KERAS_BACKEND=tensorflow only; finish the run (rerun "
+                f"its command) or run this probe with KERAS_BACKEND=tensorflow.")
     return kind
 
 
@@ -200,7 +212,8 @@ def load_encoder(pretrained: str, backbone: str, feature: str, *, batch_norm: st
     except errors as e:
         raise UsageError(f"--pretrained={pretrained}: the encoder could not be restored ({e}); "
                          "pass a pretraining --model_dir with a checkpoint.") from e
-    if saved.get("backend", "tensorflow") != "tensorflow":  # Keras checkpoints (portable run)
+    if saved.get("backend", "tensorflow") != "tensorflow" \
+            or keras.backend.backend() != "tensorflow":  # read from Keras weights files
         from aetv2_tf.keras_checkpoints import encoder_source
 
         checkpoint = encoder_source(path)

@@ -23,14 +23,19 @@ Tie rules (deterministic, implemented exactly; `knn_classify`):
 
 Similarities are computed in float32 with batched matrix products, one chunk of queries at a time
 (``query_batch_size`` x ``num_train`` similarities in memory), so 50k x 10k x 192 takes seconds.
+
+One implementation for every Keras backend: the rule is NumPy; features come from a Keras model
+or a feature function, through ``predict`` (`pooled_features`: uint8 images) or over batches of
+any iterable (`extract_features`: e.g. a tf.data pipeline, traced by ``tf.function`` under
+TensorFlow).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
+import keras
 import numpy as np
-import tensorflow as tf
 
 METRICS = ("cosine", "euclidean")
 
@@ -60,7 +65,8 @@ def extract_features(
 
     Args:
       feature_fn: maps an image batch ``(B, H, W, 3)`` to a feature map ``(B, h, w, C)`` or to
-        flat features ``(B, D)``; it is wrapped in a ``tf.function`` (traced once per batch shape).
+        flat features ``(B, D)``; under TensorFlow it is wrapped in a ``tf.function`` (traced once
+        per batch shape).
       dataset: iterable of ``(images, labels)`` batches, e.g. a ``tf.data.Dataset``.
       pool: average-pool rank-4 feature maps over ``h, w`` to ``(B, C)``; if False they are
         flattened to ``(B, h*w*C)``.
@@ -69,63 +75,61 @@ def extract_features(
       ``features`` float32 ``(N, D)`` and ``labels`` ``(N,)`` (dtype of the dataset's labels),
       in dataset order.
     """
+    ops = keras.ops
 
-    @tf.function(reduce_retracing=True)
-    def _features(images):
-        maps = tf.convert_to_tensor(feature_fn(images))
-        if maps.shape.rank == 4 and pool:
-            maps = tf.reduce_mean(maps, axis=(1, 2))
-        elif maps.shape.rank != 2:
-            maps = tf.reshape(maps, (tf.shape(maps)[0], -1))
-        return tf.cast(maps, tf.float32)
+    def features(images):
+        maps = ops.convert_to_tensor(feature_fn(images))
+        if len(maps.shape) == 4 and pool:
+            maps = ops.mean(maps, axis=(1, 2))
+        elif len(maps.shape) != 2:
+            maps = ops.reshape(maps, (ops.shape(maps)[0], -1))
+        return ops.cast(maps, "float32")
 
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        features = tf.function(features, reduce_retracing=True)
     feats, labels = [], []
     for images, batch_labels in dataset:
-        feats.append(_features(images).numpy())
+        feats.append(ops.convert_to_numpy(features(images)))
         labels.append(np.asarray(batch_labels))
     if not feats:
         raise ValueError("extract_features: the dataset is empty")
     return np.concatenate(feats, axis=0), np.concatenate(labels, axis=0)
 
 
-def _l2_normalise(x: tf.Tensor) -> tf.Tensor:
-    """Rows divided by their L2 norm, ``(N, D) -> (N, D)``; zero rows stay zero.
+def pooled_features(encoder: keras.Model, feature: str, images: np.ndarray,
+                    mean: Sequence[float], std: Sequence[float],
+                    batch_size: int = 256) -> np.ndarray:
+    """`(N, H, W, 3)` uint8 -> `(N, C)` float32: the average-pooled `feature` map of `encoder`
+    (inference mode) on the normalised images `(u / 255 - mean) / std`."""
+    inputs = keras.Input(tuple(images.shape[1:]), dtype="uint8", name="images")
+    x = (keras.ops.cast(inputs, "float32") / 255.0 - np.asarray(mean, np.float32)) \
+        / np.asarray(std, np.float32)
+    maps = encoder(x, training=False)
+    maps = maps[feature] if isinstance(maps, dict) else maps
+    pooled = keras.layers.GlobalAveragePooling2D(dtype="float32")(maps) if len(maps.shape) == 4 \
+        else keras.layers.Flatten(dtype="float32")(maps)
+    model = keras.Model(inputs, pooled)
+    return np.asarray(model.predict(images, batch_size=batch_size, verbose=0), np.float32)
 
-    ``sqrt`` and division are correctly rounded in IEEE float32, so vectors that are exact
-    multiples of each other by a power of two normalise to bitwise-identical rows.
-    """
-    norms = tf.sqrt(tf.reduce_sum(tf.square(x), axis=1, keepdims=True))
-    return x / tf.maximum(norms, tf.constant(1e-30, x.dtype))
+
+def _l2_normalise(x: np.ndarray) -> np.ndarray:
+    norms = np.sqrt(np.sum(np.square(x), axis=1, keepdims=True, dtype=np.float32))
+    return x / np.maximum(norms, np.float32(1e-30))
 
 
-@tf.function(reduce_retracing=True)
-def _knn_chunk(train, train_sq, train_labels, queries, k, num_classes, euclidean):
-    """Predictions for one chunk of queries.
-
-    Args:
-      train: ``(N, D)`` float32 (already L2-normalised for cosine).
-      train_sq: ``(N,)`` float32 squared norms of ``train`` (used by euclidean only).
-      train_labels: ``(N,)`` int32.
-      queries: ``(Q, D)`` float32 (already L2-normalised for cosine).
-      k, num_classes: python ints (static); euclidean: python bool (static).
-
-    Returns:
-      ``(Q,)`` int32 predicted classes.
-    """
-    sim = tf.matmul(queries, train, transpose_b=True)  # (Q, N)
-    if euclidean:
-        # -||a - b||^2 = 2 a.b - |a|^2 - |b|^2
-        q_sq = tf.reduce_sum(tf.square(queries), axis=1, keepdims=True)  # (Q, 1)
-        sim = 2.0 * sim - q_sq - train_sq[tf.newaxis, :]
-    _, idx = tf.math.top_k(sim, k=k, sorted=True)  # (Q, k); equal values: lower index first
-    neighbour_labels = tf.gather(train_labels, idx)  # (Q, k)
-    one_hot = tf.one_hot(neighbour_labels, num_classes, dtype=tf.int32)  # (Q, k, C)
-    votes = tf.reduce_sum(one_hot, axis=1)  # (Q, C)
-    rank_bonus = tf.range(k, 0, -1, dtype=tf.int32)  # k - rank, rank = 0..k-1
-    # (k - first_rank) for classes present among the neighbours, 0 for absent classes.
-    first_bonus = tf.reduce_max(one_hot * rank_bonus[tf.newaxis, :, tf.newaxis], axis=1)
-    score = votes * (k + 1) + first_bonus  # (Q, C), unique maximum
-    return tf.argmax(score, axis=1, output_type=tf.int32)
+def _top_k(sim: np.ndarray, k: int) -> np.ndarray:
+    """(Q, N) -> (Q, k) indices of the largest values, equal values by lower index first."""
+    neg = -sim
+    part = np.argpartition(neg, k - 1, axis=1)[:, :k]
+    kth = np.take_along_axis(neg, part, axis=1).max(axis=1)
+    out = np.empty((sim.shape[0], k), np.int64)
+    for row in range(sim.shape[0]):
+        candidates = np.flatnonzero(neg[row] <= kth[row])  # every tie at the k-th value
+        order = np.lexsort((candidates, neg[row, candidates]))[:k]
+        out[row] = candidates[order]
+    return out
 
 
 def knn_classify(
@@ -154,37 +158,37 @@ def knn_classify(
     """
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
-    train = tf.convert_to_tensor(np.asarray(train_features, dtype=np.float32))
-    queries = tf.convert_to_tensor(np.asarray(query_features, dtype=np.float32))
-    labels_np = np.asarray(train_labels).astype(np.int64).reshape(-1)
-    if train.shape.rank != 2 or queries.shape.rank != 2 or train.shape[1] != queries.shape[1]:
+    train = np.asarray(train_features, np.float32)
+    queries = np.asarray(query_features, np.float32)
+    labels = np.asarray(train_labels).astype(np.int64).reshape(-1)
+    if train.ndim != 2 or queries.ndim != 2 or train.shape[1] != queries.shape[1]:
         raise ValueError(f"need (N, D) and (Q, D) features, got {train.shape}, {queries.shape}")
-    if labels_np.shape[0] != train.shape[0]:
-        raise ValueError(f"{labels_np.shape[0]} labels for {train.shape[0]} training features")
+    if labels.shape[0] != train.shape[0]:
+        raise ValueError(f"{labels.shape[0]} labels for {train.shape[0]} training features")
     if not 1 <= k <= train.shape[0]:
         raise ValueError(f"k={k} must be in [1, {train.shape[0]}]")
-    if labels_np.size and labels_np.min() < 0:
+    if labels.size and labels.min() < 0:
         raise ValueError("labels must be non-negative")
     if num_classes is None:
-        num_classes = int(labels_np.max()) + 1
-    elif labels_np.max() >= num_classes:
-        raise ValueError(f"label {labels_np.max()} >= num_classes={num_classes}")
-    labels = tf.constant(labels_np.astype(np.int32))
-
+        num_classes = int(labels.max()) + 1
+    elif labels.max() >= num_classes:
+        raise ValueError(f"label {labels.max()} >= num_classes={num_classes}")
     euclidean = metric == "euclidean"
     if not euclidean:
         train, queries = _l2_normalise(train), _l2_normalise(queries)
-    train_sq = tf.reduce_sum(tf.square(train), axis=1)
-
+    train_sq = np.sum(np.square(train), axis=1, dtype=np.float32)
+    rank_bonus = np.arange(k, 0, -1, dtype=np.int64)  # k - rank
     predictions = []
-    for start in range(0, int(queries.shape[0]), query_batch_size):
-        chunk = queries[start : start + query_batch_size]
-        predictions.append(
-            _knn_chunk(train, train_sq, labels, chunk, int(k), int(num_classes), euclidean).numpy()
-        )
-    if not predictions:
-        return np.zeros((0,), np.int64)
-    return np.concatenate(predictions).astype(np.int64)
+    for start in range(0, queries.shape[0], query_batch_size):
+        chunk = queries[start:start + query_batch_size]
+        sim = chunk @ train.T  # (Q, N)
+        if euclidean:  # -||a - b||^2 = 2 a.b - |a|^2 - |b|^2
+            sim = 2.0 * sim - np.sum(np.square(chunk), axis=1, keepdims=True) - train_sq[None]
+        one_hot = np.eye(num_classes, dtype=np.int64)[labels[_top_k(sim, k)]]  # (Q, k, C)
+        # votes * (k + 1) + (k - first_rank): a unique maximum (module docstring).
+        score = one_hot.sum(axis=1) * (k + 1) + (one_hot * rank_bonus[None, :, None]).max(axis=1)
+        predictions.append(np.argmax(score, axis=1))
+    return np.concatenate(predictions).astype(np.int64) if predictions else np.zeros(0, np.int64)
 
 
 def knn_accuracy(

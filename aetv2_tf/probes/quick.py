@@ -6,6 +6,7 @@ first `test_examples` test images as queries, with the same rule (k = 10 cosine 
 average-pooled block-2 feature), for the trained encoder and for a random-init encoder of the same
 architecture and seed. Both numbers use the same images, so their difference is what the
 pretraining bought; they are not comparable to the paper's full-test-set numbers.
+Any Keras backend: features through `predict`, the KNN rule of `probes.knn`.
 """
 
 from __future__ import annotations
@@ -33,16 +34,12 @@ def quick_knn(
 
     Returns ``{"knn_top1": .., "random_knn_top1": .., "knn_gain": .., "knn_seconds": ..}``.
     """
-    from aetv2_tf.data.pipelines import classification_dataset  # TensorFlow
-    from aetv2_tf.probes.knn import extract_features, knn_accuracy, make_feature_fn
+    from aetv2_tf.probes.knn import knn_accuracy, pooled_features
 
     start = time.perf_counter()
 
     def features(model, images, labels):
-        batches = classification_dataset(images, labels, batch_size, 0, training=False,
-                                         augment=False, image_size=images.shape[1], mean=mean,
-                                         std=std)
-        return extract_features(make_feature_fn(model, feature), batches)
+        return pooled_features(model, feature, images, mean, std, batch_size), labels
 
     scores = []
     for model in (encoder, random_encoder):

@@ -1,0 +1,118 @@
+"""Which flag values each Keras backend runs: one table, checked before anything is written.
+
+Every flag of `aetv2_tf.flags` has a row (`tests/test_flag_support.py` walks them all). A row
+is either `EVERYWHERE` (the flag works on every backend) or a `Rule`: the values that the
+backends other than TensorFlow refuse, with what the flag needs there and the fix. TensorFlow
+runs every flag. A refusal is a `UsageError` that names the flag, the backend and the fix.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aetv2_tf.rundir import UsageError
+
+
+@dataclass(frozen=True)
+class Rule:
+    """`refused(value, present)` is True for the values a non-TensorFlow backend cannot run
+    (`present`: the flag was given, not defaulted); `why` says what the flag needs there and
+    the fix; `example` is one refused value (the table's test uses it); with
+    `unless_tensorflow_importable` the value is refused only where TensorFlow cannot be
+    imported (the adapter then uses TensorFlow beside the backend)."""
+
+    refused: Callable[[Any, bool], bool]
+    why: str
+    example: Any
+    unless_tensorflow_importable: bool = False
+
+
+EVERYWHERE = None
+_TF_ONLY_STAGE = ("only --stage=pretext with --pretext=aet and --stage=probe --probe=knn run "
+                  "here so far; use KERAS_BACKEND=tensorflow for RotNet, the classifier heads "
+                  "and the supervised stage")
+
+TABLE: dict[str, Rule | None] = {
+    "stage": Rule(lambda v, _: v == "supervised", _TF_ONLY_STAGE, "supervised"),
+    "pretext": Rule(lambda v, _: v != "aet", _TF_ONLY_STAGE, "rotation"),
+    "probe": Rule(lambda v, _: v != "knn", _TF_ONLY_STAGE, "conv"),
+    "dataset": Rule(lambda v, _: v != "cifar10",
+                    "reads tensorflow-datasets or tf.data folders; use --dataset=cifar10 (its "
+                    "python files) or KERAS_BACKEND=tensorflow", "imagenet2012"),
+    "download": Rule(lambda v, _: bool(v),
+                     "is tensorflow-datasets' download; prepare the data under TensorFlow once, "
+                     "or pass --data_dir=<cifar-10-batches-py>", True),
+    "strategy": Rule(lambda v, _: v not in ("auto", "default"),
+                     "is a tf.distribute strategy; every local device is used by itself "
+                     "(keras.distribution.DataParallel): drop --strategy", "mirrored"),
+    "tpu": Rule(lambda v, _: bool(v),
+                "is tf.distribute's TPU resolver; drop --tpu (JAX finds TPUs)", "local"),
+    "cpu_devices": Rule(lambda v, _: v != 1,
+                        "splits a CPU in tf.config; drop it (XLA_FLAGS="
+                        "--xla_force_host_platform_device_count=N does this for JAX)", 2),
+    "deterministic": Rule(lambda v, _: bool(v),
+                          "is TensorFlow's op determinism; drop it (XLA_FLAGS="
+                          "--xla_gpu_deterministic_ops=true on JAX GPUs)", True),
+    "image_summary_every_steps": Rule(
+        lambda v, _: v > 0, "draws TensorBoard image pairs from the tf.data pipeline; drop it "
+        "(the scalars are in train/log.csv and TensorBoard)", 100),
+    "export": Rule(lambda v, present: bool(v) and present,
+                   "writes a TensorFlow SavedModel and TensorFlow is not importable here; pass "
+                   "--export=false (the encoder is in <model_dir>/encoder.weights.h5: export it "
+                   "later with `python -m aetv2_tf.export --model_dir=...` where TensorFlow is "
+                   "installed)", True, unless_tensorflow_importable=True),
+}
+for _name in (
+    "loss", "projection_weight", "angle_power", "residual_scale", "chordal_weight",
+    "mse_weight", "mse_decay_steps", "loss_frame", "loss_frame_scale", "decoder_scale",
+    "decoder_init_rotation", "mse_normalize", "backbone", "batch_norm", "data_dir",
+    "train_examples", "shift", "augment", "model_dir", "overwrite", "batch_size", "epochs",
+    "train_steps", "stop_after_steps", "steps_per_execution", "optimizer", "learning_rate",
+    "lr_schedule", "warmup_steps", "momentum", "adam_beta1", "adam_beta2", "weight_decay",
+    "weight_decay_mode", "seed", "mixed_precision", "on_nonfinite", "checkpoint_every_steps",
+    "keep_checkpoints", "summary_every_steps", "quick_knn_train", "quick_knn_test", "verbose",
+    "pretrained", "feature", "probe_pool", "method", "dataset_name", "knn_k", "knn_metric",
+    "val_examples", "test_examples",
+):
+    TABLE[_name] = EVERYWHERE
+del _name
+
+
+@functools.cache
+def tensorflow_importable() -> bool:
+    """True when `import tensorflow` works here (cached; imports it once)."""
+    try:
+        import tensorflow  # noqa: F401
+    except Exception:  # noqa: BLE001 - absent, blocked or broken: all mean "not here"
+        return False
+    return True
+
+
+def refusals(backend: str, flags: dict[str, Any]) -> list[str]:
+    """The messages of every refused flag; `flags` maps a name to an absl Flag (`.value`,
+    `.present`). Empty under TensorFlow."""
+    if backend == "tensorflow":
+        return []
+    out = []
+    for name, rule in TABLE.items():
+        if rule is None or name not in flags:
+            continue
+        flag = flags[name]
+        if not rule.refused(flag.value, bool(flag.present)):
+            continue
+        if rule.unless_tensorflow_importable and tensorflow_importable():
+            continue
+        value = str(flag.value).lower() if isinstance(flag.value, bool) else flag.value
+        out.append(f"--{name}={value} is not available with KERAS_BACKEND={backend}: it "
+                   f"{rule.why} (or run with KERAS_BACKEND=tensorflow).")
+    return out
+
+
+def check(backend: str, flags: dict[str, Any]) -> None:
+    """Raises `UsageError` with the first refusal of `refusals`."""
+    found = refusals(backend, flags)
+    if found:
+        raise UsageError(found[0])

@@ -1,0 +1,220 @@
+"""The backend-neutral parts of the training program (`python -m aetv2_tf.train`).
+
+`aetv2_tf.train` (the command line and its TensorFlow adapter: tf.distribute, tf.data,
+TensorBoard, SavedModel) and `aetv2_tf.portable` (the adapter of the other Keras backends: JAX,
+`keras.distribution`, the NumPy stream with on-device warping) both build their stage from these
+pieces, so each idea exists once: the flag checks of every backend, the loss, metrics, schedule
+and optimizer of the flags, the training images, the step arithmetic, the stop at an exact step,
+the start line and the quick KNN. Nothing here imports TensorFlow; neither adapter is imported.
+"""
+
+from __future__ import annotations
+
+import os
+
+import keras
+import numpy as np
+from absl import logging
+
+from aetv2_tf import flag_support, optim
+from aetv2_tf.flags import FLAGS
+from aetv2_tf.precision import Choice
+from aetv2_tf.rundir import UsageError
+
+#: Input side of each backbone (square images).
+IMAGE_SIZE = {"nin": 32, "alexnet": 224}
+
+
+def check_flags(num_replicas: int, backend: str, accelerator: bool) -> None:
+    """Every check that does not depend on the backend's libraries, then the flag-support table
+    of `backend` (`flag_support`): rejects contradictory or unsupported flags before anything is
+    written. `accelerator`: a GPU or TPU is visible."""
+    F = FLAGS
+    if F.stage == "pretext" and not (F.epochs or F.train_steps):
+        raise UsageError("pass --epochs or --train_steps (both are 0).")
+    if F.batch_size % num_replicas:
+        raise UsageError(f"--batch_size={F.batch_size} is not divisible by the {num_replicas} "
+                         f"replicas of --strategy={F.strategy}; use a multiple of {num_replicas}.")
+    if F.dataset == "cifar10" and F.backbone == "alexnet":
+        raise UsageError("--backbone=alexnet expects 224x224 images, --dataset=cifar10 has 32x32; "
+                         "use --backbone=nin for CIFAR-10.")
+    if F.dataset != "cifar10" and F.backbone == "nin":
+        raise UsageError(f"--backbone=nin is the CIFAR-10 network; use --backbone=alexnet for "
+                         f"--dataset={F.dataset}.")
+    if F.stage == "probe" and not F.pretrained:
+        raise UsageError("--stage=probe needs --pretrained=<model_dir|SavedModel dir|none>.")
+    if F.mixed_precision == "mixed_float16" and not accelerator:
+        raise UsageError("--mixed_precision=mixed_float16 needs a GPU; on a CPU use "
+                         "mixed_bfloat16 (fast with AMX) or none.")
+    if F.pretext == "rotation" and F.loss == "mse" and F.stage == "pretext":
+        logging.info("--loss is ignored by --pretext=rotation (cross-entropy over 4 rotations).")
+    flag_support.check(backend, {name: FLAGS[name] for name in flag_support.TABLE})
+
+
+def geodesic_loss(param_std, image_size: int):
+    """The `GeodesicLoss` of the flags (`--projection_weight`, `--angle_power`, ...)."""
+    from aetv2_tf.losses import GeodesicLoss
+
+    F = FLAGS
+    if F.loss_frame == "pixel":
+        frame = pixel_frame(image_size)
+    else:  # the model frame, its coordinates multiplied by --loss_frame_scale
+        frame = None if F.loss_frame_scale == 1.0 else \
+            np.diag([F.loss_frame_scale, F.loss_frame_scale, 1.0]).tolist()
+    return GeodesicLoss(F.projection_weight, angle_power=F.angle_power,
+                        residual_scale=F.residual_scale, chordal_weight=F.chordal_weight,
+                        mse_weight=F.mse_weight, mse_std=param_std,
+                        mse_decay_steps=F.mse_decay_steps, frame=frame)
+
+
+def aet_loss(param_std, image_size: int, step) -> tuple[keras.losses.Loss, list]:
+    """The AET loss of the flags (geodesic: AETv2, mse: AETv1) and the pretext metrics.
+
+    `step`: the variable an MSE warm-up (`--mse_decay_steps`) reads: the optimizer's iterations
+    under TensorFlow, a model counter carried through the jitted step under JAX (`models.pairs`).
+    """
+    from aetv2_tf import losses, metrics
+
+    if FLAGS.loss == "geodesic":
+        loss = geodesic_loss(param_std, image_size)
+        loss.step = step
+    else:
+        loss = losses.ParameterMSELoss(std=param_std if FLAGS.mse_normalize else None)
+    return loss, metrics.pretext_metrics()
+
+
+def schedule_and_optimizer(model: keras.Model, steps: int):
+    """The learning-rate schedule and optimizer of the flags; `--weight_decay_mode=l2` adds the
+    decay to `model`'s losses. Call inside the distribution scope."""
+    F = FLAGS
+    if F.weight_decay_mode == "l2":
+        optim.add_l2_decay(model, F.weight_decay)
+    schedule = optim.Schedule(F.lr_schedule, F.learning_rate, steps, F.warmup_steps)
+    optimizer = optim.build_optimizer(
+        F.optimizer, schedule, momentum=F.momentum, beta_1=F.adam_beta1,
+        beta_2=F.adam_beta2, weight_decay=F.weight_decay,
+        weight_decay_mode=F.weight_decay_mode,
+        mixed_float16=keras.mixed_precision.dtype_policy().name == "mixed_float16")
+    return schedule, optimizer
+
+
+def pixel_frame(image_size: int) -> list[list[float]]:
+    """N^{-1} (3x3 nested lists): model frame -> pixel frame of a square image (conventions.md),
+    inverted in float32 from N as `data.homographies.normalization_matrix` has it."""
+    n = np.asarray([[2.0 / image_size, 0.0, -(image_size - 1.0) / image_size],
+                    [0.0, 2.0 / image_size, -(image_size - 1.0) / image_size],
+                    [0.0, 0.0, 1.0]], np.float32)
+    return np.linalg.inv(n).tolist()
+
+
+def batch_norm() -> str:
+    """`--batch_norm`, where the backend has it: `fused` is TensorFlow's kernel of the same
+    computation (interchangeable weights), so other backends build Keras's BatchNorm."""
+    return FLAGS.batch_norm if keras.backend.backend() == "tensorflow" else "keras"
+
+
+def data_dir() -> str | None:
+    """`--data_dir` with `~` expanded (None: the dataset's default place)."""
+    return os.path.expanduser(FLAGS.data_dir) if FLAGS.data_dir else None
+
+
+def load_train_images(split: str = "train"):
+    """The stage's images: numpy (N, H, W, 3) uint8 + labels for CIFAR-10 from its python files,
+    else a tf.data source (TensorFlow): `(images, labels or None, size or None)`."""
+    from aetv2_tf.data.sources import load_source
+
+    source = load_source(FLAGS.dataset, data_dir(), split, download=FLAGS.download)
+    if isinstance(source, tuple):
+        images, labels = source
+        if split == "train" and FLAGS.train_examples:
+            images, labels = images[: FLAGS.train_examples], labels[: FLAGS.train_examples]
+        return images, labels, len(images)
+    if split == "train" and FLAGS.train_examples:
+        source = source.take(FLAGS.train_examples)
+    size = int(source.cardinality())  # known for tensorflow-datasets splits and folders
+    return source, None, size if size >= 0 else None
+
+
+def total_steps(num_examples: int | None, images_per_step: int) -> tuple[int, int]:
+    """(steps per epoch, total steps) from --epochs / --train_steps.
+
+    `images_per_step` is the number of distinct training images a step consumes: the batch for
+    AET pairs, a quarter of it for RotNet (each image appears in its 4 rotations).
+    """
+    if num_examples is None and not FLAGS.train_steps:
+        raise UsageError("the dataset size is unknown here: pass --train_steps.")
+    per_epoch = max((num_examples or FLAGS.train_steps * images_per_step) // images_per_step, 1)
+    steps = FLAGS.train_steps or FLAGS.epochs * per_epoch
+    return min(per_epoch, steps), steps
+
+
+def stop_step(start: int, steps: int) -> int:
+    """Where this invocation ends: `steps`, or earlier by `--stop_after_steps`."""
+    return min(steps, start + FLAGS.stop_after_steps) if FLAGS.stop_after_steps else steps
+
+
+def fit_epochs(start: int, stop: int, per_epoch: int, steps_per_execution: int) -> dict:
+    """`model.fit`'s epoch arguments for training steps `start .. stop - 1` on data that ends
+    after step `stop - 1`: Keras epochs of a multiple of `steps_per_execution` steps (an
+    execution never straddles two epochs, so none takes a batch of the next), numbered on from
+    `start`. Only the very last execution can be short: there the data ends, and
+    `callbacks.StepCounter` (capped at `stop`) counts exactly the batches consumed."""
+    size = -(-min(per_epoch, stop - start) // steps_per_execution) * steps_per_execution
+    first = start // size
+    return dict(steps_per_epoch=size, initial_epoch=first,
+                epochs=first + -(-(stop - start) // size))
+
+
+class StopAtStep(keras.callbacks.Callback):
+    """Ends `fit` at exactly `steps` steps (epochs may be offset after a resume); `step_fn()` is
+    the number of batches consumed."""
+
+    def __init__(self, steps: int, step_fn):
+        super().__init__()
+        self.steps, self.step_fn = steps, step_fn
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.step_fn() >= self.steps:
+            self.model.stop_training = True
+
+
+def start_line(distribution: str, replicas: int, precision: Choice, data) -> str:
+    """One line: what runs, on which data, distribution and precision (and why)."""
+    F = FLAGS
+    if F.stage == "pretext":
+        what = "RotNet" if F.pretext == "rotation" else \
+            {"geodesic": "AETv2 (geodesic loss)", "mse": "AETv1 (parameter MSE)"}[F.loss]
+    else:
+        what = f"{F.probe} probe of {F.pretrained}" if F.stage == "probe" else "supervised NIN"
+    images = f", {data[2]} training images" if data and data[2] else ""
+    return (f"aetv2_tf {F.stage}: {what} | {F.dataset}{images} | "
+            f"{distribution} x{replicas} | "
+            f"{precision.policy} ({precision.reason}) | {F.model_dir}")
+
+
+def quick_knn_summary(encoder: keras.Model, images, labels) -> dict:
+    """`--quick_knn_train/test`: KNN of the trained and of a random-init encoder (seeded by
+    `--seed`, as `--pretrained=none`) on the first training and test images; printed and
+    returned (`probes.quick`)."""
+    from aetv2_tf.data.constants import normalization_constants
+    from aetv2_tf.data.sources import load_source
+    from aetv2_tf.models import build_backbone
+    from aetv2_tf.probes.quick import FEATURE, quick_knn
+
+    F = FLAGS
+    if labels is None:
+        logging.warning("--quick_knn_train: only for CIFAR-10 from its python files; skipped.")
+        return {}
+    test_images, test_labels = load_source(F.dataset, data_dir(), "test")
+    keras.utils.set_random_seed(F.seed)  # the random init of --pretrained=none, same seed
+    random_encoder = build_backbone(F.backbone, tuple(images.shape[1:]),
+                                    batch_norm=batch_norm())
+    n, m = F.quick_knn_train, F.quick_knn_test
+    train_set, test_set = (images[:n], labels[:n]), (test_images[:m], test_labels[:m])
+    result = quick_knn(encoder, random_encoder, train_set, test_set, FEATURE[F.backbone],
+                       *normalization_constants(F.dataset))
+    print(f"Quick KNN (k=10, cosine, {FEATURE[F.backbone]}; first {len(train_set[0])} "
+          f"training images vs first {len(test_set[0])} test images): "
+          f"{result['knn_top1']:.2f}% trained vs {result['random_knn_top1']:.2f}% random init "
+          f"({result['knn_gain']:+.2f} points, {result['knn_seconds']:.0f} s).", flush=True)
+    return result

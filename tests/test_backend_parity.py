@@ -1,0 +1,125 @@
+"""One program on every backend: what used to differ silently between the TensorFlow and the JAX
+programs, each checked on both (JAX in a child process with TensorFlow blocked, as on a machine
+without it; TensorFlow in this process or as a CLI run)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from aetv2_tf import geometry
+from tests.cli import REPO, _env, train, train_args
+
+BLOCK_TF = "import sys; sys.modules['tensorflow'] = None; "
+RUN_TRAIN = BLOCK_TF + ("import runpy; runpy.run_module('aetv2_tf.train', run_name='__main__', "
+                        "alter_sys=True)")
+
+SKIP_STEPS = """
+import numpy as np, keras
+from aetv2_tf import optim
+from aetv2_tf.callbacks import StepCounter, StopOnSkippedStep
+keras.utils.set_random_seed(0)
+model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+opt = optim.build_optimizer("sgd", 0.01)
+model.compile(optimizer=opt, loss="mse")
+x, y = np.ones((32, 2), np.float32), np.ones((32, 1), np.float32)
+x[16:24] = np.nan  # batch 3 of 4 is non-finite
+counter = StepCounter(0, 4)
+skips = StopOnSkippedStep(opt, counter, stop=STOP)
+model.fit(x, y, batch_size=8, epochs=1, shuffle=False, callbacks=[counter, skips], verbose=0)
+value = lambda v: int(keras.ops.convert_to_numpy(v.value))
+print("RESULT", counter(), value(opt.skipped_steps), value(opt.iterations), skips.stopped)
+"""
+
+
+def run_jax(code: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", BLOCK_TF + code, *map(str, args)], cwd=REPO,
+                          capture_output=True, text=True, env=_env({"KERAS_BACKEND": "jax"}),
+                          timeout=timeout)
+
+
+def result_line(text: str) -> str:
+    return [line for line in text.splitlines() if line.startswith("RESULT")][-1]
+
+
+@pytest.mark.parametrize("stop", [True, False])
+def test_a_skipped_step_counts_the_same_on_both_backends(stop):
+    """The step is the batches consumed (a skipped batch counts), the optimizer's iterations the
+    updates applied; --on_nonfinite=stop ends at the bad batch on JAX as on TensorFlow (before,
+    JAX had no such stop and counted steps differently)."""
+    code = SKIP_STEPS.replace("STOP", str(stop))
+    expected = "RESULT 3 1 2 True" if stop else "RESULT 4 1 3 False"
+    jax = run_jax(code)
+    assert jax.returncode == 0, jax.stderr[-3000:]
+    assert result_line(jax.stdout) == expected
+    tf_run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                            text=True, env=_env({"KERAS_BACKEND": "tensorflow"}), timeout=300)
+    assert tf_run.returncode == 0, tf_run.stderr[-3000:]
+    assert result_line(tf_run.stdout) == expected
+
+
+@pytest.fixture(scope="module")
+def tf_runs(tmp_path_factory, cifar10_dir):
+    """A finished TensorFlow run (2 steps) and one stopped after 1 of 2 steps."""
+    tmp = tmp_path_factory.mktemp("tf_runs")
+    flags = ("--train_steps=2", "--export=false", "--checkpoint_every_steps=1")
+    train(tmp / "done", cifar10_dir, *flags)
+    train(tmp / "cut", cifar10_dir, *flags, "--stop_after_steps=1")
+    return tmp
+
+
+def jax_cli(*args: str) -> subprocess.CompletedProcess:
+    return run_jax(RUN_TRAIN.removeprefix(BLOCK_TF), *args)
+
+
+def test_jax_probes_a_finished_tensorflow_run(tf_runs, tmp_path, cifar10_dir):
+    assert (tf_runs / "done" / "encoder.weights.h5").is_file()
+    proc = jax_cli(*train_args(tmp_path / "knn", cifar10_dir, "--stage=probe", "--probe=knn",
+                               f"--pretrained={tf_runs / 'done'}", "--test_examples=32"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Done (probe): probe=knn" in proc.stdout
+
+
+def test_jax_refuses_what_it_cannot_load_with_the_fix(tf_runs, tmp_path, cifar10_dir):
+    cases = {
+        "unfinished TensorFlow run": (
+            [f"--pretrained={tf_runs / 'cut'}", "--stage=probe", "--probe=knn"],
+            "without encoder.weights.h5"),
+        "SavedModel": ([f"--pretrained={tf_runs / 'export'}", "--stage=probe"], None),
+        "missing data_dir": (["--data_dir=/nonexistent/cifar"], "does not exist"),
+        "mixed_float16 on a CPU": (["--mixed_precision=mixed_float16"], "needs a GPU"),
+        "explicit --export without TensorFlow": (["--export=true"], "--export=true is not "
+                                                 "available with KERAS_BACKEND=jax"),
+    }
+    saved_model = tf_runs / "export"  # a directory that looks like a SavedModel
+    saved_model.mkdir(exist_ok=True)
+    (saved_model / "saved_model.pb").write_bytes(b"")
+    cases["SavedModel"] = (cases["SavedModel"][0], "is a TensorFlow SavedModel")
+    for name, (flags, message) in cases.items():
+        proc = jax_cli(*train_args(tmp_path / name.replace(" ", "_"), cifar10_dir, *flags,
+                                   "--train_steps=2"))
+        assert proc.returncode == 2, f"{name}: {proc.returncode}\n{proc.stderr[-3000:]}"
+        assert message in proc.stderr and "Traceback" not in proc.stderr, f"{name}: {proc.stderr}"
+        assert not (tmp_path / name.replace(" ", "_")).exists(), name  # nothing written
+
+
+def test_geometry_accepts_tensorflow_variables():
+    """`tf.Variable` inputs (a TensorFlow user's) work as before the keras.ops port, gradients
+    included."""
+    rng = np.random.default_rng(0)
+    m = tf.Variable(rng.normal(size=(4, 3, 3)).astype(np.float32))
+    with tf.GradientTape() as tape:
+        angle = tf.reduce_sum(geometry.rotation_angle(geometry.project_to_so3(m)))
+    gradient = tape.gradient(angle, m)
+    constant = tf.constant(m.numpy())
+    with tf.GradientTape() as tape:
+        tape.watch(constant)
+        want = tf.reduce_sum(geometry.rotation_angle(geometry.project_to_so3(constant)))
+    np.testing.assert_array_equal(angle.numpy(), want.numpy())
+    np.testing.assert_allclose(gradient.numpy(), tape.gradient(want, constant).numpy(),
+                               rtol=1e-6, atol=1e-7)
+    assert np.isfinite(gradient.numpy()).all() and np.abs(gradient.numpy()).max() > 0
