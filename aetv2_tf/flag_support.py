@@ -66,16 +66,15 @@ TABLE: dict[str, Rule | None] = {
                    "installed)", True, unless_tensorflow_importable=True),
 }
 for _name in (
-    "loss", "projection_weight", "angle_power", "residual_scale", "chordal_weight",
-    "mse_weight", "mse_decay_steps", "loss_frame", "loss_frame_scale", "decoder_scale",
-    "decoder_init_rotation", "mse_normalize", "backbone", "batch_norm", "data_dir",
-    "train_examples", "shift", "augment", "model_dir", "overwrite", "batch_size", "epochs",
-    "train_steps", "stop_after_steps", "steps_per_execution", "optimizer", "learning_rate",
-    "lr_schedule", "warmup_steps", "momentum", "adam_beta1", "adam_beta2", "weight_decay",
-    "weight_decay_mode", "seed", "mixed_precision", "on_nonfinite", "checkpoint_every_steps",
-    "keep_checkpoints", "summary_every_steps", "quick_knn_train", "quick_knn_test", "verbose",
-    "pretrained", "feature", "probe_pool", "method", "dataset_name", "knn_k", "knn_metric",
-    "val_examples", "test_examples",
+    "loss", "projection_weight", "angle_power", "residual_scale", "chordal_weight", "mse_weight",
+    "mse_decay_steps", "loss_frame", "loss_frame_scale", "decoder_scale", "decoder_init_rotation",
+    "mse_normalize", "backbone", "batch_norm", "data_dir", "train_examples", "shift", "augment",
+    "model_dir", "overwrite", "batch_size", "epochs", "train_steps", "train_seconds",
+    "stop_after_steps", "steps_per_execution", "optimizer", "learning_rate", "lr_schedule",
+    "warmup_steps", "momentum", "adam_beta1", "adam_beta2", "weight_decay", "weight_decay_mode",
+    "seed", "mixed_precision", "on_nonfinite", "checkpoint_every_steps", "keep_checkpoints",
+    "summary_every_steps", "quick_knn_train", "quick_knn_test", "verbose", "pretrained", "feature",
+    "probe_pool", "method", "dataset_name", "knn_k", "knn_metric", "val_examples", "test_examples",
 ):
     TABLE[_name] = EVERYWHERE
 del _name

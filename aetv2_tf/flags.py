@@ -88,6 +88,12 @@ flags.DEFINE_bool("overwrite", False,
 flags.DEFINE_integer("batch_size", 128, "Global batch size (pairs), split across replicas.")
 flags.DEFINE_integer("epochs", 0, "Training epochs over the training set (0: use --train_steps).")
 flags.DEFINE_integer("train_steps", 0, "Training steps (overrides --epochs when > 0).")
+flags.DEFINE_float("train_seconds", 0.0,
+                   "pretext: size the run to about this many seconds of training on this "
+                   "machine (overrides --train_steps and --epochs when > 0): a throwaway model "
+                   "times a few steps, the step count (and so the learning-rate schedule) follows "
+                   "from the rate and is recorded in <model_dir>/budget.json, which a resumed run "
+                   "reuses. 0: off.")
 flags.DEFINE_integer("stop_after_steps", 0,
                      "End this invocation after this many steps (checkpointed; 0: run to the end). "
                      "For time-limited job slots: rerun the same command to continue.")
@@ -193,6 +199,8 @@ for _name in ("quick_knn_train", "mse_decay_steps", "epochs", "train_steps", "st
               "train_examples", "image_summary_every_steps", "val_examples", "test_examples",
               "warmup_steps"):
     _positive(_name, allow_zero=True)
+flags.register_validator("train_seconds", lambda v: v >= 0,
+                         message="--train_seconds must be >= 0 (0: off).")
 flags.register_validator("loss_frame_scale", lambda v: v > 0,
                          message="--loss_frame_scale must be > 0 (1: the model frame).")
 flags.register_validator("angle_power", lambda v: v in (1, 2),

@@ -118,21 +118,33 @@ def pretext_stage(data) -> dict:
     F = FLAGS
     images, labels, num_examples = data
     size = program.IMAGE_SIZE[F.backbone]
-    per_epoch, steps = program.total_steps(num_examples, F.batch_size)
-    encoder = build_backbone(F.backbone, (size, size, 3), batch_norm="keras")
     param_std = parameter_std(size, F.shift)
-    decoder_scale = F.loss == "mse" if F.decoder_scale is None else F.decoder_scale
-    model = build_pairs_model(encoder, F.seed, shift=F.shift, augment=F.augment,
-                              mean=CIFAR10_MEAN, std=CIFAR10_STD,
-                              param_scale=param_std if decoder_scale else None,
-                              init_rotation_deg=F.decoder_init_rotation,
-                              count_steps=F.mse_decay_steps > 0)
-    schedule, optimizer = program.schedule_and_optimizer(model, steps)
-    # An MSE warm-up reads the step a jitted JAX step carries (models.pairs).
-    loss, compiled_metrics = program.aet_loss(param_std, size, model.loss_step)
-    model.compile(optimizer=optimizer, loss=loss, metrics=compiled_metrics,
-                  steps_per_execution=F.steps_per_execution)
-    optimizer.build(model.trainable_variables)
+
+    def build(steps: int):
+        """The encoder, compiled pairs model, schedule and optimizer of a `steps`-step run."""
+        keras.utils.set_random_seed(F.seed)  # the same weights whatever was built before
+        encoder = build_backbone(F.backbone, (size, size, 3), batch_norm="keras")
+        decoder_scale = F.loss == "mse" if F.decoder_scale is None else F.decoder_scale
+        model = build_pairs_model(encoder, F.seed, shift=F.shift, augment=F.augment,
+                                  mean=CIFAR10_MEAN, std=CIFAR10_STD,
+                                  param_scale=param_std if decoder_scale else None,
+                                  init_rotation_deg=F.decoder_init_rotation,
+                                  count_steps=F.mse_decay_steps > 0)
+        schedule, optimizer = program.schedule_and_optimizer(model, steps)
+        # An MSE warm-up reads the step a jitted JAX step carries (models.pairs).
+        loss, compiled_metrics = program.aet_loss(param_std, size, model.loss_step)
+        model.compile(optimizer=optimizer, loss=loss, metrics=compiled_metrics,
+                      steps_per_execution=F.steps_per_execution)
+        optimizer.build(model.trainable_variables)
+        return encoder, model, schedule, optimizer
+
+    def fit_first_steps(n: int, timer: keras.callbacks.Callback) -> None:
+        build(n)[1].fit(ImageBatches(images, F.batch_size, F.seed, 0, n), epochs=1,
+                        steps_per_epoch=n, shuffle=False, callbacks=[timer], verbose=0)
+
+    budget = program.budget_steps(fit_first_steps) if F.train_seconds else 0
+    per_epoch, steps = program.total_steps(num_examples, F.batch_size, budget)
+    encoder, model, schedule, optimizer = build(steps)
     ckpt_dir = os.path.join(F.model_dir, "checkpoints")
     start = restore_checkpoint(model, ckpt_dir)
     stop = program.stop_step(start, steps)

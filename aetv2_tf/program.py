@@ -10,7 +10,10 @@ the start line and the quick KNN. Nothing here imports TensorFlow; neither adapt
 
 from __future__ import annotations
 
+import json
 import os
+import time
+from collections.abc import Callable
 
 import keras
 import numpy as np
@@ -30,8 +33,8 @@ def check_flags(num_replicas: int, backend: str, accelerator: bool) -> None:
     of `backend` (`flag_support`): rejects contradictory or unsupported flags before anything is
     written. `accelerator`: a GPU or TPU is visible."""
     F = FLAGS
-    if F.stage == "pretext" and not (F.epochs or F.train_steps):
-        raise UsageError("pass --epochs or --train_steps (both are 0).")
+    if F.stage == "pretext" and not (F.epochs or F.train_steps or F.train_seconds):
+        raise UsageError("pass --epochs, --train_steps or --train_seconds (all are 0).")
     if F.batch_size % num_replicas:
         raise UsageError(f"--batch_size={F.batch_size} is not divisible by the {num_replicas} "
                          f"replicas of --strategy={F.strategy}; use a multiple of {num_replicas}.")
@@ -43,6 +46,11 @@ def check_flags(num_replicas: int, backend: str, accelerator: bool) -> None:
                          f"--dataset={F.dataset}.")
     if F.stage == "probe" and not F.pretrained:
         raise UsageError("--stage=probe needs --pretrained=<model_dir|SavedModel dir|none>.")
+    if F.train_seconds and F.strategy in ("multi_worker_mirrored", "tpu"):
+        raise UsageError(f"--train_seconds times this machine alone; with --strategy="
+                         f"{F.strategy} pass --train_steps (every worker the same).")
+    if F.train_seconds:
+        recorded_budget()  # a resumed budgeted run keeps the budget that sized it
     if F.mixed_precision == "mixed_float16" and not accelerator:
         raise UsageError("--mixed_precision=mixed_float16 needs a GPU; on a CPU use "
                          "mixed_bfloat16 (fast with AMX) or none.")
@@ -135,17 +143,86 @@ def load_train_images(split: str = "train"):
     return source, None, size if size >= 0 else None
 
 
-def total_steps(num_examples: int | None, images_per_step: int) -> tuple[int, int]:
-    """(steps per epoch, total steps) from --epochs / --train_steps.
+def total_steps(num_examples: int | None, images_per_step: int,
+                train_steps: int = 0) -> tuple[int, int]:
+    """(steps per epoch, total steps) from `train_steps` (`--train_seconds`' count), else
+    --train_steps, else --epochs.
 
     `images_per_step` is the number of distinct training images a step consumes: the batch for
     AET pairs, a quarter of it for RotNet (each image appears in its 4 rotations).
     """
-    if num_examples is None and not FLAGS.train_steps:
+    train_steps = train_steps or FLAGS.train_steps
+    if num_examples is None and not train_steps:
         raise UsageError("the dataset size is unknown here: pass --train_steps.")
-    per_epoch = max((num_examples or FLAGS.train_steps * images_per_step) // images_per_step, 1)
-    steps = FLAGS.train_steps or FLAGS.epochs * per_epoch
+    per_epoch = max((num_examples or train_steps * images_per_step) // images_per_step, 1)
+    steps = train_steps or FLAGS.epochs * per_epoch
     return min(per_epoch, steps), steps
+
+
+BUDGET_FILE = "budget.json"
+
+
+def recorded_budget() -> dict | None:
+    """The `--train_seconds` record of `--model_dir` (None: none); refuses another budget."""
+    F = FLAGS
+    path = os.path.join(F.model_dir, BUDGET_FILE)
+    if F.stage != "pretext" or not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        recorded = json.load(f)
+    if recorded.get("train_seconds") != F.train_seconds:
+        raise UsageError(f"--train_seconds={F.train_seconds:g} differs from the "
+                         f"{recorded.get('train_seconds')} that sized the run in {path} "
+                         f"(--train_steps={recorded.get('train_steps')}); resume with "
+                         f"--train_seconds={recorded.get('train_seconds')}, or start afresh in a "
+                         f"new --model_dir.")
+    return recorded
+
+
+class StepTimes(keras.callbacks.Callback):
+    """`(steps done, time.perf_counter())` at the end of every execution of `fit`."""
+
+    def __init__(self):
+        super().__init__()
+        self.marks: list[tuple[int, float]] = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.marks.append((int(batch) + 1, time.perf_counter()))
+
+
+def budget_steps(fit_first_steps: Callable[[int, keras.callbacks.Callback], None],
+                 writer: bool = True, executions: int = 5) -> int:
+    """`--train_seconds`: the steps that fill that many seconds of training on this machine.
+
+    On a resume, the count recorded in `<model_dir>/budget.json`; else measured:
+    `fit_first_steps(n, timer)` trains a THROWAWAY model (the caller then re-seeds and builds
+    the real one) for `executions` executions of `--steps_per_execution` steps, and the rate of
+    all but the first two (which trace or compile and warm up) sets the count. The run is then
+    the run of `--train_steps=<count>` (same schedule, data and weights). Prints one line that
+    says how long training will take; `writer` (the chief) records the count.
+    """
+    F = FLAGS
+    path = os.path.join(F.model_dir, BUDGET_FILE)
+    recorded = recorded_budget()
+    if recorded:
+        return int(recorded["train_steps"])
+    timer = StepTimes()
+    fit_first_steps(executions * F.steps_per_execution, timer)
+    (s0, t0), (s1, t1) = timer.marks[1], timer.marks[-1]
+    rate = (s1 - s0) / max(t1 - t0, 1e-9)  # steps per second
+    steps = max(int(F.train_seconds * rate), 1)
+    record = dict(train_seconds=F.train_seconds, train_steps=steps,
+                  pairs_per_sec=round(rate * F.batch_size, 1), timed_steps=s1 - s0,
+                  measured=time.strftime("%Y-%m-%d %H:%M:%S"))
+    if writer:
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(record, f, indent=1)
+        os.replace(tmp, path)
+    print(f"Time budget --train_seconds={F.train_seconds:g}: {record['pairs_per_sec']} pairs/s "
+          f"measured here -> --train_steps={steps} of {F.batch_size} pairs, about "
+          f"{steps / rate / 60:.1f} min of training (recorded in {path}).", flush=True)
+    return steps
 
 
 def stop_step(start: int, steps: int) -> int:

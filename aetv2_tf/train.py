@@ -96,28 +96,47 @@ def pretext_stage(strategy: tf.distribute.Strategy, chief: bool, data=None) -> d
     images, labels, num_examples = data or program.load_train_images()
     size = program.IMAGE_SIZE[F.backbone]
     rotation = F.pretext == "rotation"
-    per_epoch, steps = program.total_steps(num_examples,
-                                           F.batch_size // 4 if rotation else F.batch_size)
+    # AETv1: the decoder regresses std-normalised parameters, as the AETv1 code does.
+    param_std = parameter_statistics(size, size, F.shift)[1]
+    build_data = pipelines.rotation_dataset if rotation else pipelines.pretext_dataset
 
+    def dataset_from(step: int, batch_size: int = F.batch_size, **kwargs):
+        options = {} if rotation else {"shift": F.shift, "augment": F.augment}
+        return build_data(images, batch_size, image_size=size, **{
+            "seed": F.seed, "start_step": step, **options, **kwargs})
+
+    def build(steps: int):
+        """The encoder, compiled pretext model, schedule and optimizer of a `steps`-step run."""
+        keras.utils.set_random_seed(F.seed)  # the same weights whatever was built before
+        with strategy.scope():
+            encoder = build_backbone(F.backbone, (size, size, 3), batch_norm=F.batch_norm)
+            decoder_scale = F.loss == "mse" if F.decoder_scale is None else F.decoder_scale
+            model = build_rotation_model(encoder) if rotation else \
+                build_aet_model(encoder, param_scale=param_std if decoder_scale else None,
+                                init_rotation_deg=F.decoder_init_rotation)
+            schedule, optimizer = program.schedule_and_optimizer(model, steps)
+            if rotation:
+                loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+                compiled_metrics = [
+                    keras.metrics.SparseCategoricalAccuracy(name="rotation_accuracy")]
+            else:
+                loss, compiled_metrics = program.aet_loss(param_std, size, optimizer.iterations)
+            model.compile(optimizer=optimizer, loss=loss, metrics=compiled_metrics,
+                          steps_per_execution=F.steps_per_execution, jit_compile=False)
+            optimizer.build(model.trainable_variables)
+        distribute.patch_keras_multi_worker_fit(model, strategy)
+        return encoder, model, schedule, optimizer
+
+    def fit_first_steps(n: int, timer: keras.callbacks.Callback) -> None:
+        build(n)[1].fit(dataset_from(0).take(n), epochs=1, steps_per_epoch=n,
+                        callbacks=[timer], verbose=0)
+
+    budget = program.budget_steps(fit_first_steps, writer=chief) if F.train_seconds else 0
+    per_epoch, steps = program.total_steps(
+        num_examples, F.batch_size // 4 if rotation else F.batch_size, budget)
+    encoder, model, schedule, optimizer = build(steps)
     with strategy.scope():
-        encoder = build_backbone(F.backbone, (size, size, 3), batch_norm=F.batch_norm)
-        # AETv1: the decoder regresses std-normalised parameters, as the AETv1 code does.
-        param_std = parameter_statistics(size, size, F.shift)[1]
-        decoder_scale = F.loss == "mse" if F.decoder_scale is None else F.decoder_scale
-        model = build_rotation_model(encoder) if rotation else \
-            build_aet_model(encoder, param_scale=param_std if decoder_scale else None,
-                            init_rotation_deg=F.decoder_init_rotation)
-        schedule, optimizer = program.schedule_and_optimizer(model, steps)
-        if rotation:
-            loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-            compiled_metrics = [keras.metrics.SparseCategoricalAccuracy(name="rotation_accuracy")]
-        else:
-            loss, compiled_metrics = program.aet_loss(param_std, size, optimizer.iterations)
-        model.compile(optimizer=optimizer, loss=loss, metrics=compiled_metrics,
-                      steps_per_execution=F.steps_per_execution, jit_compile=False)
-        optimizer.build(model.trainable_variables)
         checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
-    distribute.patch_keras_multi_worker_fit(model, strategy)
     # Every worker saves (saving may need collectives), but only the chief into the model_dir;
     # every worker resumes from the chief's checkpoints (a shared filesystem, see BUILD.md).
     ckpt_dir = os.path.join(F.model_dir, "checkpoints")
@@ -128,16 +147,14 @@ def pretext_stage(strategy: tf.distribute.Strategy, chief: bool, data=None) -> d
     stop = program.stop_step(start, steps)
     step_fn = StepCounter(start, stop)  # batches consumed: the data position and checkpoint name
 
-    build = pipelines.rotation_dataset if rotation else pipelines.pretext_dataset
-    dataset = build(images, F.batch_size, seed=F.seed, start_step=start, image_size=size,
-                    **({} if rotation else {"shift": F.shift, "augment": F.augment}))
+    dataset = dataset_from(start)
     signals = StopOnSignal()
     skips = StopOnSkippedStep(optimizer, step_fn, F.on_nonfinite == "stop")
     callbacks = [step_fn, signals, skips, program.StopAtStep(stop, step_fn),
                  CheckpointEvery(manager, step_fn, F.checkpoint_every_steps, writer=chief)]
     if chief:
-        sample = None if rotation else next(iter(build(
-            images, 4, seed=F.seed + 1, image_size=size, shift=F.shift, augment=False)))
+        sample = None if rotation else next(iter(dataset_from(
+            0, batch_size=4, seed=F.seed + 1, augment=False)))
         image_mean, image_std = normalization_constants(F.dataset)
         callbacks.append(PretextSummaries(
             os.path.join(F.model_dir, "train"), step_fn, lambda s: schedule(s).numpy(),

@@ -53,7 +53,8 @@ def train_args(model_dir, data_dir, *args: str) -> list[str]:
     in float32: `--mixed_precision=auto` would decide by a timing race on the test machine."""
     return ["--flagfile=configs/quickstart.cfg", f"--model_dir={model_dir}",
             f"--data_dir={data_dir}", "--batch_size=16", "--train_examples=256", "--verbose=0",
-            "--quick_knn_train=0", "--mixed_precision=none", *args]
+            "--quick_knn_train=0", "--mixed_precision=none", "--train_seconds=0",
+            "--train_steps=8", *args]
 
 
 def train(model_dir, data_dir, *args: str, **kwargs) -> subprocess.CompletedProcess:
