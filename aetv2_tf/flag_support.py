@@ -31,13 +31,12 @@ class Rule:
 
 
 EVERYWHERE = None
-_TF_ONLY_STAGE = ("only --stage=pretext with --pretext=aet and --stage=probe --probe=knn run "
-                  "here so far; use KERAS_BACKEND=tensorflow for RotNet, the classifier heads "
-                  "and the supervised stage")
+_TF_ONLY_STAGE = ("only --stage=pretext (AET and RotNet) and --stage=probe --probe=knn run "
+                  "here so far; use KERAS_BACKEND=tensorflow for the classifier heads and the "
+                  "supervised stage")
 
 TABLE: dict[str, Rule | None] = {
     "stage": Rule(lambda v, _: v == "supervised", _TF_ONLY_STAGE, "supervised"),
-    "pretext": Rule(lambda v, _: v != "aet", _TF_ONLY_STAGE, "rotation"),
     "probe": Rule(lambda v, _: v != "knn", _TF_ONLY_STAGE, "conv"),
     "dataset": Rule(lambda v, _: v != "cifar10",
                     "reads tensorflow-datasets or tf.data folders; use --dataset=cifar10 (its "
@@ -66,15 +65,16 @@ TABLE: dict[str, Rule | None] = {
                    "installed)", True, unless_tensorflow_importable=True),
 }
 for _name in (
-    "loss", "projection_weight", "angle_power", "residual_scale", "chordal_weight", "mse_weight",
-    "mse_decay_steps", "loss_frame", "loss_frame_scale", "decoder_scale", "decoder_init_rotation",
-    "mse_normalize", "backbone", "batch_norm", "data_dir", "train_examples", "shift", "augment",
-    "model_dir", "overwrite", "batch_size", "epochs", "train_steps", "train_seconds",
-    "stop_after_steps", "steps_per_execution", "optimizer", "learning_rate", "lr_schedule",
-    "warmup_steps", "momentum", "adam_beta1", "adam_beta2", "weight_decay", "weight_decay_mode",
-    "seed", "mixed_precision", "on_nonfinite", "checkpoint_every_steps", "keep_checkpoints",
-    "summary_every_steps", "quick_knn_train", "quick_knn_test", "verbose", "pretrained", "feature",
-    "probe_pool", "method", "dataset_name", "knn_k", "knn_metric", "val_examples", "test_examples",
+    "pretext", "loss", "projection_weight", "angle_power", "residual_scale", "chordal_weight",
+    "mse_weight", "mse_decay_steps", "loss_frame", "loss_frame_scale", "decoder_scale",
+    "decoder_init_rotation", "mse_normalize", "backbone", "batch_norm", "data_dir",
+    "train_examples", "shift", "augment", "model_dir", "overwrite", "batch_size", "epochs",
+    "train_steps", "train_seconds", "stop_after_steps", "steps_per_execution", "optimizer",
+    "learning_rate", "lr_schedule", "warmup_steps", "momentum", "adam_beta1", "adam_beta2",
+    "weight_decay", "weight_decay_mode", "seed", "mixed_precision", "on_nonfinite",
+    "checkpoint_every_steps", "keep_checkpoints", "summary_every_steps", "quick_knn_train",
+    "quick_knn_test", "verbose", "pretrained", "feature", "probe_pool", "method", "dataset_name",
+    "knn_k", "knn_metric", "val_examples", "test_examples",
 ):
     TABLE[_name] = EVERYWHERE
 del _name

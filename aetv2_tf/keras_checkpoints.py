@@ -141,7 +141,7 @@ def load_encoder_weights(model_dir: str, saved: dict, batch_norm: str) -> keras.
     (the whole pretext model is rebuilt to read it). FileNotFoundError when neither exists.
     """
     from aetv2_tf.models import DEFAULT_INPUT_SHAPES, build_backbone
-    from aetv2_tf.models.pairs import build_pairs_model
+    from aetv2_tf.models.pairs import build_pairs_model, build_rotations_model
 
     shape = DEFAULT_INPUT_SHAPES[saved["backbone"]]
     twin = build_backbone(saved["backbone"], shape, batch_norm="keras")
@@ -152,7 +152,9 @@ def load_encoder_weights(model_dir: str, saved: dict, batch_norm: str) -> keras.
     if path.endswith(ENCODER_WEIGHTS):
         twin.load_weights(path)
     else:
-        _load_model_part(build_pairs_model(twin, seed=0), path)
+        rotation = saved.get("pretext") == "rotation"
+        _load_model_part((build_rotations_model if rotation else build_pairs_model)(twin, seed=0),
+                         path)
     logging.info("Loaded the encoder from %s.", path)
     if batch_norm == "keras":
         return twin

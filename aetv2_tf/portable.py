@@ -1,31 +1,28 @@
-"""The training program on a Keras backend other than TensorFlow (JAX): same command, same flags.
+"""The JAX adapter of the training program (any Keras backend but TensorFlow): same command,
+same flags; `aetv2_tf.train.main` runs this module's `run` when `keras.backend.backend()` is not
+tensorflow, and TensorFlow is then never imported (it need not be installed).
 
     KERAS_BACKEND=jax python -m aetv2_tf.train --flagfile=configs/cifar10_aetv2.cfg
 
-`aetv2_tf.train.main` runs this module's `run` when `keras.backend.backend()` is not tensorflow;
-TensorFlow is then never imported (it need not be installed). What runs:
+What is this backend's own (the rest is `aetv2_tf.program`, shared with TensorFlow's adapter):
 
-* `--stage=pretext` (AET: `--loss=geodesic` AETv2 or `mse` AETv1) on CIFAR-10 from its python
-  files: `models.pairs.build_pairs_model` (uint8 images -> on-device `HomographyPairs` seeded by
-  `--seed` -> the Siamese NIN with Keras BatchNorm -> the decoder of `build_aet_model`), the loss,
-  metrics, optimizer, schedule and weight decay that `aetv2_tf.train` builds (its helpers), fed
-  by `data.stream.ImageBatches` (uint8 NumPy batches, a pure function of (seed, step)). The train
-  step is one jitted function (Keras's), warp included; all local devices are used through
-  `keras.distribution.DataParallel` when there are several.
-* `--stage=probe --probe=knn` with `--pretrained=<run of either program>|none`
-  (`probes.knn`), writing the same `results.json` as the TensorFlow probe.
+* input: `data.stream.ImageBatches` (uint8 NumPy batches, a pure function of (seed, step)); the
+  pretext examples are made on the device inside the jitted step (`models.pairs`: the
+  homography pairs of AET, `--loss=geodesic` AETv2 or `mse` AETv1, or the 4 rotations of
+  RotNet, `--pretext=rotation`), seeded by `--seed`;
+* distribution: every local device through `keras.distribution.DataParallel`;
+* checkpoints: Keras `.weights.h5` files (`keras_checkpoints`, atomic, `--keep_checkpoints`
+  newest; rerunning the command resumes at the same step, learning rate, data position and
+  sampler state);
+* summaries: train/log.csv (TensorBoard scalars too where TensorFlow is importable);
+* export: `--export` runs `python -m aetv2_tf.export` on the TensorFlow backend in a child
+  process where TensorFlow is importable (`export_saved_model`);
+* BatchNorm is always Keras's (`--batch_norm=fused` is TensorFlow's kernel of the same
+  computation, with interchangeable weights; the start line says so); the decoder scale and the
+  MSE normalisation use the parameter std measured with the device sampler.
 
-Outputs in `--model_dir`: flags.cfg / flags.json (with `backend`), Keras checkpoints
-(`keras_checkpoints`: checkpoints/ckpt-<step>.weights.h5, atomic, `--keep_checkpoints` newest;
-rerunning the command resumes at the same step, learning rate, data position and sampler state),
-train/log.csv (loss, metrics, learning rate, pairs/s every `--summary_every_steps`; TensorBoard
-scalars too when TensorFlow is importable), and at the end encoder.weights.h5, which
-`--pretrained=<model_dir>` and `python -m aetv2_tf.export --model_dir=<model_dir>` load under
-TensorFlow. Differences from the TensorFlow program: BatchNorm is always Keras's (`--batch_norm=
-fused` is TensorFlow's kernel of the same computation, with interchangeable weights, so it is
-replaced, and the start line says so); no SavedModel export and no image summaries (TensorFlow
-things); `--mixed_precision=auto` is mixed_bfloat16 on a GPU/TPU, float32 on a CPU. The decoder
-scale and the MSE normalisation use the parameter std measured with the device sampler.
+`--stage=probe --probe=knn` runs `portable_probe.knn_stage`. Which flag values run here is
+`aetv2_tf.flag_support`'s table.
 """
 
 from __future__ import annotations
@@ -113,37 +110,43 @@ def pretext_stage(data) -> dict:
         save_encoder_weights,
     )
     from aetv2_tf.models import build_backbone
-    from aetv2_tf.models.pairs import build_pairs_model
+    from aetv2_tf.models.pairs import build_pairs_model, build_rotations_model
 
     F = FLAGS
     images, labels, num_examples = data
     size = program.IMAGE_SIZE[F.backbone]
-    param_std = parameter_std(size, F.shift)
+    rotation = F.pretext == "rotation"
+    images_per_step = F.batch_size // 4 if rotation else F.batch_size  # RotNet: 4 turns each
+    param_std = None if rotation else parameter_std(size, F.shift)
 
     def build(steps: int):
-        """The encoder, compiled pairs model, schedule and optimizer of a `steps`-step run."""
+        """The encoder, compiled pretext model, schedule and optimizer of a `steps`-step run."""
         keras.utils.set_random_seed(F.seed)  # the same weights whatever was built before
         encoder = build_backbone(F.backbone, (size, size, 3), batch_norm="keras")
-        decoder_scale = F.loss == "mse" if F.decoder_scale is None else F.decoder_scale
-        model = build_pairs_model(encoder, F.seed, shift=F.shift, augment=F.augment,
-                                  mean=CIFAR10_MEAN, std=CIFAR10_STD,
-                                  param_scale=param_std if decoder_scale else None,
-                                  init_rotation_deg=F.decoder_init_rotation,
-                                  count_steps=F.mse_decay_steps > 0)
+        if rotation:
+            model = build_rotations_model(encoder, F.seed, augment=F.augment,
+                                          mean=CIFAR10_MEAN, std=CIFAR10_STD)
+        else:
+            decoder_scale = F.loss == "mse" if F.decoder_scale is None else F.decoder_scale
+            model = build_pairs_model(encoder, F.seed, shift=F.shift, augment=F.augment,
+                                      mean=CIFAR10_MEAN, std=CIFAR10_STD,
+                                      param_scale=param_std if decoder_scale else None,
+                                      init_rotation_deg=F.decoder_init_rotation,
+                                      count_steps=F.mse_decay_steps > 0)
         schedule, optimizer = program.schedule_and_optimizer(model, steps)
         # An MSE warm-up reads the step a jitted JAX step carries (models.pairs).
-        loss, compiled_metrics = program.aet_loss(param_std, size, model.loss_step)
+        loss, compiled_metrics = program.pretext_loss(param_std, size, model.loss_step)
         model.compile(optimizer=optimizer, loss=loss, metrics=compiled_metrics,
                       steps_per_execution=F.steps_per_execution)
         optimizer.build(model.trainable_variables)
         return encoder, model, schedule, optimizer
 
     def fit_first_steps(n: int, timer: keras.callbacks.Callback) -> None:
-        build(n)[1].fit(ImageBatches(images, F.batch_size, F.seed, 0, n), epochs=1,
+        build(n)[1].fit(ImageBatches(images, images_per_step, F.seed, 0, n), epochs=1,
                         steps_per_epoch=n, shuffle=False, callbacks=[timer], verbose=0)
 
     budget = program.budget_steps(fit_first_steps) if F.train_seconds else 0
-    per_epoch, steps = program.total_steps(num_examples, F.batch_size, budget)
+    per_epoch, steps = program.total_steps(num_examples, images_per_step, budget)
     encoder, model, schedule, optimizer = build(steps)
     ckpt_dir = os.path.join(F.model_dir, "checkpoints")
     start = restore_checkpoint(model, ckpt_dir)
@@ -160,7 +163,7 @@ def pretext_stage(data) -> dict:
     t0 = time.perf_counter()
     history = {}
     if start < stop:
-        batches = ImageBatches(images, F.batch_size, F.seed, start, stop)
+        batches = ImageBatches(images, images_per_step, F.seed, start, stop)
         fit = model.fit(batches, shuffle=False, callbacks=callbacks, verbose=F.verbose,
                         **program.fit_epochs(start, stop, per_epoch, F.steps_per_execution))
         history = {k: float(v[-1]) for k, v in fit.history.items()}

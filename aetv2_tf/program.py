@@ -54,6 +54,9 @@ def check_flags(num_replicas: int, backend: str, accelerator: bool) -> None:
     if F.mixed_precision == "mixed_float16" and not accelerator:
         raise UsageError("--mixed_precision=mixed_float16 needs a GPU; on a CPU use "
                          "mixed_bfloat16 (fast with AMX) or none.")
+    if F.pretext == "rotation" and F.stage == "pretext" and F.batch_size % 4:
+        raise UsageError(f"--pretext=rotation shows each image in its 4 rotations: "
+                         f"--batch_size={F.batch_size} must be a multiple of 4.")
     if F.pretext == "rotation" and F.loss == "mse" and F.stage == "pretext":
         logging.info("--loss is ignored by --pretext=rotation (cross-entropy over 4 rotations).")
     flag_support.check(backend, {name: FLAGS[name] for name in flag_support.TABLE})
@@ -75,14 +78,18 @@ def geodesic_loss(param_std, image_size: int):
                         mse_decay_steps=F.mse_decay_steps, frame=frame)
 
 
-def aet_loss(param_std, image_size: int, step) -> tuple[keras.losses.Loss, list]:
-    """The AET loss of the flags (geodesic: AETv2, mse: AETv1) and the pretext metrics.
+def pretext_loss(param_std, image_size: int, step) -> tuple[keras.losses.Loss, list]:
+    """The pretext loss of the flags and its metrics: RotNet's cross-entropy over the 4 turns,
+    or the AET loss (geodesic: AETv2, mse: AETv1) and the pretext metrics.
 
     `step`: the variable an MSE warm-up (`--mse_decay_steps`) reads: the optimizer's iterations
     under TensorFlow, a model counter carried through the jitted step under JAX (`models.pairs`).
     """
     from aetv2_tf import losses, metrics
 
+    if FLAGS.pretext == "rotation":
+        return (keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                [keras.metrics.SparseCategoricalAccuracy(name="rotation_accuracy")])
     if FLAGS.loss == "geodesic":
         loss = geodesic_loss(param_std, image_size)
         loss.step = step

@@ -115,12 +115,7 @@ def pretext_stage(strategy: tf.distribute.Strategy, chief: bool, data=None) -> d
                 build_aet_model(encoder, param_scale=param_std if decoder_scale else None,
                                 init_rotation_deg=F.decoder_init_rotation)
             schedule, optimizer = program.schedule_and_optimizer(model, steps)
-            if rotation:
-                loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-                compiled_metrics = [
-                    keras.metrics.SparseCategoricalAccuracy(name="rotation_accuracy")]
-            else:
-                loss, compiled_metrics = program.aet_loss(param_std, size, optimizer.iterations)
+            loss, compiled_metrics = program.pretext_loss(param_std, size, optimizer.iterations)
             model.compile(optimizer=optimizer, loss=loss, metrics=compiled_metrics,
                           steps_per_execution=F.steps_per_execution, jit_compile=False)
             optimizer.build(model.trainable_variables)

@@ -259,8 +259,23 @@ def _pad_crop_flip(images, u, pad: int):
     return _sample(images, rows, cols, 0, 0.0)
 
 
+class _SeededLayer(keras.layers.Layer):
+    """A layer with its own ``keras.random.SeedGenerator`` (``self.seed_generator``), whose
+    state it also saves (Keras does not, by default) in ``.keras`` and ``.weights.h5`` files, so
+    that a restored layer continues the stream."""
+
+    def save_own_variables(self, store) -> None:
+        super().save_own_variables(store)
+        store[_STATE_KEY] = self.seed_generator.state
+
+    def load_own_variables(self, store) -> None:
+        if _STATE_KEY in store.keys():
+            self.seed_generator.state.assign(ops.convert_to_tensor(
+                store[_STATE_KEY], self.seed_generator.state.dtype))
+
+
 @keras.saving.register_keras_serializable(package="aetv2_tf")
-class HomographyPairs(keras.layers.Layer):
+class HomographyPairs(_SeededLayer):
     """AET pretext pairs on the device: images -> ``(x, tx, params)``.
 
     Input: (B, H, W, 3) uint8 images or float images in ``[0, 1]``, static H, W.
@@ -314,17 +329,6 @@ class HomographyPairs(keras.layers.Layer):
         std = ops.convert_to_tensor(self.std, "float32")
         return (x - mean) / std, (tx - mean) / std, matrix_to_params(parts["matrix"])
 
-    def save_own_variables(self, store) -> None:
-        """Also saves the seed generator's state (Keras does not, by default) in ``.keras`` and
-        ``.weights.h5`` files, so that a restored layer continues the stream."""
-        super().save_own_variables(store)
-        store[_STATE_KEY] = self.seed_generator.state
-
-    def load_own_variables(self, store) -> None:
-        if _STATE_KEY in store.keys():
-            self.seed_generator.state.assign(ops.convert_to_tensor(
-                store[_STATE_KEY], self.seed_generator.state.dtype))
-
     def compute_output_spec(self, images):
         shape = tuple(images.shape)
         return (keras.KerasTensor(shape, "float32"), keras.KerasTensor(shape, "float32"),
@@ -335,4 +339,51 @@ class HomographyPairs(keras.layers.Layer):
         config.update(seed=self.seed, shift=self.shift, scale_range=list(self.scale_range),
                       shift_fraction=self.shift_fraction, fill_value=self.fill_value,
                       augment=self.augment, mean=list(self.mean), std=list(self.std))
+        return config
+
+
+def rot90(images: Tensor) -> Tensor:
+    """A quarter turn counter-clockwise of ``(B, H, W, C)`` images (``np.rot90(image, 1)``)."""
+    return ops.flip(ops.transpose(images, (0, 2, 1, 3)), axis=1)
+
+
+@keras.saving.register_keras_serializable(package="aetv2_tf")
+class QuarterTurns(_SeededLayer):
+    """RotNet pretext batches on the device: images ``(B, H, W, 3)`` -> ``(x, k)``, as
+    ``pipelines.rotation_dataset`` makes them: the B images after the AETv1 pre-augmentation
+    (``augment``, from the layer's seed generator), normalised, in rotation 0, then 1, 2, 3
+    (``np.rot90(image, k)``): ``x (4B, H, W, 3)`` float32, ``k (4B,)`` float32 labels."""
+
+    def __init__(self, seed: int | None = None, augment: bool = True,
+                 mean: Sequence[float] = CIFAR10_MEAN, std: Sequence[float] = CIFAR10_STD,
+                 **kwargs):
+        super().__init__(**kwargs)
+        self.seed, self.augment = seed, bool(augment)
+        self.mean = tuple(float(m) for m in mean)
+        self.std = tuple(float(s) for s in std)
+        self.seed_generator = keras.random.SeedGenerator(seed)
+
+    def call(self, images: Tensor) -> tuple[Tensor, Tensor]:
+        images = _as_float(images)
+        if self.augment:
+            u = keras.random.uniform((ops.shape(images)[0], _AUGMENT_UNIFORMS),
+                                     dtype="float32", seed=self.seed_generator)
+            images = _pad_crop_flip(images, u, images.shape[1] // 8)
+        x = (images - ops.convert_to_tensor(self.mean, "float32")) \
+            / ops.convert_to_tensor(self.std, "float32")
+        turns = [x]
+        for _ in range(3):
+            turns.append(rot90(turns[-1]))
+        labels = ops.repeat(ops.arange(4, dtype="float32"), ops.shape(x)[0])
+        return ops.concatenate(turns, axis=0), labels
+
+    def compute_output_spec(self, images):
+        batch = None if images.shape[0] is None else 4 * images.shape[0]
+        return (keras.KerasTensor((batch, *images.shape[1:]), "float32"),
+                keras.KerasTensor((batch,), "float32"))
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        config.update(seed=self.seed, augment=self.augment, mean=list(self.mean),
+                      std=list(self.std))
         return config

@@ -1,4 +1,5 @@
-"""The AET pretext model on uint8 images, for any Keras backend: the pairs are made on the device.
+"""The pretext models on uint8 images, for any Keras backend: the pairs (AET) and the rotations
+(RotNet, `build_rotations_model`) are made on the device.
 
     images (B, H, W, 3) uint8
       -> HomographyPairs (aetv2_tf.data.device; seeded)  -> x, tx (B, H, W, 3) float32, p (B, 8)
@@ -29,8 +30,8 @@ from collections.abc import Sequence
 
 import keras
 
-from aetv2_tf.data.device import CIFAR10_MEAN, CIFAR10_STD, HomographyPairs
-from aetv2_tf.models.aet import build_aet_model
+from aetv2_tf.data.device import CIFAR10_MEAN, CIFAR10_STD, HomographyPairs, QuarterTurns
+from aetv2_tf.models.aet import build_aet_model, build_rotation_model
 
 NUM_PARAMS = 8
 
@@ -41,15 +42,16 @@ class PairsModel(keras.Model):
     two halves as `(y_true, y_pred)` (module docstring). Fitted on images alone (`y=None`).
     `count_steps=True` adds the step counter `loss_step` (module docstring; else None)."""
 
-    def __init__(self, *args, count_steps: bool = False, **kwargs):
+    def __init__(self, *args, count_steps: bool = False, split: int = NUM_PARAMS, **kwargs):
         super().__init__(*args, **kwargs)
+        self.split = split  # output[..., :split] is y_pred, output[..., split:] y_true
         self.loss_step = None
         if count_steps:
             self.loss_step = self.add_weight(shape=(), dtype="int32", initializer="zeros",
                                              trainable=False, name="loss_step")
 
     def _split(self, y_pred):
-        return y_pred[..., NUM_PARAMS:], y_pred[..., :NUM_PARAMS]
+        return y_pred[..., self.split:], y_pred[..., :self.split]
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         y_true, y_hat = self._split(y_pred)
@@ -90,6 +92,25 @@ def build_pairs_model(
     output = keras.layers.Concatenate(axis=-1, dtype="float32", name="pred_and_true")(
         [predicted, params])
     return PairsModel(images, output, name="aet_pairs", count_steps=count_steps)
+
+
+def build_rotations_model(
+    encoder: keras.Model,
+    seed: int,
+    *,
+    augment: bool = True,
+    mean: Sequence[float] = CIFAR10_MEAN,
+    std: Sequence[float] = CIFAR10_STD,
+) -> PairsModel:
+    """RotNet on uint8 images `(B, H, W, 3)` -> `(4B, 5)` = `[logits (4), k]`: `QuarterTurns`
+    (seeded augmentation, the 4 rotations) then `build_rotation_model(encoder)`; the compiled
+    loss and metrics see `(k, logits)` (`PairsModel` with `split=4`)."""
+    images = keras.Input(shape=tuple(encoder.inputs[0].shape[1:]), dtype="uint8", name="images")
+    x, turns = QuarterTurns(seed=seed, augment=augment, mean=mean, std=std, name="turns")(images)
+    logits = build_rotation_model(encoder)(x)
+    output = keras.layers.Concatenate(axis=-1, dtype="float32", name="pred_and_true")(
+        [logits, keras.ops.expand_dims(turns, -1)])
+    return PairsModel(images, output, name="rotnet_turns", split=4)
 
 
 def pairs_encoder(model: keras.Model) -> keras.Model:
