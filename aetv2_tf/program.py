@@ -197,6 +197,10 @@ class StepTimes(keras.callbacks.Callback):
         self.marks.append((int(batch) + 1, time.perf_counter()))
 
 
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
 def budget_steps(fit_first_steps: Callable[[int, keras.callbacks.Callback], None],
                  writer: bool = True, executions: int = 5) -> int:
     """`--train_seconds`: the steps that fill that many seconds of training on this machine.
@@ -228,7 +232,7 @@ def budget_steps(fit_first_steps: Callable[[int, keras.callbacks.Callback], None
         os.replace(tmp, path)
     print(f"Time budget --train_seconds={F.train_seconds:g}: {record['pairs_per_sec']} pairs/s "
           f"measured here -> --train_steps={steps} of {F.batch_size} pairs, about "
-          f"{steps / rate / 60:.1f} min of training (recorded in {path}).", flush=True)
+          f"{_duration(steps / rate)} of training (recorded in {path}).", flush=True)
     return steps
 
 

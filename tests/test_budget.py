@@ -56,7 +56,7 @@ def test_budget_steps_from_the_measured_rate_then_from_the_record(parsed_flags, 
     assert program.budget_steps(fit_first_steps) == 120 and calls == [10]
     record = json.loads((tmp_path / "budget.json").read_text())
     assert record["train_steps"] == 120 and record["pairs_per_sec"] == 4 * 64
-    assert "--train_steps=120 of 64 pairs, about 0.5 min of training" in capsys.readouterr().out
+    assert "--train_steps=120 of 64 pairs, about 30 s of training" in capsys.readouterr().out
     assert program.budget_steps(fit_first_steps) == 120 and calls == [10]  # read, not measured
 
 
