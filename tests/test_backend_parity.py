@@ -162,3 +162,31 @@ def test_rotnet_pretraining_under_jax_and_its_encoder_under_tensorflow(tmp_path,
                            mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
     assert encoder.method == "RotNet"
     assert encoder.checkpoint.endswith("encoder.weights.h5")
+
+
+def test_sigterm_under_jax_checkpoints_and_exits_143(tmp_path, cifar10_dir):
+    """The signal contract of docs/reliability.md on the JAX adapter too: the final checkpoint
+    at the step reached, exit 128 + 15, the last line says how to resume."""
+    import signal
+    import time
+
+    model_dir = tmp_path / "run"
+    log = open(tmp_path / "log", "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [sys.executable, "-c", RUN_TRAIN, *train_args(model_dir, cifar10_dir, "--train_steps=500",
+                                                      "--checkpoint_every_steps=2")],
+        cwd=REPO, env=_env({"KERAS_BACKEND": "jax"}), stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 300
+    first = model_dir / "checkpoints" / "ckpt-2.weights.h5"
+    while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(120)
+    log.close()
+    out = (tmp_path / "log").read_text()
+    assert proc.returncode == 143, out[-3000:]
+    last = out.rstrip().splitlines()[-1]
+    assert last.startswith("Stopped by SIGTERM at step ") and "rerun the same command" in last
+    reached = int(last.split("at step ")[1].split()[0])
+    assert (model_dir / "checkpoints" / f"ckpt-{reached}.weights.h5").is_file()
+    assert 2 <= reached < 500 and not (model_dir / "encoder.weights.h5").exists()
