@@ -266,14 +266,18 @@ class PretextSummaries(keras.callbacks.Callback):
                 tf.summary.scalar(name, value)
         self.writer.flush()
 
+    def _predict(self, x, tx) -> np.ndarray:
+        """The decoded parameters (B, 8) of the sample pairs. A direct call, not
+        predict_on_batch: that would gather across workers, but only the chief draws images (a
+        collective on one worker hangs a multi-worker run)."""
+        output = self.model((x, tx), training=False)
+        return keras.ops.convert_to_numpy(keras.ops.cast(output, "float32"))
+
     def _images(self, step: int) -> None:
         import tensorflow as tf
 
         (x, tx), params = self.sample
-        # A direct call, not predict_on_batch: that would gather across workers, but only the
-        # chief draws images (a collective on one worker hangs a multi-worker run).
-        predicted = tf.cast(self.model((x, tx), training=False), tf.float32).numpy()
-        grid = self.draw_fn(x, tx, np.asarray(params), np.asarray(predicted))
+        grid = self.draw_fn(x, tx, np.asarray(params), self._predict(x, tx))
         with self.writer.as_default(step=step):
             tf.summary.image("pairs", grid, max_outputs=len(grid))
         self.writer.flush()

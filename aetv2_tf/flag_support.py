@@ -56,8 +56,9 @@ TABLE: dict[str, Rule | None] = {
                           "is TensorFlow's op determinism; drop it (XLA_FLAGS="
                           "--xla_gpu_deterministic_ops=true on JAX GPUs)", True),
     "image_summary_every_steps": Rule(
-        lambda v, _: v > 0, "draws TensorBoard image pairs from the tf.data pipeline; drop it "
-        "(the scalars are in train/log.csv and TensorBoard)", 100),
+        lambda v, _: v > 0, "draws the image pairs into TensorBoard, and TensorFlow is not "
+        "importable here; drop it (the scalars are in train/log.csv)", 100,
+        unless_tensorflow_importable=True),
     "export": Rule(lambda v, present: bool(v) and present,
                    "writes a TensorFlow SavedModel and TensorFlow is not importable here; pass "
                    "--export=false (the encoder is in <model_dir>/encoder.weights.h5: export it "

@@ -158,7 +158,7 @@ def pretext_stage(data) -> dict:
                               every=1 if F.on_nonfinite == "stop" else F.summary_every_steps)
     callbacks = [counter, signals, skips, program.StopAtStep(stop, counter),
                  SaveEvery(ckpt_dir, counter, F.checkpoint_every_steps, F.keep_checkpoints),
-                 *summary_callbacks(counter, schedule)]
+                 *summary_callbacks(counter, schedule, images)]
 
     t0 = time.perf_counter()
     history = {}
@@ -211,9 +211,10 @@ def export_saved_model() -> dict:
     return {"export": out}
 
 
-def summary_callbacks(counter, schedule) -> list[keras.callbacks.Callback]:
-    """The scalar logs of `callbacks.PretextSummaries` (interval means, learning rate, pairs/s):
-    rows of train/log.csv always, TensorBoard scalars too when TensorFlow is importable (kept on
+def summary_callbacks(counter, schedule, images) -> list[keras.callbacks.Callback]:
+    """The logs of `callbacks.PretextSummaries` (interval means, learning rate, pairs/s): rows of
+    train/log.csv always; where TensorFlow is importable also TensorBoard, its scalars and (AET)
+    the image pairs of 4 fixed training `images` every `--image_summary_every_steps` (kept on
     the CPU: it must not take the accelerator's memory)."""
     from aetv2_tf.callbacks import PretextSummaries
 
@@ -230,15 +231,30 @@ def summary_callbacks(counter, schedule) -> list[keras.callbacks.Callback]:
         def _write_scalars(self, step, row):
             self.writer.write(step, row)
 
+    class Pairs(PretextSummaries):
+        def _predict(self, x, tx):  # the decoder: the pairs model's inner AET model
+            aet = self.model.get_layer("aet")  # (the property syncs the JAX state)
+            return keras.ops.convert_to_numpy(aet([x, tx], training=False)).astype(np.float32)
+
     out = [Csv(*args)]
     try:
         import tensorflow as tf
 
         tf.config.set_visible_devices([], "GPU")
-        out.append(PretextSummaries(*args))
     except Exception as e:  # noqa: BLE001 - absent, blocked or unusable: the CSV is enough
-        logging.info("No TensorBoard scalars (%s); train/log.csv has them.", e)
-    return out
+        logging.info("No TensorBoard summaries (%s); train/log.csv has the scalars.", e)
+        return out
+    if F.pretext == "rotation":
+        return out + [PretextSummaries(*args)]
+    from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD
+    from aetv2_tf.data.device import HomographyPairs
+    from aetv2_tf.visualize import draw_pairs
+
+    x, tx, params = HomographyPairs(seed=F.seed + 1, shift=F.shift, augment=False)(images[:4])
+    sample = (np.asarray(x), np.asarray(tx)), np.asarray(params)
+    return out + [Pairs(*args[:4], F.image_summary_every_steps or 10 * F.summary_every_steps,
+                        F.batch_size, sample, lambda x, tx, p, q: draw_pairs(
+                            x, tx, p, q, CIFAR10_MEAN, CIFAR10_STD))]
 
 
 class _CsvWriter:

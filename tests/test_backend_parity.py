@@ -190,3 +190,19 @@ def test_sigterm_under_jax_checkpoints_and_exits_143(tmp_path, cifar10_dir):
     reached = int(last.split("at step ")[1].split()[0])
     assert (model_dir / "checkpoints" / f"ckpt-{reached}.weights.h5").is_file()
     assert 2 <= reached < 500 and not (model_dir / "encoder.weights.h5").exists()
+
+
+def test_image_pairs_in_tensorboard_under_jax(tmp_path, cifar10_dir):
+    """Where TensorFlow is importable, a JAX run draws the TensorBoard image pairs too (they
+    were silently missing before), at step 0 and every --image_summary_every_steps."""
+    from tests.cli import read_scalars
+
+    run = subprocess.run(
+        [sys.executable, "-m", "aetv2_tf.train",
+         *train_args(tmp_path / "run", cifar10_dir, "--train_steps=4", "--summary_every_steps=2",
+                     "--image_summary_every_steps=2", "--export=false")],
+        cwd=REPO, capture_output=True, text=True, env=_env({"KERAS_BACKEND": "jax"}), timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "| jax OneDevice" in run.stdout
+    tags = read_scalars(tmp_path / "run" / "train")
+    assert sorted(tags["pairs"]) == [0, 2, 4] and sorted(tags["loss"]) == [2, 4]
