@@ -52,6 +52,13 @@ def weights_digest(variables) -> str:
     return digest_arrays(keras.ops.convert_to_numpy(v) for v in variables)
 
 
+def due(step: int, previous: int, every: int) -> bool:
+    """True when a multiple of `every` lies in `(previous, step]`: an interval of `every` steps
+    ended since the previous batch end (`step % every == 0` would miss it after a resume that is
+    not aligned to `steps_per_execution`: stops are exact, executions are not)."""
+    return every > 0 and step // every > previous // every
+
+
 class StepCounter(keras.callbacks.Callback):
     """The step of every backend: the number of batches consumed so far, counted in Python from
     `start` (reading a device counter every step would wait for the device) and capped at `stop`
@@ -75,10 +82,11 @@ class StepCounter(keras.callbacks.Callback):
 
 
 class CheckpointEvery(keras.callbacks.Callback):
-    """Saves `manager`'s checkpoint every `every` optimiser steps and when training ends.
+    """Saves `manager`'s checkpoint every `every` steps (`step_fn()`: batches consumed) and when
+    training ends.
 
     A checkpoint is written only if every model weight is finite: a non-finite model stops the run
-    and the last good checkpoint stays the newest one.
+    (`refused` is then True) and the last good checkpoint stays the newest one.
     """
 
     def __init__(self, manager: tf.train.CheckpointManager, step_fn, every: int,
@@ -86,6 +94,8 @@ class CheckpointEvery(keras.callbacks.Callback):
         super().__init__()
         self.manager, self.step_fn, self.every, self.writer = manager, step_fn, every, writer
         self._last = None
+        self._previous = 0
+        self.refused = False
 
     def save(self) -> str | None:
         step = self.step_fn()
@@ -95,7 +105,7 @@ class CheckpointEvery(keras.callbacks.Callback):
         if not all_finite(self.model.weights):
             logging.error("Non-finite weights at step %d: checkpoint NOT written; the newest "
                           "checkpoint stays %s.", step, self.manager.latest_checkpoint)
-            self.model.stop_training = True
+            self.model.stop_training = self.refused = True
             return None
         path = self.manager.save(checkpoint_number=step)
         self._last = step
@@ -103,8 +113,12 @@ class CheckpointEvery(keras.callbacks.Callback):
             logging.info("Saved checkpoint %s (step %d).", path, step)
         return path
 
+    def on_train_begin(self, logs=None):
+        self._previous = self.step_fn()
+
     def on_train_batch_end(self, batch, logs=None):
-        if self.step_fn() % self.every == 0:
+        step, previous, self._previous = self.step_fn(), self._previous, self.step_fn()
+        if due(step, previous, self.every):
             self.save()
 
     def on_train_end(self, logs=None):
@@ -162,18 +176,29 @@ class StopOnSkippedStep(keras.callbacks.Callback):
         super().__init__()
         self.optimizer, self.step_fn, self.stop, self.patience = optimizer, step_fn, stop, patience
         self.every = every
-        self._seen = self._in_a_row = 0
-        self._checked_at = None
+        self._seen = self._in_a_row = self._previous = 0
         self.diverged = self.stopped = False
 
-    def on_train_batch_end(self, batch, logs=None):
+    def _skipped(self) -> int | None:
         counter = getattr(self.optimizer, "skipped_steps", None)
-        step = self.step_fn()
-        if counter is None or step % self.every:
-            return
+        if counter is None:
+            return None
         self.model  # noqa: B018 - the property syncs a JAX model's state into its variables
-        skipped = int(keras.ops.convert_to_numpy(counter.value))
-        since, self._checked_at = step - (self._checked_at or step - 1), step
+        return int(keras.ops.convert_to_numpy(counter.value))
+
+    def on_train_begin(self, logs=None):
+        # A resumed optimizer holds the skips of the earlier invocations: only new ones count.
+        self._seen, self._previous = self._skipped() or 0, self.step_fn()
+
+    def on_train_batch_end(self, batch, logs=None):
+        step, previous = self.step_fn(), self._previous
+        if not due(step, previous, self.every):
+            return
+        self._previous = step
+        skipped = self._skipped()
+        if skipped is None:
+            return
+        since = step - previous
         if skipped == self._seen:
             self._in_a_row = 0
             return
@@ -218,6 +243,7 @@ class PretextSummaries(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self._t0, self._s0 = time.perf_counter(), self.step_fn()
+        self._previous = self._s0
         if self.sample is not None and self._s0 == 0:
             self._images(0)
 
@@ -225,10 +251,10 @@ class PretextSummaries(keras.callbacks.Callback):
         self._seen, self._sums = 0, {}
 
     def on_train_batch_end(self, batch, logs=None):
-        step = self.step_fn()
-        if step % self.every == 0:
+        step, previous, self._previous = self.step_fn(), self._previous, self.step_fn()
+        if due(step, previous, self.every):
             self._scalars(step, self._interval_means(batch + 1, logs or {}))
-        if self.sample is not None and self.image_every and step % self.image_every == 0:
+        if self.sample is not None and due(step, previous, self.image_every):
             self._images(step)
 
     def _interval_means(self, seen: int, logs: dict) -> dict:

@@ -1,6 +1,6 @@
 """Which flag values each Keras backend runs: one table, checked before anything is written.
 
-Every flag of `aetv2_tf.flags` has a row (`tests/test_flag_support.py` walks them all). A row
+Every flag of `aetv2_tf.flags` has a row (`tests/test_program_structure.py` walks them all). A row
 is either `EVERYWHERE` (the flag works on every backend) or a `Rule`: the values that the
 backends other than TensorFlow refuse, with what the flag needs there and the fix. TensorFlow
 runs every flag. A refusal is a `UsageError` that names the flag, the backend and the fix.

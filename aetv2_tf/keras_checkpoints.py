@@ -24,6 +24,8 @@ import keras
 import numpy as np
 from absl import logging
 
+from aetv2_tf.callbacks import due
+
 ENCODER_WEIGHTS = "encoder.weights.h5"
 _NAME = re.compile(r"^ckpt-(\d+)\.weights\.h5$")
 
@@ -95,6 +97,8 @@ class SaveEvery(keras.callbacks.Callback):
         super().__init__()
         self.directory, self.counter, self.every, self.keep = directory, counter, every, keep
         self._last = None
+        self._previous = 0
+        self.refused = False  # a checkpoint was refused (non-finite weights): training stopped
 
     def save(self) -> None:
         step = self.counter()
@@ -103,15 +107,27 @@ class SaveEvery(keras.callbacks.Callback):
             return
         model = self.model  # under JAX this syncs the jitted state into the variables
         if save_checkpoint(model, self.directory, step, self.keep) is None:
-            model.stop_training = True
+            model.stop_training = self.refused = True
         self._last = step
 
+    def on_train_begin(self, logs=None):
+        self._previous = self.counter()
+
     def on_train_batch_end(self, batch, logs=None):
-        if self.counter() % self.every == 0:
+        step, previous, self._previous = self.counter(), self._previous, self.counter()
+        if due(step, previous, self.every):
             self.save()
 
     def on_train_end(self, logs=None):
         self.save()
+
+
+def discard_encoder_weights(model_dir: str) -> None:
+    """Removes `<model_dir>/encoder.weights.h5` before a run trains on: from then on it would
+    describe an older end of the run (the newest checkpoint is the truth until the new end)."""
+    path = os.path.join(model_dir, ENCODER_WEIGHTS)
+    if os.path.exists(path):
+        os.remove(path)
 
 
 def save_encoder_weights(encoder: keras.Model, backbone: str, model_dir: str) -> str:

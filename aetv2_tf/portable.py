@@ -28,7 +28,6 @@ What is this backend's own (the rest is `aetv2_tf.program`, shared with TensorFl
 from __future__ import annotations
 
 import os
-import time
 
 import keras
 import numpy as np
@@ -37,8 +36,7 @@ from absl import logging
 from aetv2_tf import program, rundir
 from aetv2_tf.flags import ESSENTIAL, FLAGS, flagfile_text, run_flags
 from aetv2_tf.precision import choose_precision
-
-PAIRS_FEATURE = "block2"
+from aetv2_tf.rundir import UsageError
 
 
 def check_flags(num_devices: int) -> None:
@@ -46,6 +44,10 @@ def check_flags(num_devices: int) -> None:
     cheap `--pretrained` checks."""
     F = FLAGS
     program.check_flags(num_devices, keras.backend.backend(), accelerator=_accelerator() != "")
+    if F.stage == "pretext" and F.pretext == "rotation" and F.batch_size % (4 * num_devices):
+        raise UsageError(f"--pretext=rotation feeds --batch_size/4 images a step, split over "
+                         f"the {num_devices} devices: --batch_size={F.batch_size} must be a "
+                         f"multiple of {4 * num_devices}.")
     if F.stage == "probe":
         from aetv2_tf.probes import encoders
 
@@ -95,17 +97,17 @@ def run() -> dict:
 
 
 def pretext_stage(data) -> dict:
-    """AET pretraining (module docstring); returns the summary `train.main` prints."""
+    """Pretraining, AET or RotNet (module docstring); returns the summary `train.main` prints."""
     from aetv2_tf.callbacks import (
         StepCounter,
         StopOnSignal,
         StopOnSkippedStep,
-        weights_digest,
     )
     from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD
     from aetv2_tf.data.stream import ImageBatches
     from aetv2_tf.keras_checkpoints import (
         SaveEvery,
+        discard_encoder_weights,
         restore_checkpoint,
         save_encoder_weights,
     )
@@ -160,35 +162,17 @@ def pretext_stage(data) -> dict:
                  SaveEvery(ckpt_dir, counter, F.checkpoint_every_steps, F.keep_checkpoints),
                  *summary_callbacks(counter, schedule, images)]
 
-    t0 = time.perf_counter()
-    history = {}
     if start < stop:
-        batches = ImageBatches(images, images_per_step, F.seed, start, stop)
-        fit = model.fit(batches, shuffle=False, callbacks=callbacks, verbose=F.verbose,
-                        **program.fit_epochs(start, stop, per_epoch, F.steps_per_execution))
-        history = {k: float(v[-1]) for k, v in fit.history.items()}
-    wall = time.perf_counter() - t0
-    done = counter()
-    summary = dict(steps=done, start_step=start, wall_time_s=round(wall, 1),
-                   pairs_per_sec=round((done - start) * F.batch_size / max(wall, 1e-9), 1),
-                   **history, trainable_digest=weights_digest(model.trainable_weights))
-    skipped = int(keras.ops.convert_to_numpy(optimizer.skipped_steps)) \
-        if hasattr(optimizer, "skipped_steps") else 0
-    if skipped:
-        summary["skipped_steps"] = skipped
-    interrupted = signals.received
-    if done >= steps and not interrupted and not skips.stopped:
+        discard_encoder_weights(F.model_dir)  # it would describe an older end of the run
+    batches = ImageBatches(images, images_per_step, F.seed, start, stop)
+    summary, finished = program.fit_and_summarize(model, batches, start, stop, steps, per_epoch,
+                                                  callbacks, shuffle=False)
+    if finished:
         summary["encoder_weights"] = save_encoder_weights(encoder, F.backbone, F.model_dir)
         if F.export:
             summary.update(export_saved_model())
         if F.quick_knn_train:
             summary.update(program.quick_knn_summary(encoder, images, labels))
-    if interrupted:
-        summary["interrupted_by"] = interrupted
-    if skips.diverged:
-        summary["diverged"] = True
-    if skips.stopped:
-        summary["stopped_nonfinite"] = True
     return summary
 
 
@@ -205,9 +189,16 @@ def export_saved_model() -> dict:
     if not tensorflow_importable():
         return {"export": "none (TensorFlow is not importable here)"}
     out = os.path.join(FLAGS.model_dir, "export", "encoder")
-    env = dict(os.environ, KERAS_BACKEND="tensorflow")
-    subprocess.run([sys.executable, "-m", "aetv2_tf.export", f"--model_dir={FLAGS.model_dir}",
-                    f"--output={out}"], env=env, check=True)
+    # On the CPU: the accelerator's memory is JAX's.
+    env = dict(os.environ, KERAS_BACKEND="tensorflow", CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, "-m", "aetv2_tf.export",
+                           f"--model_dir={FLAGS.model_dir}", f"--output={out}"], env=env,
+                          capture_output=True, text=True)
+    if proc.returncode:
+        logging.error("SavedModel export failed (exit %d): %s", proc.returncode,
+                      proc.stderr[-2000:])
+        return {"export": f"FAILED (exit {proc.returncode}); retry with python -m "
+                          f"aetv2_tf.export --model_dir={FLAGS.model_dir}"}
     return {"export": out}
 
 

@@ -16,12 +16,10 @@ import time
 
 import keras
 
-from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD
+from aetv2_tf.data.constants import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
 from aetv2_tf.flags import FLAGS, run_flags
 from aetv2_tf.probes.knn import knn_accuracy, pooled_features
 from aetv2_tf.rundir import UsageError
-
-CIFAR10_CLASSES = 10
 
 
 def knn_stage() -> dict:

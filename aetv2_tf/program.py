@@ -49,7 +49,7 @@ def check_flags(num_replicas: int, backend: str, accelerator: bool) -> None:
     if F.train_seconds and F.strategy in ("multi_worker_mirrored", "tpu"):
         raise UsageError(f"--train_seconds times this machine alone; with --strategy="
                          f"{F.strategy} pass --train_steps (every worker the same).")
-    if F.train_seconds:
+    if F.train_seconds and not F.overwrite:
         recorded_budget()  # a resumed budgeted run keeps the budget that sized it
     if F.mixed_precision == "mixed_float16" and not accelerator:
         raise UsageError("--mixed_precision=mixed_float16 needs a GPU; on a CPU use "
@@ -214,7 +214,12 @@ def budget_steps(fit_first_steps: Callable[[int, keras.callbacks.Callback], None
     """
     F = FLAGS
     path = os.path.join(F.model_dir, BUDGET_FILE)
-    recorded = recorded_budget()
+    try:
+        recorded = recorded_budget()
+    except UsageError:
+        if not F.overwrite:
+            raise
+        recorded = None  # --overwrite: another budget is measured anew
     if recorded:
         return int(recorded["train_steps"])
     timer = StepTimes()
@@ -251,6 +256,38 @@ def fit_epochs(start: int, stop: int, per_epoch: int, steps_per_execution: int) 
     first = start // size
     return dict(steps_per_epoch=size, initial_epoch=first,
                 epochs=first + -(-(stop - start) // size))
+
+
+def fit_and_summarize(model: keras.Model, data, start: int, stop: int, steps: int,
+                      per_epoch: int, callbacks: list, **fit_kwargs) -> tuple[dict, bool]:
+    """`model.fit` of steps `start .. stop - 1` on `data` (which ends after step `stop - 1`),
+    then the run's summary and whether it FINISHED (reached all `steps` cleanly: the adapter
+    then writes the encoder, exports, runs the quick KNN). `callbacks` holds the run's
+    `StepCounter`, `StopOnSignal`, `StopOnSkippedStep` and checkpoint saver (with `refused`)."""
+    from aetv2_tf.callbacks import StepCounter, StopOnSignal, StopOnSkippedStep, weights_digest
+
+    F = FLAGS
+    counter, signals, skips = (next(c for c in callbacks if isinstance(c, kind))
+                               for kind in (StepCounter, StopOnSignal, StopOnSkippedStep))
+    saver = next(c for c in callbacks if hasattr(c, "refused"))
+    t0 = time.perf_counter()
+    history = {}
+    if start < stop:
+        fit = model.fit(data, callbacks=callbacks, verbose=F.verbose, **fit_kwargs,
+                        **fit_epochs(start, stop, per_epoch, F.steps_per_execution))
+        history = {k: float(v[-1]) for k, v in fit.history.items()}
+    wall = time.perf_counter() - t0
+    done = counter()
+    summary = dict(steps=done, start_step=start, wall_time_s=round(wall, 1),
+                   pairs_per_sec=round((done - start) * F.batch_size / max(wall, 1e-9), 1),
+                   **history, trainable_digest=weights_digest(model.trainable_weights))
+    skipped = getattr(model.optimizer, "skipped_steps", None)
+    if skipped is not None and int(keras.ops.convert_to_numpy(skipped.value)):
+        summary["skipped_steps"] = int(keras.ops.convert_to_numpy(skipped.value))
+    outcomes = dict(interrupted_by=signals.received, diverged=skips.diverged,
+                    stopped_nonfinite=skips.stopped, nonfinite_weights=saver.refused)
+    summary.update({key: value for key, value in outcomes.items() if value})
+    return summary, done >= steps and not any(outcomes.values())
 
 
 class StopAtStep(keras.callbacks.Callback):

@@ -10,10 +10,12 @@ One absl entry point for every stage (see `aetv2_tf/flags.py` or `--helpfull`):
 Everything a run produces lives under `--model_dir` (layout in `aetv2_tf/rundir.py`); rerunning
 the same command resumes from the newest checkpoint, at the same step and learning rate.
 
-The Keras backend decides which program runs: TensorFlow (the default) runs this module's
-program (tf.distribute, tf.data, TensorBoard, SavedModel export); any other backend
-(`KERAS_BACKEND=jax`) runs `aetv2_tf.portable` with the same flags, and TensorFlow is then never
-imported (the module and `--helpfull` load without it).
+One program with backend adapters (BUILD.md): the backend-neutral parts are
+`aetv2_tf.program`; the Keras backend chooses the adapter in `main`: TensorFlow (the default)
+runs this module's (tf.distribute, tf.data, TensorBoard, SavedModel export), any other backend
+(`KERAS_BACKEND=jax`) `aetv2_tf.portable`, with the same flags. That one needs no TensorFlow (the
+module and `--helpfull` load without it) and uses it where it is importable (TensorBoard, the
+SavedModel export in a child process).
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ import os
 import shutil
 import signal
 import sys
-import time
 
 from aetv2_tf import console
 
@@ -82,13 +83,12 @@ def pretext_stage(strategy: tf.distribute.Strategy, chief: bool, data=None) -> d
         StepCounter,
         StopOnSignal,
         StopOnSkippedStep,
-        weights_digest,
     )
     from aetv2_tf.data import pipelines
     from aetv2_tf.data.constants import normalization_constants
     from aetv2_tf.data.homographies import parameter_statistics
     from aetv2_tf.export import export_encoder
-    from aetv2_tf.keras_checkpoints import save_encoder_weights
+    from aetv2_tf.keras_checkpoints import discard_encoder_weights, save_encoder_weights
     from aetv2_tf.models import build_aet_model, build_backbone, build_rotation_model
     from aetv2_tf.visualize import draw_pairs
 
@@ -157,36 +157,22 @@ def pretext_stage(strategy: tf.distribute.Strategy, chief: bool, data=None) -> d
             F.batch_size, sample,
             lambda x, tx, p, q: draw_pairs(x.numpy(), tx.numpy(), p, q, image_mean, image_std)))
 
-    t0 = time.perf_counter()
-    history = {}
-    if start < stop:
-        fit = model.fit(dataset.take(stop - start), callbacks=callbacks, verbose=F.verbose,
-                        **program.fit_epochs(start, stop, per_epoch, F.steps_per_execution))
-        history = {k: float(v[-1]) for k, v in fit.history.items()}
-    wall = time.perf_counter() - t0
-    done = step_fn()
-    summary = dict(steps=done, start_step=start, wall_time_s=round(wall, 1),
-                   pairs_per_sec=round((done - start) * F.batch_size / max(wall, 1e-9), 1),
-                   **history, trainable_digest=weights_digest(model.trainable_weights))
-    interrupted = signals.received
-    if chief and done >= steps and not interrupted:
+    if chief and start < stop:
+        discard_encoder_weights(F.model_dir)  # it would describe an older end of the run
+    summary, finished = program.fit_and_summarize(model, dataset.take(stop - start), start, stop,
+                                                  steps, per_epoch, callbacks)
+    if chief and finished:
         summary["encoder_weights"] = save_encoder_weights(encoder, F.backbone, F.model_dir)
-    if chief and done >= steps and F.export and not interrupted:
-        model.save(os.path.join(F.model_dir, "aet_model.keras"))
-        export_encoder(encoder, os.path.join(F.model_dir, "export", "encoder"), F.dataset)
-        summary["export"] = os.path.join(F.model_dir, "export", "encoder")
-    if chief and done >= steps and F.quick_knn_train and not interrupted:
-        summary.update(program.quick_knn_summary(encoder, images, labels))
+        if F.export:
+            model.save(os.path.join(F.model_dir, "aet_model.keras"))
+            export_encoder(encoder, os.path.join(F.model_dir, "export", "encoder"), F.dataset)
+            summary["export"] = os.path.join(F.model_dir, "export", "encoder")
+        if F.quick_knn_train:
+            summary.update(program.quick_knn_summary(encoder, images, labels))
     if not chief:
         shutil.rmtree(worker_tmp, ignore_errors=True)
         with contextlib.suppress(OSError):  # the last worker out removes the empty parent
             os.rmdir(os.path.dirname(worker_tmp))
-    if interrupted:
-        summary["interrupted_by"] = interrupted
-    if skips.diverged:
-        summary["diverged"] = True
-    if skips.stopped:
-        summary["stopped_nonfinite"] = True
     return summary
 
 
@@ -258,6 +244,11 @@ def exit_code(summary: dict) -> int:
     if summary.get("diverged"):
         print("error: training diverged (every step non-finite); the newest checkpoint is the "
               "last good one. Lower --learning_rate or add --warmup_steps.", file=sys.stderr)
+        return EXIT_NONFINITE
+    if summary.get("nonfinite_weights"):
+        print("error: non-finite weights (e.g. NaN images made the BatchNorm statistics NaN): "
+              "no checkpoint was written for them and training stopped; the newest checkpoint "
+              "is the last good one. Check the data, lower --learning_rate.", file=sys.stderr)
         return EXIT_NONFINITE
     if summary.get("stopped_nonfinite"):
         print("error: --on_nonfinite=stop ended training at a non-finite step; the newest "

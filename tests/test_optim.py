@@ -65,14 +65,52 @@ def test_skip_mode_stops_a_run_whose_every_step_is_non_finite():
 
     opt = optim.build_optimizer("sgd", 0.1)
     opt.build([keras.Variable(np.ones(2, np.float32))])
-    callback = StopOnSkippedStep(opt, lambda: 5, stop=False, patience=10)
+    step = [0]
+    callback = StopOnSkippedStep(opt, lambda: step[0], stop=False, patience=10)
     callback.set_model(Model())
+    callback.on_train_begin()
     stopped_at = None
     for batch in range(30):
         if batch != 3:  # a good step at batch 3 (the counter does not move) resets the count
             opt.skipped_steps.assign_add(1)
+        step[0] = batch + 1
         callback.on_train_batch_end(batch)
         if callback.model.stop_training:
             stopped_at = batch
             break
     assert stopped_at == 13 and callback.diverged  # skips at batches 4..13: ten in a row
+
+
+def test_a_resumed_run_counts_only_its_own_skipped_steps():
+    """`skipped_steps` is restored with the optimizer: the skips of an earlier invocation must
+    not stop (--on_nonfinite=stop) or divert a resumed run at its first check."""
+    from aetv2_tf.callbacks import StopOnSkippedStep
+
+    class Model:
+        stop_training = False
+
+    opt = optim.build_optimizer("sgd", 0.1)
+    opt.build([keras.Variable(np.ones(2, np.float32))])
+    opt.skipped_steps.assign(3)  # as restored from a checkpoint
+    step = [40]
+    callback = StopOnSkippedStep(opt, lambda: step[0], stop=True)
+    callback.set_model(Model())
+    callback.on_train_begin()
+    step[0] = 41
+    callback.on_train_batch_end(0)
+    assert not callback.model.stop_training and not callback.stopped
+    opt.skipped_steps.assign_add(1)
+    step[0] = 42
+    callback.on_train_batch_end(1)
+    assert callback.stopped and callback.model.stop_training
+
+
+@pytest.mark.parametrize("outcome, code", [({}, 0), ({"interrupted_by": "SIGTERM"}, 143),
+                                           ({"interrupted_by": "SIGINT"}, 130),
+                                           ({"diverged": True}, 3),
+                                           ({"stopped_nonfinite": True}, 3),
+                                           ({"nonfinite_weights": True}, 3)])
+def test_exit_codes(outcome, code, capsys):
+    from aetv2_tf.train import exit_code
+
+    assert exit_code({"steps": 7, **outcome}) == code

@@ -145,3 +145,14 @@ def test_export_is_refused_only_where_tensorflow_cannot_be_imported(monkeypatch)
     assert flag_support.refusals("jax", given) == []
     monkeypatch.setattr(flag_support, "tensorflow_importable", lambda: False)
     assert "--export=true" in flag_support.refusals("jax", given)[0]
+
+
+def test_intervals_are_due_when_crossed_not_only_on_multiples():
+    """After a resume at step 1001 with --steps_per_execution=4 the steps are 1005, 1009, ...:
+    checkpoints and summaries every 100 steps still fire (at 1101), once per interval."""
+    from aetv2_tf.callbacks import due
+
+    steps = range(1001, 1400, 4)
+    fired = [s for prev, s in zip(steps, steps[1:], strict=False) if due(s, prev, 100)]
+    assert fired == [1101, 1201, 1301] and not due(5, 4, 0)
+    assert [s for s in range(1, 8) if due(s, s - 1, 3)] == [3, 6]  # every step: multiples

@@ -11,6 +11,8 @@ CIFAR10_STD = (0.2023, 0.1994, 0.2010)
 #: ImageNet normalisation (the 224-pixel protocol: ImageNet, Places, image folders).
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+#: CIFAR-10's classes.
+CIFAR10_CLASSES = 10
 #: AETv1's grey fill (128, 128, 128) on uint8 images, in ``[0, 1]``.
 AETV1_FILL = 128.0 / 255.0
 

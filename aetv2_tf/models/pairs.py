@@ -17,6 +17,10 @@ saved with the weights (`HomographyPairs.save_own_variables`).
 Layer names: "pairs" (HomographyPairs), "aet" (the Siamese model, whose encoder is the layer
 "nin"/"alexnet"), "pred_and_true" (the concatenation).
 
+RotNet (`build_rotations_model`) has the same form: images -> `QuarterTurns` ("turns": the B
+images in their 4 rotations, labels k) -> `build_rotation_model(encoder)` -> `concat([logits (4),
+k])` (4B, 5); `PairsModel(split=4)` hands `(k, logits)` to the cross-entropy and accuracy.
+
 A loss that depends on the training step (`GeodesicLoss(mse_decay_steps=n)`) reads
 `PairsModel.loss_step` (`count_steps=True`): a non-trainable int32 counter of the training steps,
 incremented in `compute_loss`. Unlike `optimizer.iterations`, a model variable is carried through
@@ -111,9 +115,3 @@ def build_rotations_model(
     output = keras.layers.Concatenate(axis=-1, dtype="float32", name="pred_and_true")(
         [logits, keras.ops.expand_dims(turns, -1)])
     return PairsModel(images, output, name="rotnet_turns", split=4)
-
-
-def pairs_encoder(model: keras.Model) -> keras.Model:
-    """The encoder inside a `build_pairs_model` model (shared weights)."""
-    aet = model.get_layer("aet")
-    return next(layer for layer in aet.layers if isinstance(layer, keras.Model))

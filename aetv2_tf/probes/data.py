@@ -29,13 +29,13 @@ from typing import Any, NamedTuple
 import numpy as np
 import tensorflow as tf
 
+from aetv2_tf.data.constants import CIFAR10_CLASSES
 from aetv2_tf.data.sources import DataError, _decode_image, list_image_folder, load_source
 from aetv2_tf.probes.classifier import split_train_val
 from aetv2_tf.rundir import UsageError
 
 TEST_SPLITS = {"cifar10": "test", "imagenet2012": "validation", "places365_small": "validation",
                "folder": "val"}
-CIFAR10_CLASSES = 10
 
 
 class ProbeData(NamedTuple):

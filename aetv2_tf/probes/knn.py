@@ -120,8 +120,10 @@ def _l2_normalise(x: np.ndarray) -> np.ndarray:
 
 
 def _top_k(sim: np.ndarray, k: int) -> np.ndarray:
-    """(Q, N) -> (Q, k) indices of the largest values, equal values by lower index first."""
-    neg = -sim
+    """(Q, N) -> (Q, k) indices of the largest values, equal values by lower index first.
+    `sim` is overwritten (negated in place; NaN counts as the least similar)."""
+    neg = np.negative(sim, out=sim)
+    neg[np.isnan(neg)] = np.inf
     part = np.argpartition(neg, k - 1, axis=1)[:, :k]
     kth = np.take_along_axis(neg, part, axis=1).max(axis=1)
     out = np.empty((sim.shape[0], k), np.int64)
@@ -139,7 +141,7 @@ def knn_classify(
     k: int = 10,
     metric: str = "cosine",
     num_classes: int | None = None,
-    query_batch_size: int = 1024,
+    query_batch_size: int = 256,
 ) -> np.ndarray:
     """Majority-vote KNN classification with the deterministic tie rules of the module docstring.
 
@@ -151,7 +153,8 @@ def knn_classify(
       metric: ``"cosine"`` (default; similarity of L2-normalised vectors) or ``"euclidean"``
         (similarity ``-||a - b||^2``).
       num_classes: number of classes; defaults to ``max(train_labels) + 1``.
-      query_batch_size: queries per matrix product; memory is ``4 * query_batch_size * N`` bytes.
+      query_batch_size: queries per matrix product; memory is about ``12 * query_batch_size * N``
+        bytes (the similarities and the partition's indices).
 
     Returns:
       ``(Q,)`` int64 numpy array of predicted classes.
@@ -199,7 +202,7 @@ def knn_accuracy(
     k: int = 10,
     metric: str = "cosine",
     num_classes: int | None = None,
-    query_batch_size: int = 1024,
+    query_batch_size: int = 256,
 ) -> float:
     """Top-1 accuracy in PERCENT of `knn_classify` on labelled queries ``(Q, D)``, ``(Q,)``."""
     predictions = knn_classify(
