@@ -84,8 +84,11 @@ del _name
 @functools.cache
 def tensorflow_importable() -> bool:
     """True when `import tensorflow` works here (cached; imports it once)."""
+    from aetv2_tf import console
+
     try:
-        import tensorflow  # noqa: F401
+        with console.quiet_native_stderr(not console.verbose_requested()):
+            import tensorflow  # noqa: F401
     except Exception:  # noqa: BLE001 - absent, blocked or broken: all mean "not here"
         return False
     return True

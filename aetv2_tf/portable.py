@@ -74,7 +74,10 @@ def parameter_std(size: int, shift: str, samples: int = 200_000) -> np.ndarray:
 
 def run() -> dict:
     """`aetv2_tf.train.run` for this backend: devices, precision, model_dir, then the stage."""
+    from aetv2_tf.flag_support import tensorflow_importable
+
     F = FLAGS
+    tensorflow_importable()  # Keras seeds TensorFlow too where it is there: import it quietly
     devices = keras.distribution.list_devices()
     keras.utils.set_random_seed(F.seed)
     check_flags(len(devices))
@@ -190,7 +193,8 @@ def export_saved_model() -> dict:
         return {"export": "none (TensorFlow is not importable here)"}
     out = os.path.join(FLAGS.model_dir, "export", "encoder")
     # On the CPU: the accelerator's memory is JAX's.
-    env = dict(os.environ, KERAS_BACKEND="tensorflow", CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, KERAS_BACKEND="tensorflow", CUDA_VISIBLE_DEVICES="",
+               TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
     proc = subprocess.run([sys.executable, "-m", "aetv2_tf.export",
                            f"--model_dir={FLAGS.model_dir}", f"--output={out}"], env=env,
                           capture_output=True, text=True)
@@ -228,7 +232,11 @@ def summary_callbacks(counter, schedule, images) -> list[keras.callbacks.Callbac
             return keras.ops.convert_to_numpy(aet([x, tx], training=False)).astype(np.float32)
 
     out = [Csv(*args)]
+    from aetv2_tf.flag_support import tensorflow_importable
+
     try:
+        if not tensorflow_importable():  # (imported there, quietly)
+            raise ImportError("TensorFlow is not importable")
         import tensorflow as tf
 
         tf.config.set_visible_devices([], "GPU")
