@@ -117,7 +117,8 @@ class CheckpointEvery(keras.callbacks.Callback):
         self._previous = self.step_fn()
 
     def on_train_batch_end(self, batch, logs=None):
-        step, previous, self._previous = self.step_fn(), self._previous, self.step_fn()
+        step = self.step_fn()
+        previous, self._previous = self._previous, step
         if due(step, previous, self.every):
             self.save()
 
@@ -251,7 +252,8 @@ class PretextSummaries(keras.callbacks.Callback):
         self._seen, self._sums = 0, {}
 
     def on_train_batch_end(self, batch, logs=None):
-        step, previous, self._previous = self.step_fn(), self._previous, self.step_fn()
+        step = self.step_fn()
+        previous, self._previous = self._previous, step
         if due(step, previous, self.every):
             self._scalars(step, self._interval_means(batch + 1, logs or {}))
         if self.sample is not None and due(step, previous, self.image_every):

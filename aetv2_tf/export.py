@@ -79,16 +79,12 @@ def restore_encoder(model_dir: str) -> tuple[keras.Model, dict]:
     saved = load_saved_flags(model_dir)
     tensorflow_run = saved.get("backend", "tensorflow") == "tensorflow"
     if not tensorflow_run or keras.backend.backend() != "tensorflow":
-        from aetv2_tf.keras_checkpoints import ENCODER_WEIGHTS, load_encoder_weights
+        from aetv2_tf.keras_checkpoints import load_encoder_weights, tensorflow_run_unreadable
 
         if saved.get("stage") != "pretext":
             raise ValueError(f"{model_dir} holds a {saved.get('stage')!r} run, not a pretext run.")
-        if tensorflow_run and not os.path.isfile(os.path.join(model_dir, ENCODER_WEIGHTS)):
-            raise ValueError(
-                f"{model_dir} is a run of the TensorFlow program without {ENCODER_WEIGHTS} (it "
-                f"is unfinished, or older than that file): its TensorFlow checkpoints load under "
-                f"KERAS_BACKEND=tensorflow only; finish the run (rerun its command) or probe it "
-                f"with KERAS_BACKEND=tensorflow.")
+        if (why := tensorflow_run_unreadable(model_dir, saved)) is not None:
+            raise ValueError(why)
         batch_norm = "fused" if keras.backend.backend() == "tensorflow" else "keras"
         return load_encoder_weights(model_dir, saved, batch_norm), saved
     import tensorflow as tf

@@ -114,12 +114,25 @@ class SaveEvery(keras.callbacks.Callback):
         self._previous = self.counter()
 
     def on_train_batch_end(self, batch, logs=None):
-        step, previous, self._previous = self.counter(), self._previous, self.counter()
+        step = self.counter()
+        previous, self._previous = self._previous, step
         if due(step, previous, self.every):
             self.save()
 
     def on_train_end(self, logs=None):
         self.save()
+
+
+def tensorflow_run_unreadable(model_dir: str, saved: dict) -> str | None:
+    """Why a run of the TensorFlow program cannot be read on this (non-TensorFlow) backend, or
+    None: its TensorFlow checkpoints are not, only its `encoder.weights.h5` (finished runs)."""
+    if saved.get("backend", "tensorflow") != "tensorflow" or keras.backend.backend() == \
+            "tensorflow" or os.path.isfile(os.path.join(model_dir, ENCODER_WEIGHTS)):
+        return None
+    return (f"{model_dir} is a run of the TensorFlow program without {ENCODER_WEIGHTS} (it is "
+            f"unfinished, or older than that file): its TensorFlow checkpoints load under "
+            f"KERAS_BACKEND=tensorflow only; finish the run (rerun its command) or run this "
+            f"with KERAS_BACKEND=tensorflow.")
 
 
 def discard_encoder_weights(model_dir: str) -> None:

@@ -106,14 +106,11 @@ def check_pretrained(pretrained: str, backbone: str) -> str:
                 f"{saved.get('backbone')} (dataset {saved.get('dataset')}), but this probe uses "
                 f"--backbone={backbone}; pass a {backbone} run, or probe this one with "
                 f"--backbone={saved.get('backbone')} on a dataset of its image size.")
-        tensorflow_run = saved.get("backend", "tensorflow") == "tensorflow"
-        if tensorflow_run and keras.backend.backend() != "tensorflow" and not os.path.isfile(
-                os.path.join(os.path.expanduser(pretrained), "encoder.weights.h5")):
-            raise UsageError(
-                f"--pretrained={pretrained} is a run of the TensorFlow program without "
-                f"encoder.weights.h5 (it is unfinished, or older than that file): its TensorFlow "
-                f"checkpoints load under KERAS_BACKEND=tensorflow only; finish the run (rerun "
-                f"its command) or run this probe with KERAS_BACKEND=tensorflow.")
+        from aetv2_tf.keras_checkpoints import tensorflow_run_unreadable
+
+        why = tensorflow_run_unreadable(os.path.expanduser(pretrained), saved)
+        if why is not None:
+            raise UsageError(f"--pretrained={pretrained}: {why}")
     return kind
 
 
