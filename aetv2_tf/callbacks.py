@@ -24,10 +24,15 @@ if TYPE_CHECKING:  # TensorFlow is imported where it is used: the module loads o
 
 
 def all_finite(variables) -> bool:
-    """True when every variable is free of NaN and inf."""
-    import tensorflow as tf
+    """True when every variable is free of NaN and inf (read to the host: call rarely). Under
+    TensorFlow through TensorFlow ops (distributed variables included)."""
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
 
-    return all(bool(tf.reduce_all(tf.math.is_finite(tf.cast(v, tf.float32)))) for v in variables)
+        return all(bool(tf.reduce_all(tf.math.is_finite(tf.cast(v, tf.float32))))
+                   for v in variables)
+    return all(np.isfinite(keras.ops.convert_to_numpy(v).astype(np.float32)).all()
+               for v in variables)
 
 
 def digest_arrays(arrays) -> str:
@@ -81,33 +86,58 @@ class StepCounter(keras.callbacks.Callback):
         self.step = min(self._epoch_start + int(batch) + 1, self.stop)
 
 
+class CheckpointStore:
+    """Where `CheckpointEvery` saves: the step of the newest checkpoint, and a save."""
+
+    def latest_step(self) -> int | None:
+        raise NotImplementedError
+
+    def save(self, model: keras.Model, step: int) -> str:
+        raise NotImplementedError
+
+
+class ManagerCheckpoints(CheckpointStore):
+    """A `tf.train.CheckpointManager` (the TensorFlow adapter's format): `ckpt-<step>`."""
+
+    def __init__(self, manager: tf.train.CheckpointManager):
+        self.manager = manager
+
+    def latest_step(self) -> int | None:
+        latest = self.manager.latest_checkpoint
+        return _checkpoint_step(latest) if latest else None
+
+    def save(self, model: keras.Model, step: int) -> str:
+        return self.manager.save(checkpoint_number=step)
+
+
 class CheckpointEvery(keras.callbacks.Callback):
-    """Saves `manager`'s checkpoint every `every` steps (`step_fn()`: batches consumed) and when
-    training ends.
+    """Saves a checkpoint every `every` steps (`step_fn()`: batches consumed) and when training
+    ends, into `store` (a `CheckpointStore`; a `tf.train.CheckpointManager` is wrapped in
+    `ManagerCheckpoints`; `keras_checkpoints.KerasCheckpoints` on the other backends).
 
     A checkpoint is written only if every model weight is finite: a non-finite model stops the run
     (`refused` is then True) and the last good checkpoint stays the newest one.
     """
 
-    def __init__(self, manager: tf.train.CheckpointManager, step_fn, every: int,
-                 writer: bool = True):
+    def __init__(self, store, step_fn, every: int, writer: bool = True):
         super().__init__()
-        self.manager, self.step_fn, self.every, self.writer = manager, step_fn, every, writer
+        self.store = store if isinstance(store, CheckpointStore) else ManagerCheckpoints(store)
+        self.step_fn, self.every, self.writer = step_fn, every, writer
         self._last = None
         self._previous = 0
         self.refused = False
 
     def save(self) -> str | None:
         step = self.step_fn()
-        if step == self._last or (self.manager.latest_checkpoint and
-                                  step == _checkpoint_step(self.manager.latest_checkpoint)):
+        if step in (self._last, self.store.latest_step()):
             return None
-        if not all_finite(self.model.weights):
+        model = self.model  # under JAX this syncs the jitted state into the variables
+        if not all_finite(model.weights):
             logging.error("Non-finite weights at step %d: checkpoint NOT written; the newest "
-                          "checkpoint stays %s.", step, self.manager.latest_checkpoint)
-            self.model.stop_training = self.refused = True
+                          "checkpoint stays the one of step %s.", step, self.store.latest_step())
+            model.stop_training = self.refused = True
             return None
-        path = self.manager.save(checkpoint_number=step)
+        path = self.store.save(model, step)
         self._last = step
         if self.writer:
             logging.info("Saved checkpoint %s (step %d).", path, step)

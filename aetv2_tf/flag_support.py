@@ -31,13 +31,8 @@ class Rule:
 
 
 EVERYWHERE = None
-_TF_ONLY_STAGE = ("only --stage=pretext (AET and RotNet) and --stage=probe --probe=knn run "
-                  "here so far; use KERAS_BACKEND=tensorflow for the classifier heads and the "
-                  "supervised stage")
 
 TABLE: dict[str, Rule | None] = {
-    "stage": Rule(lambda v, _: v == "supervised", _TF_ONLY_STAGE, "supervised"),
-    "probe": Rule(lambda v, _: v != "knn", _TF_ONLY_STAGE, "conv"),
     "dataset": Rule(lambda v, _: v != "cifar10",
                     "reads tensorflow-datasets or tf.data folders; use --dataset=cifar10 (its "
                     "python files) or KERAS_BACKEND=tensorflow", "imagenet2012"),
@@ -66,8 +61,9 @@ TABLE: dict[str, Rule | None] = {
                    "installed)", True, unless_tensorflow_importable=True),
 }
 for _name in (
-    "pretext", "loss", "projection_weight", "angle_power", "residual_scale", "chordal_weight",
-    "mse_weight", "mse_decay_steps", "loss_frame", "loss_frame_scale", "decoder_scale",
+    "stage", "probe", "pretext", "loss", "projection_weight", "angle_power", "residual_scale",
+    "chordal_weight", "mse_weight", "mse_decay_steps", "loss_frame", "loss_frame_scale",
+    "decoder_scale",
     "decoder_init_rotation", "mse_normalize", "backbone", "batch_norm", "data_dir",
     "train_examples", "shift", "augment", "model_dir", "overwrite", "batch_size", "epochs",
     "train_steps", "train_seconds", "stop_after_steps", "steps_per_execution", "optimizer",

@@ -21,10 +21,9 @@ import os
 import re
 
 import keras
-import numpy as np
 from absl import logging
 
-from aetv2_tf.callbacks import due
+from aetv2_tf.callbacks import CheckpointStore
 
 ENCODER_WEIGHTS = "encoder.weights.h5"
 _NAME = re.compile(r"^ckpt-(\d+)\.weights\.h5$")
@@ -52,26 +51,23 @@ def save_atomically(saver, path: str) -> str:
     return path
 
 
-def all_finite(variables) -> bool:
-    """True when every variable is free of NaN and inf (read to the host: call rarely)."""
-    return all(np.isfinite(keras.ops.convert_to_numpy(v).astype(np.float32)).all()
-               for v in variables)
+class KerasCheckpoints(CheckpointStore):
+    """`ckpt-<step>.weights.h5` files in `directory`, written atomically; the `keep` newest are
+    kept (`callbacks.CheckpointEvery` saves into it, after its finiteness check)."""
 
+    def __init__(self, directory: str, keep: int):
+        self.directory, self.keep = directory, keep
 
-def save_checkpoint(model: keras.Model, directory: str, step: int, keep: int) -> str | None:
-    """Writes `ckpt-<step>.weights.h5` atomically and deletes all but the `keep` newest.
+    def latest_step(self) -> int | None:
+        found = list_checkpoints(self.directory)
+        return found[-1][0] if found else None
 
-    Nothing is written when a weight is non-finite (the newest checkpoint stays the last good
-    one); returns the path written or None.
-    """
-    if not all_finite(model.weights):
-        logging.error("Non-finite weights at step %d: checkpoint NOT written.", step)
-        return None
-    path = save_atomically(model.save_weights,
-                           os.path.join(directory, f"ckpt-{step}.weights.h5"))
-    for _, old in list_checkpoints(directory)[:-keep]:
-        os.remove(old)
-    return path
+    def save(self, model: keras.Model, step: int) -> str:
+        path = save_atomically(model.save_weights,
+                               os.path.join(self.directory, f"ckpt-{step}.weights.h5"))
+        for _, old in list_checkpoints(self.directory)[:-self.keep]:
+            os.remove(old)
+        return path
 
 
 def restore_checkpoint(model: keras.Model, directory: str) -> int:
@@ -87,40 +83,6 @@ def restore_checkpoint(model: keras.Model, directory: str) -> int:
     logging.info(message)
     print(message, flush=True)
     return step
-
-
-class SaveEvery(keras.callbacks.Callback):
-    """`save_checkpoint` every `every` batches (`counter()`: a `callbacks.StepCounter`) and when
-    training ends."""
-
-    def __init__(self, directory: str, counter, every: int, keep: int):
-        super().__init__()
-        self.directory, self.counter, self.every, self.keep = directory, counter, every, keep
-        self._last = None
-        self._previous = 0
-        self.refused = False  # a checkpoint was refused (non-finite weights): training stopped
-
-    def save(self) -> None:
-        step = self.counter()
-        found = list_checkpoints(self.directory)
-        if step == self._last or (found and found[-1][0] == step):
-            return
-        model = self.model  # under JAX this syncs the jitted state into the variables
-        if save_checkpoint(model, self.directory, step, self.keep) is None:
-            model.stop_training = self.refused = True
-        self._last = step
-
-    def on_train_begin(self, logs=None):
-        self._previous = self.counter()
-
-    def on_train_batch_end(self, batch, logs=None):
-        step = self.counter()
-        previous, self._previous = self._previous, step
-        if due(step, previous, self.every):
-            self.save()
-
-    def on_train_end(self, logs=None):
-        self.save()
 
 
 def tensorflow_run_unreadable(model_dir: str, saved: dict) -> str | None:

@@ -21,8 +21,9 @@ What is this backend's own (the rest is `aetv2_tf.program`, shared with TensorFl
   computation, with interchangeable weights; the start line says so); the decoder scale and the
   MSE normalisation use the parameter std measured with the device sampler.
 
-`--stage=probe --probe=knn` runs `portable_probe.knn_stage`. Which flag values run here is
-`aetv2_tf.flag_support`'s table.
+`--stage=probe` (KNN and every classifier head) and `--stage=supervised` run `probes.stage.run`,
+the stage of both adapters (its input adapter: NumPy batches, crops and flips on the device).
+Which flag values run here is `aetv2_tf.flag_support`'s table.
 """
 
 from __future__ import annotations
@@ -40,19 +41,18 @@ from aetv2_tf.rundir import UsageError
 
 
 def check_flags(num_devices: int) -> None:
-    """`program.check_flags` for this backend (its flag-support table), then the probe's
-    cheap `--pretrained` checks."""
+    """`program.check_flags` for this backend (its flag-support table), then the probe stages'
+    own checks (`probes.stage.check_flags`, as under TensorFlow)."""
     F = FLAGS
     program.check_flags(num_devices, keras.backend.backend(), accelerator=_accelerator() != "")
     if F.stage == "pretext" and F.pretext == "rotation" and F.batch_size % (4 * num_devices):
         raise UsageError(f"--pretext=rotation feeds --batch_size/4 images a step, split over "
                          f"the {num_devices} devices: --batch_size={F.batch_size} must be a "
                          f"multiple of {4 * num_devices}.")
-    if F.stage == "probe":
-        from aetv2_tf.probes import encoders
+    if F.stage != "pretext":
+        from aetv2_tf.probes.stage import check_flags as check_probe_flags
 
-        encoders.resolve_feature(F.backbone, F.feature)
-        encoders.check_pretrained(F.pretrained, F.backbone)
+        check_probe_flags()
 
 
 def _accelerator() -> str:
@@ -94,14 +94,15 @@ def run() -> dict:
                            data) + note, flush=True)
     if F.stage == "pretext":
         return pretext_stage(data)
-    from aetv2_tf.portable_probe import knn_stage
+    from aetv2_tf.probes import stage
 
-    return knn_stage()
+    return stage.run()
 
 
 def pretext_stage(data) -> dict:
     """Pretraining, AET or RotNet (module docstring); returns the summary `train.main` prints."""
     from aetv2_tf.callbacks import (
+        CheckpointEvery,
         StepCounter,
         StopOnSignal,
         StopOnSkippedStep,
@@ -109,7 +110,7 @@ def pretext_stage(data) -> dict:
     from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD
     from aetv2_tf.data.stream import ImageBatches
     from aetv2_tf.keras_checkpoints import (
-        SaveEvery,
+        KerasCheckpoints,
         discard_encoder_weights,
         restore_checkpoint,
         save_encoder_weights,
@@ -162,7 +163,8 @@ def pretext_stage(data) -> dict:
     skips = StopOnSkippedStep(optimizer, counter, F.on_nonfinite == "stop",
                               every=1 if F.on_nonfinite == "stop" else F.summary_every_steps)
     callbacks = [counter, signals, skips, program.StopAtStep(stop, counter),
-                 SaveEvery(ckpt_dir, counter, F.checkpoint_every_steps, F.keep_checkpoints),
+                 CheckpointEvery(KerasCheckpoints(ckpt_dir, F.keep_checkpoints), counter,
+                                 F.checkpoint_every_steps),
                  *summary_callbacks(counter, schedule, images)]
 
     if start < stop:
@@ -212,6 +214,7 @@ def summary_callbacks(counter, schedule, images) -> list[keras.callbacks.Callbac
     the image pairs of 4 fixed training `images` every `--image_summary_every_steps` (kept on
     the CPU: it must not take the accelerator's memory)."""
     from aetv2_tf.callbacks import PretextSummaries
+    from aetv2_tf.summaries import CsvLog
 
     F = FLAGS
     log_dir = os.path.join(F.model_dir, "train")
@@ -220,8 +223,8 @@ def summary_callbacks(counter, schedule, images) -> list[keras.callbacks.Callbac
 
     class Csv(PretextSummaries):
         def _create_writer(self, directory):
-            os.makedirs(directory, exist_ok=True)
-            return _CsvWriter(os.path.join(directory, "log.csv"))
+            return CsvLog(os.path.join(directory, "log.csv"),
+                          (*self.SCALARS, "learning_rate", "pairs_per_sec"))
 
         def _write_scalars(self, step, row):
             self.writer.write(step, row)
@@ -254,25 +257,3 @@ def summary_callbacks(counter, schedule, images) -> list[keras.callbacks.Callbac
     return out + [Pairs(*args[:4], F.image_summary_every_steps or 10 * F.summary_every_steps,
                         F.batch_size, sample, lambda x, tx, p, q: draw_pairs(
                             x, tx, p, q, CIFAR10_MEAN, CIFAR10_STD))]
-
-
-class _CsvWriter:
-    """Appends `step,<scalars>` rows to a CSV file (header once; a resumed run appends)."""
-
-    COLUMNS = ("step", "loss", "geodesic_angle_deg", "projection_residual", "rotation_accuracy",
-               "learning_rate", "pairs_per_sec")
-
-    def __init__(self, path: str):
-        self.path = path
-        if not os.path.exists(path):
-            with open(path, "w") as f:
-                f.write(",".join(self.COLUMNS) + "\n")
-
-    def write(self, step: int, row: dict) -> None:
-        values = dict(row)
-        with open(self.path, "a") as f:
-            f.write(",".join([str(step)] + [f"{values[c]:.6g}" if c in values else ""
-                                            for c in self.COLUMNS[1:]]) + "\n")
-
-    def flush(self) -> None:
-        pass

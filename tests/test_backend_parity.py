@@ -142,6 +142,65 @@ def test_quarter_turns_are_np_rot90_of_the_normalised_images():
     assert augmented.shape == (12, 8, 8, 3) and not np.allclose(np.asarray(augmented), want)
 
 
+def test_classifier_inputs_normalise_and_crop_flip_like_the_tf_pipeline():
+    """The probes' device preprocessing (`ClassifierInputs`): in inference exactly the
+    normalisation of `pipelines.normalize`; in training every image is a crop of the 4-px
+    zero-padded image (offsets in -4..4), flipped or not, as `pipelines.pad_crop_flip`."""
+    from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD
+    from aetv2_tf.data.device import ClassifierInputs
+    from aetv2_tf.data.pipelines import normalize
+
+    images = np.random.default_rng(1).integers(0, 256, (16, 32, 32, 3), dtype=np.uint8)
+    layer = ClassifierInputs(seed=3, augment=True)
+    np.testing.assert_allclose(np.asarray(layer(images, training=False)),
+                               normalize(images).numpy(), rtol=0, atol=1e-6)
+    got = np.asarray(layer(images, training=True))
+    padded = np.pad(images / 255.0, ((0, 0), (4, 4), (4, 4), (0, 0)))
+    candidates = [(dy, dx, flip) for dy in range(9) for dx in range(9) for flip in (0, 1)]
+    found = []
+    for b in range(len(images)):
+        for dy, dx, flip in candidates:
+            crop = padded[b, dy:dy + 32, dx:dx + 32]
+            crop = crop[:, ::-1] if flip else crop
+            want = (crop - np.array(CIFAR10_MEAN)) / np.array(CIFAR10_STD)
+            if np.allclose(got[b], want, atol=1e-5):
+                found.append((dy, dx, flip))
+                break
+        else:
+            raise AssertionError(f"image {b} is no crop/flip of its padded image")
+    assert len(set(found)) > 4  # the offsets and flips vary across the batch
+    assert not np.allclose(np.asarray(layer(images, training=True)), got)  # a new draw a call
+    np.testing.assert_allclose(np.asarray(ClassifierInputs(seed=3, augment=False)(
+        images, training=True)), normalize(images).numpy(), rtol=0, atol=1e-6)
+
+
+def test_labelled_batches_visit_every_image_once_per_epoch():
+    """`LabelledBatches`: training epochs are seeded permutations (a new one per epoch, the same
+    for the same seed), labels stay with their images, the last batch is short; evaluation keeps
+    the order."""
+    from aetv2_tf.data.stream import LabelledBatches, epoch_order
+
+    images = np.arange(10, dtype=np.uint8).reshape(10, 1, 1, 1) * np.ones((1, 2, 2, 3), np.uint8)
+    labels = np.arange(10) % 3
+
+    def epoch(batches):
+        xs, ys = zip(*(batches[i] for i in range(len(batches))), strict=True)
+        return np.concatenate(xs)[:, 0, 0, 0], np.concatenate(ys)
+
+    train = LabelledBatches(images, labels, 4, seed=5, shuffle=True)
+    assert len(train) == 3 and len(train[2][0]) == 2
+    first, first_labels = epoch(train)
+    np.testing.assert_array_equal(first, epoch_order(5, 0, 10))
+    np.testing.assert_array_equal(first_labels, labels[first])
+    train.on_epoch_end()
+    second, _ = epoch(train)
+    assert sorted(second) == list(range(10)) and not np.array_equal(first, second)
+    np.testing.assert_array_equal(epoch(LabelledBatches(images, labels, 4, 5, shuffle=True))[0],
+                                  first)
+    np.testing.assert_array_equal(epoch(LabelledBatches(images, labels, 4, 5, False))[0],
+                                  np.arange(10))
+
+
 def test_rotnet_pretraining_under_jax_and_its_encoder_under_tensorflow(tmp_path, cifar10_dir):
     """RotNet runs under JAX (4 images x 4 turns a step), checkpoints, resumes exactly, and its
     encoder loads under TensorFlow for the probes."""

@@ -4,9 +4,10 @@ Child processes run `python -m aetv2_tf.train` with `KERAS_BACKEND=jax` and
 `sys.modules["tensorflow"] = None` (any TensorFlow import fails): a 6-step pretext run on 256
 CIFAR-10 images, the same run interrupted after 3 steps and resumed, the same run on two CPU
 devices (`keras.distribution.DataParallel`, XLA's host-platform device count), a mixed_bfloat16
-run with an MSE warm-up (`--mse_decay_steps`), a KNN probe, and the block-2 features of the
-encoder. This process (TensorFlow) then loads the run's encoder into the
-fused-BN NIN (`--pretrained=<jax run>`, `aetv2_tf.export`) and compares the features.
+run with an MSE warm-up (`--mse_decay_steps`), the KNN, 1-FC and conv probes of the run, the
+supervised stage, and the block-2 features of the encoder. This process (TensorFlow) then loads
+the run's encoder into the fused-BN NIN (`--pretrained=<jax run>`, `aetv2_tf.export`) and
+compares the features.
 """
 
 from __future__ import annotations
@@ -64,14 +65,22 @@ def done_line(out: str) -> str:
     return lines[-1]
 
 
+def head_args(model_dir, data_dir, config: str, *args: str) -> list[str]:
+    """A 2-epoch classifier-head run of `configs/<config>.cfg` on a small CIFAR-10 slice."""
+    return [f"--flagfile=configs/{config}.cfg", f"--model_dir={model_dir}",
+            f"--data_dir={data_dir}", "--train_examples=256", "--val_examples=64",
+            "--test_examples=64", "--epochs=2", "--batch_size=32", "--verbose=0",
+            "--mixed_precision=none", *args]
+
+
 TWO_CPUS = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, cifar10_dir):
     """The JAX children, two at a time (2 cores): full run || first half, two devices ||
-    bfloat16, resume || a run cut at step 5 with --steps_per_execution=3, its resume || probe,
-    features."""
+    bfloat16, resume || a run cut at step 5 with --steps_per_execution=3, its resume || KNN,
+    1-FC probe || conv probe, supervised || features."""
     tmp = tmp_path_factory.mktemp("jax")
     full, cut, spe = tmp / "full", tmp / "cut", tmp / "spe"
     common = ("--train_steps=6", "--checkpoint_every_steps=3", "--summary_every_steps=2",
@@ -90,7 +99,13 @@ def runs(tmp_path_factory, cifar10_dir):
                                          "--stop_after_steps=5"))},
         {"spe2": (RUN_TRAIN, *train_args(spe, cifar10_dir, *common, "--steps_per_execution=3")),
          "knn": (RUN_TRAIN, *probe_args)},
-        {"features": (FEATURES, full, cifar10_dir, tmp / "jax_block2.npy")},
+        {"fc1": (RUN_TRAIN, *head_args(tmp / "fc1", cifar10_dir, "cifar10_probe_fc1",
+                                       f"--pretrained={full}")),
+         "conv": (RUN_TRAIN, *head_args(tmp / "conv", cifar10_dir, "cifar10_probe_conv",
+                                        f"--pretrained={full}"))},
+        {"supervised": (RUN_TRAIN, *head_args(tmp / "supervised", cifar10_dir,
+                                              "cifar10_supervised")),
+         "features": (FEATURES, full, cifar10_dir, tmp / "jax_block2.npy")},
     ]
     out = {}
     for children in rounds:
@@ -103,7 +118,7 @@ def runs(tmp_path_factory, cifar10_dir):
 
 
 def test_import_and_helpfull_without_tensorflow():
-    code = BLOCK_TF + ("import aetv2_tf.train, aetv2_tf.portable, aetv2_tf.portable_probe, "
+    code = BLOCK_TF + ("import aetv2_tf.train, aetv2_tf.portable, aetv2_tf.probes.stage, "
                        "aetv2_tf.export, aetv2_tf.probes.encoders; print('imported')")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                           text=True, env=_env({"KERAS_BACKEND": "jax"}), timeout=120)
@@ -218,6 +233,28 @@ def test_knn_probe_under_jax(runs):
     assert results["test_examples"] == 64 and results["train_examples"] == 256
     assert results["backend"] == "jax" and 0 <= results["test_top1"] <= 100
     assert results["pretrained_checkpoint"].endswith("encoder.weights.h5")
+
+
+@pytest.mark.parametrize("name, probe, method", [("fc1", "fc1", "AETv2"),
+                                                   ("conv", "conv", "AETv2"),
+                                                   ("supervised", "conv", "supervised")])
+def test_classifier_heads_and_supervised_stage_under_jax(runs, name, probe, method):
+    """The classifier stages on JAX: heads on the frozen encoder of the JAX run (and the
+    supervised NIN), selected on held-out images, epochs.csv and best.weights.h5 written."""
+    from aetv2_tf.probes.results import read_results
+
+    tmp, out = runs
+    stage = "supervised" if name == "supervised" else "probe"
+    assert done_line(out[name]).startswith(f"Done ({stage}): probe={probe}, feature=block2, "
+                                           f"method={method}, test_top1=")
+    r = read_results(tmp / name / "results.json")
+    assert r["backend"] == "jax" and r["epochs_run"] == 2 and r["selected_epoch"] in (1, 2)
+    assert (r["train_examples"], r["val_examples"], r["test_examples"]) == (192, 64, 64)
+    assert r["val_top1"] == pytest.approx(max(r["val_top1_history"]), abs=0.01)
+    assert 0 <= r["test_top1"] <= 100
+    rows = (tmp / name / "epochs.csv").read_text().splitlines()
+    assert rows[0] == "epoch,loss,top1,val_loss,val_top1,learning_rate" and len(rows) == 3
+    assert (tmp / name / "best.weights.h5").is_file()
 
 
 def test_tensorflow_loads_the_jax_encoder(runs, cifar10_dir):

@@ -347,12 +347,10 @@ def rot90(images: Tensor) -> Tensor:
     return ops.flip(ops.transpose(images, (0, 2, 1, 3)), axis=1)
 
 
-@keras.saving.register_keras_serializable(package="aetv2_tf")
-class QuarterTurns(_SeededLayer):
-    """RotNet pretext batches on the device: images ``(B, H, W, 3)`` -> ``(x, k)``, as
-    ``pipelines.rotation_dataset`` makes them: the B images after the AETv1 pre-augmentation
-    (``augment``, from the layer's seed generator), normalised, in rotation 0, then 1, 2, 3
-    (``np.rot90(image, k)``): ``x (4B, H, W, 3)`` float32, ``k (4B,)`` float32 labels."""
+class _Augmenting(_SeededLayer):
+    """The AETv1 pre-augmentation (``augment``: random crop of the image zero-padded by
+    ``H // 8`` px, random horizontal flip; from the layer's seed generator) and the
+    normalisation ``(x - mean) / std`` of ``(B, H, W, 3)`` uint8 or ``[0, 1]`` float images."""
 
     def __init__(self, seed: int | None = None, augment: bool = True,
                  mean: Sequence[float] = CIFAR10_MEAN, std: Sequence[float] = CIFAR10_STD,
@@ -363,14 +361,44 @@ class QuarterTurns(_SeededLayer):
         self.std = tuple(float(s) for s in std)
         self.seed_generator = keras.random.SeedGenerator(seed)
 
-    def call(self, images: Tensor) -> tuple[Tensor, Tensor]:
+    def augmented(self, images: Tensor, augment: bool) -> Tensor:
+        """(B, H, W, 3) -> float32 normalised, pre-augmented when ``augment``."""
         images = _as_float(images)
-        if self.augment:
+        if augment:
             u = keras.random.uniform((ops.shape(images)[0], _AUGMENT_UNIFORMS),
                                      dtype="float32", seed=self.seed_generator)
             images = _pad_crop_flip(images, u, images.shape[1] // 8)
-        x = (images - ops.convert_to_tensor(self.mean, "float32")) \
+        return (images - ops.convert_to_tensor(self.mean, "float32")) \
             / ops.convert_to_tensor(self.std, "float32")
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        config.update(seed=self.seed, augment=self.augment, mean=list(self.mean),
+                      std=list(self.std))
+        return config
+
+
+@keras.saving.register_keras_serializable(package="aetv2_tf")
+class ClassifierInputs(_Augmenting):
+    """The probes' batches on the device, as ``pipelines.classification_dataset`` makes them:
+    ``(B, H, W, 3)`` uint8 -> float32 normalised, pre-augmented in training when ``augment``."""
+
+    def call(self, images: Tensor, training: bool | None = None) -> Tensor:
+        return self.augmented(images, self.augment and bool(training))
+
+    def compute_output_spec(self, images, training=None):
+        return keras.KerasTensor(tuple(images.shape), "float32")
+
+
+@keras.saving.register_keras_serializable(package="aetv2_tf")
+class QuarterTurns(_Augmenting):
+    """RotNet pretext batches on the device: images ``(B, H, W, 3)`` -> ``(x, k)``, as
+    ``pipelines.rotation_dataset`` makes them: the B images after the AETv1 pre-augmentation
+    (``augment``, from the layer's seed generator), normalised, in rotation 0, then 1, 2, 3
+    (``np.rot90(image, k)``): ``x (4B, H, W, 3)`` float32, ``k (4B,)`` float32 labels."""
+
+    def call(self, images: Tensor) -> tuple[Tensor, Tensor]:
+        x = self.augmented(images, self.augment)
         turns = [x]
         for _ in range(3):
             turns.append(rot90(turns[-1]))
@@ -381,9 +409,3 @@ class QuarterTurns(_SeededLayer):
         batch = None if images.shape[0] is None else 4 * images.shape[0]
         return (keras.KerasTensor((batch, *images.shape[1:]), "float32"),
                 keras.KerasTensor((batch,), "float32"))
-
-    def get_config(self) -> dict:
-        config = super().get_config()
-        config.update(seed=self.seed, augment=self.augment, mean=list(self.mean),
-                      std=list(self.std))
-        return config

@@ -8,12 +8,21 @@ pipelines do), and `order(e) = numpy.random.default_rng([seed, e]).permutation(N
 Batches are `(B, H, W, 3)` uint8 arrays: augmentation, homographies and normalisation happen on
 the device inside the compiled step (`aetv2_tf.data.device.HomographyPairs`). The order differs
 from the TensorFlow program's (another RNG); the distribution is the same.
+
+`LabelledBatches` serves the probe stages: one epoch of `(uint8 images, int64 labels)` batches
+per `fit` epoch, in the same epoch orders (training) or in order (evaluation); their
+augmentation and normalisation happen on the device (`aetv2_tf.data.device.ClassifierInputs`).
 """
 
 from __future__ import annotations
 
 import keras
 import numpy as np
+
+
+def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
+    """The permutation of `n` images in `epoch`: `default_rng([seed, epoch]).permutation(n)`."""
+    return np.random.default_rng([int(seed), int(epoch)]).permutation(n)
 
 
 class ImageBatches(keras.utils.PyDataset):
@@ -39,7 +48,7 @@ class ImageBatches(keras.utils.PyDataset):
         """The permutation of the images in `epoch`."""
         if epoch != self._epoch:
             self._epoch = epoch
-            self._order = np.random.default_rng([self.seed, epoch]).permutation(len(self.images))
+            self._order = epoch_order(self.seed, epoch, len(self.images))
         return self._order
 
     def batch(self, step: int) -> np.ndarray:
@@ -52,3 +61,38 @@ class ImageBatches(keras.utils.PyDataset):
         if not 0 <= index < len(self):
             raise IndexError(index)
         return self.batch(self.start + index)
+
+
+class LabelledBatches(keras.utils.PyDataset):
+    """One epoch of `(images (B, H, W, 3) uint8, labels (B,) int64)` batches; the last may be short.
+
+    `shuffle`: `fit` epoch `e` (counted by `on_epoch_end`, which Keras calls) visits
+    `epoch_order(seed, e, N)`; otherwise the images keep their order (evaluation).
+    """
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, batch_size: int, seed: int,
+                 shuffle: bool, **kwargs):
+        super().__init__(**kwargs)
+        if len(images) != len(labels) or not len(images):
+            raise ValueError(f"{len(images)} images and {len(labels)} labels: need as many, "
+                             "and at least one")
+        self.images, self.labels = images, np.asarray(labels, np.int64)
+        self.batch_size, self.seed, self.shuffle = int(batch_size), int(seed), bool(shuffle)
+        self.epoch, self._order = 0, (None, None)
+
+    def __len__(self) -> int:
+        return -(-len(self.images) // self.batch_size)
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        rows = np.arange(index * self.batch_size,
+                         min((index + 1) * self.batch_size, len(self.images)))
+        if self.shuffle:
+            if self._order[0] != self.epoch:
+                self._order = (self.epoch, epoch_order(self.seed, self.epoch, len(self.images)))
+            rows = self._order[1][rows]
+        return self.images[rows], self.labels[rows]
+
+    def on_epoch_end(self) -> None:
+        self.epoch += 1

@@ -4,7 +4,7 @@ Protocol (REFERENCE.md, section 2, with the one deliberate change it asks for):
 
 * The encoder is frozen: ``trainable = False`` (no weight is updated, weight decay included) AND
   it is called with ``training=False`` (BatchNorm uses and keeps its moving statistics); its
-  output additionally goes through ``tf.stop_gradient``. Only the head learns.
+  output additionally goes through ``stop_gradient``. Only the head learns.
 * The head is trained on the training set minus a seeded validation split (`split_train_val`,
   5,000 images for CIFAR-10), validated after every epoch; the weights of the epoch with the best
   validation top-1 are restored at the end (the earliest such epoch on ties), and the TEST set is
@@ -15,7 +15,9 @@ Protocol (REFERENCE.md, section 2, with the one deliberate change it asks for):
   variable as in the AETv1 code), lr x0.2 at 30%, 60% and 80% of the epochs (60/120/160 of 200,
   the AETv1/RotNet classifier schedule; boundaries scale with the epoch count).
 
-All accuracies returned are top-1 in PERCENT.
+All accuracies returned are top-1 in PERCENT. Written in Keras 3 for every backend: the batches
+are any ``fit`` input (a tf.data pipeline under TensorFlow, `data.stream.LabelledBatches`
+elsewhere); per-epoch logs go to ``epochs.csv`` and, where TensorFlow is importable, TensorBoard.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ from typing import Any, NamedTuple
 
 import keras
 import numpy as np
-import tensorflow as tf
-from tensorflow.core.framework import summary_pb2
+
+from aetv2_tf import summaries
 
 # --- optimiser and schedule -------------------------------------------------------------------
 
@@ -108,19 +110,24 @@ def step_lr_schedule(
 
 
 class FrozenEncoderProbe(keras.Model):
-    """``images (B, H, W, 3) -> encoder (frozen) -> features[feature] -> head -> logits (B, K)``.
+    """``images (B, H, W, 3) -> [preprocess] -> encoder (frozen) -> features[feature] -> head ->
+    logits (B, K)``.
 
     ``encoder`` is a Keras model/layer (set to ``trainable=False`` here) or any callable feature
     function; dict outputs (``build_nin``: ``{"block1".."block4"}``) are indexed by ``feature``.
+    ``preprocess`` (optional, e.g. `data.device.ClassifierInputs`: uint8 -> augmented and
+    normalised on the device) is called with the ``training`` flag of the call.
     """
 
-    def __init__(self, encoder: Callable, feature: str | None, head: Callable, **kwargs):
+    def __init__(self, encoder: Callable, feature: str | None, head: Callable,
+                 preprocess: keras.layers.Layer | None = None, **kwargs):
         super().__init__(**kwargs)
         if isinstance(encoder, keras.layers.Layer):
             encoder.trainable = False
         self.encoder = encoder
         self.feature = feature
         self.head = head
+        self.preprocess = preprocess
 
     def features(self, images):
         """The frozen feature map, e.g. ``(B, 8, 8, 192)`` for NIN block 2."""
@@ -130,14 +137,17 @@ class FrozenEncoderProbe(keras.Model):
             if self.feature is None:
                 raise ValueError(f"encoder returns {sorted(outputs)}; pass feature=")
             outputs = outputs[self.feature]
-        return tf.stop_gradient(outputs)
+        return keras.ops.stop_gradient(outputs)
 
     def call(self, images, training=None):
+        if self.preprocess is not None:
+            images = self.preprocess(images, training=training)
         return self.head(self.features(images), training=training)
 
 
 def build_probe_model(
-    feature_fn_or_encoder: Callable, feature: str | None, head: Callable
+    feature_fn_or_encoder: Callable, feature: str | None, head: Callable,
+    preprocess: keras.layers.Layer | None = None,
 ) -> FrozenEncoderProbe:
     """Wrap a frozen encoder (or feature function) and a head into one trainable-head model.
 
@@ -146,8 +156,9 @@ def build_probe_model(
         callable ``images -> feature map``.
       feature: key of the encoder's dict output (``"block2"``, ``"conv4"``...), or None.
       head: a Keras model/layer mapping the feature map to float32 logits ``(B, K)``.
+      preprocess: an optional first layer (`FrozenEncoderProbe`).
     """
-    return FrozenEncoderProbe(feature_fn_or_encoder, feature, head, name="probe")
+    return FrozenEncoderProbe(feature_fn_or_encoder, feature, head, preprocess, name="probe")
 
 
 def build_probe(
@@ -156,6 +167,7 @@ def build_probe(
     head_kind: str,
     num_classes: int,
     input_shape: Sequence[int] = (32, 32, 3),
+    preprocess: keras.layers.Layer | None = None,
     **head_kwargs: Any,
 ) -> FrozenEncoderProbe:
     """`build_probe_model` with a head from ``aetv2_tf.models.heads.build_head(head_kind, ...)``.
@@ -166,59 +178,38 @@ def build_probe(
     from aetv2_tf.models.heads import build_head
 
     probe = build_probe_model(encoder, feature, keras.layers.Identity())
-    feature_shape = tuple(probe.features(tf.zeros((1, *input_shape))).shape[1:])
+    feature_shape = tuple(probe.features(np.zeros((1, *input_shape), np.float32)).shape[1:])
     head = build_head(head_kind, feature_shape, num_classes, **head_kwargs)
-    return build_probe_model(encoder, feature, head)
+    return build_probe_model(encoder, feature, head, preprocess)
 
 
-# --- TensorBoard scalars without the tensorboard package ---------------------------------------
-
-_SCALAR_METADATA = summary_pb2.SummaryMetadata(
-    plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars")
-)
-
-
-def write_scalar(name: str, value: float, step: int) -> None:
-    """A TensorBoard scalar via the raw ``tf.summary.write`` (into the default writer).
-
-    ``tf.summary.scalar`` and ``keras.callbacks.TensorBoard`` need the ``tensorboard`` pip package
-    (TBNotInstalledError otherwise); this writes the same event (a float32 scalar tensor tagged
-    for the "scalars" plugin) with TensorFlow alone.
-    """
-    tf.summary.write(name, tf.constant(float(value), tf.float32), step=int(step),
-                     metadata=_SCALAR_METADATA)
+# --- per-epoch logs ----------------------------------------------------------------------------
 
 
 class EpochScalars(keras.callbacks.Callback):
-    """Per-epoch logs to ``log_dir/train`` and ``log_dir/validation`` (``val_`` prefix removed),
-    as ``epoch_<name>`` like Keras' TensorBoard callback, plus the learning rate."""
+    """Per-epoch logs: rows of ``log_dir/epochs.csv`` always (`summaries.CsvLog`); where TensorFlow
+    is importable also TensorBoard scalars ``epoch_<name>`` in ``log_dir/train`` and
+    ``log_dir/validation`` (``val_`` prefix removed), like Keras' TensorBoard callback. Both with
+    the learning rate."""
+
+    COLUMNS = ("loss", "top1", "val_loss", "val_top1", "learning_rate")
 
     def __init__(self, log_dir: str):
         super().__init__()
-        self.log_dir = log_dir
-        self._writers: dict[str, Any] = {}
-
-    def _writer(self, split: str):
-        if split not in self._writers:
-            self._writers[split] = tf.summary.create_file_writer(os.path.join(self.log_dir, split))
-        return self._writers[split]
+        self.csv = summaries.CsvLog(os.path.join(log_dir, "epochs.csv"), self.COLUMNS, "epoch")
+        self.writers = {split: summaries.tensorboard_writer(os.path.join(log_dir, split))
+                        for split in ("train", "validation")}
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None):
-        logs = dict(logs or {})
+        logs = {k: float(v) for k, v in (logs or {}).items()}
         logs.setdefault("learning_rate", float(keras.ops.convert_to_numpy(
             self.model.optimizer.learning_rate)))
-        for split, items in (
-            ("train", {k: v for k, v in logs.items() if not k.startswith("val_")}),
-            ("validation", {k[4:]: v for k, v in logs.items() if k.startswith("val_")}),
-        ):
-            if items:
-                with self._writer(split).as_default():
-                    for name, value in items.items():
-                        write_scalar(f"epoch_{name}", value, epoch)
-
-    def on_train_end(self, logs: dict | None = None):
-        for writer in self._writers.values():
-            writer.flush()
+        self.csv.write(epoch + 1, logs)
+        train = {f"epoch_{k}": v for k, v in logs.items() if not k.startswith("val_")}
+        val = {f"epoch_{k[4:]}": v for k, v in logs.items() if k.startswith("val_")}
+        summaries.write_scalars(self.writers["train"], epoch, train)
+        if val:
+            summaries.write_scalars(self.writers["validation"], epoch, val)
 
 
 # --- training with validation-based selection --------------------------------------------------
@@ -249,7 +240,8 @@ class BestValidationSnapshot(keras.callbacks.Callback):
         self.history.append(value)
         if value > self.best_value:
             self.best_value, self.best_epoch = value, epoch + 1
-            self._weights = [np.array(v.numpy(), copy=True) for v in self._variables()]
+            self._weights = [np.array(keras.ops.convert_to_numpy(v), copy=True)
+                             for v in self._variables()]
             if self.model_dir:
                 self.model.save_weights(os.path.join(self.model_dir, "best.weights.h5"))
 
@@ -262,9 +254,9 @@ class BestValidationSnapshot(keras.callbacks.Callback):
 
 def train_probe(
     model: keras.Model,
-    train_ds: tf.data.Dataset,
-    val_ds: tf.data.Dataset,
-    test_ds: tf.data.Dataset,
+    train_ds: Any,
+    val_ds: Any,
+    test_ds: Any,
     *,
     epochs: int,
     optimizer: keras.optimizers.Optimizer | None = None,
@@ -279,7 +271,8 @@ def train_probe(
     Args:
       model: e.g. `build_probe_model(...)`, images -> logits ``(B, K)``; compiled here with sparse
         softmax cross-entropy and a ``top1`` accuracy metric.
-      train_ds, val_ds, test_ds: batched ``(images, int labels)`` datasets; train_ds is iterated
+      train_ds, val_ds, test_ds: batched ``(images, int labels)`` (a ``tf.data.Dataset``, a
+        ``keras.utils.PyDataset``: anything ``fit`` takes); train_ds is iterated
         once per epoch (shuffle/augment it inside the pipeline), val_ds once per epoch, test_ds
         exactly once at the end.
       epochs: training epochs.
@@ -287,8 +280,8 @@ def train_probe(
       lr_schedule: ``"step"`` (`step_lr_schedule(epochs, base_lr=<optimizer lr>)`), a callable
         ``epoch (0-based) -> lr``, or None to leave the optimiser's learning rate alone.
       model_dir: if given, ``best.weights.h5`` (best epoch so far) is saved there.
-      log_dir: if given, TensorBoard scalars per epoch go to ``train/`` and ``validation/``
-        (`EpochScalars`) and the final test top-1 to ``test/`` (at step = selected epoch).
+      log_dir: if given, the per-epoch logs (`EpochScalars`) and the final test top-1
+        (`write_test_top1`, at step = selected epoch) go there.
 
     Returns:
       ``dict(selected_epoch (1-based), val_top1, test_top1, test_error, epochs_run, wall_time_s,
@@ -321,10 +314,7 @@ def train_probe(
     test = model.evaluate(test_ds, return_dict=True, verbose=verbose)
     test_top1 = 100.0 * float(test["top1"])
     if log_dir:
-        writer = tf.summary.create_file_writer(os.path.join(log_dir, "test"))
-        with writer.as_default():
-            write_scalar("top1", test_top1, step=snapshot.best_epoch)
-        writer.flush()
+        write_test_top1(log_dir, test_top1, step=snapshot.best_epoch)
     return dict(
         selected_epoch=snapshot.best_epoch,
         val_top1=100.0 * snapshot.best_value,
@@ -334,6 +324,13 @@ def train_probe(
         wall_time_s=time.perf_counter() - start,
         val_top1_history=[100.0 * v for v in snapshot.history],
     )
+
+
+def write_test_top1(log_dir: str, top1: float, step: int) -> None:
+    """The test top-1 (percent) as the TensorBoard scalar ``test/top1`` where TensorFlow is
+    importable (results.json always has it)."""
+    summaries.write_scalars(summaries.tensorboard_writer(os.path.join(log_dir, "test")), step,
+                            {"top1": top1})
 
 
 # --- train/validation split ---------------------------------------------------------------------

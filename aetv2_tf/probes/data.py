@@ -18,7 +18,8 @@ sorted by class). A KNN passes ``val_examples=0``: it fits the whole training po
 The splits are made on indices, paths or tfds slices, before any image is decoded: a validation
 pass reads only the validation images. CIFAR-10 is numpy ``(N, 32, 32, 3)`` uint8 + labels; the
 other sources are ``tf.data.Dataset`` s of ``(image uint8 (h, w, 3), label int64)`` that
-`aetv2_tf.data.pipelines.classification_dataset` resizes and crops (224 protocol).
+`aetv2_tf.data.pipelines.classification_dataset` resizes and crops (224 protocol); TensorFlow is
+imported only for them, so CIFAR-10 loads on every Keras backend.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import os
 from typing import Any, NamedTuple
 
 import numpy as np
-import tensorflow as tf
 
 from aetv2_tf.data.constants import CIFAR10_CLASSES
 from aetv2_tf.data.sources import DataError, _decode_image, list_image_folder, load_source
@@ -108,7 +108,7 @@ def _tfds(name: str, data_dir: str | None, val_examples: int, train_examples: in
                  info.splits[test_split].num_examples)
     _check_val(val_examples, pool, name)
 
-    def source(split: str) -> tf.data.Dataset:
+    def source(split: str) -> Any:
         return load_source(name, data_dir, split, download=download)
 
     return ProbeData(
@@ -151,13 +151,15 @@ def _folder(root: str | None, val_examples: int, train_examples: int, test_examp
 
 
 def decode_folder(paths: np.ndarray, labels: np.ndarray,
-                  shuffle_seed: int | None = None) -> tf.data.Dataset:
+                  shuffle_seed: int | None = None) -> Any:
     """Files -> a dataset of (image uint8 (h, w, 3), label int64), decoded lazily.
 
     With ``shuffle_seed`` the whole path list is reshuffled every epoch (seeded) before decoding:
     the folder listing is sorted by class, which the pipeline's bounded shuffle buffer of decoded
     images could not mix.
     """
+    import tensorflow as tf
+
     ds = tf.data.Dataset.from_tensor_slices((paths, labels.astype(np.int64)))
     if shuffle_seed is not None:
         ds = ds.shuffle(len(paths), seed=shuffle_seed, reshuffle_each_iteration=True)

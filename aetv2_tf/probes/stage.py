@@ -14,35 +14,79 @@
   and the ``--probe`` head (conv: a third NIN block, GAP, Dense), all trained from scratch with the
   labels, with the schedule and selection of the probes.
 
+One stage for every Keras backend; the backend's part is the input adapter (`Inputs`): under
+TensorFlow the tf.data pipelines (`data.pipelines.classification_dataset`: crops, flips and
+normalisation in tf.data; every dataset), elsewhere the NumPy batches of CIFAR-10
+(`data.stream.LabelledBatches`) with the crops, flips and normalisation on the device
+(`data.device.ClassifierInputs`, the first layer of the trained model). A KNN reads arrays through
+``predict`` (`probes.knn.pooled_features`) and streams or SavedModels through the feature
+function (`probes.knn.extract_features`).
+
 Output, in ``--model_dir``: ``results.json`` (`aetv2_tf.probes.results`; the method label comes
-from ``--method``, else from the pretrained run's flags), TensorBoard scalars (``train/``,
-``validation/``, ``test/``), ``best.weights.h5`` of the selected epoch (heads); the returned
-summary is printed on one line by ``train.main``.
+from ``--method``, else from the pretrained run's flags), ``epochs.csv`` (heads) and, where
+TensorFlow is importable, TensorBoard scalars (``train/``, ``validation/``, ``test/``),
+``best.weights.h5`` of the selected epoch (heads); the returned summary is printed on one line by
+``train.main``.
 """
 
 from __future__ import annotations
 
-import os
+import contextlib
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import keras
-import tensorflow as tf
+import numpy as np
 
-from aetv2_tf.data.pipelines import classification_dataset, normalization_constants
+from aetv2_tf import program
+from aetv2_tf.data.constants import normalization_constants
 from aetv2_tf.flags import FLAGS, run_flags
 from aetv2_tf.models import DEFAULT_INPUT_SHAPES, build_head, build_nin
 from aetv2_tf.probes import encoders
-from aetv2_tf.probes.classifier import build_probe, probe_optimizer, train_probe, write_scalar
+from aetv2_tf.probes.classifier import (
+    build_probe,
+    probe_optimizer,
+    train_probe,
+    write_test_top1,
+)
 from aetv2_tf.probes.data import ProbeData, load_probe_data
-from aetv2_tf.probes.knn import extract_features, knn_accuracy, make_feature_fn
+from aetv2_tf.probes.knn import extract_features, knn_accuracy, make_feature_fn, pooled_features
 from aetv2_tf.probes.results import write_results
 from aetv2_tf.rundir import UsageError
 
 PROBE_LR_SCHEDULES = ("step", "constant")
-# (images, labels, training) -> batches (x (B, S, S, 3) normalised float32, labels (B,) int64)
-Batches = Callable[[Any, Any, bool], tf.data.Dataset]
+
+
+class Inputs(NamedTuple):
+    """The backend's input adapter: ``batches(images, labels, training)`` -> what ``fit`` takes,
+    and ``preprocess()`` -> the first layer of a trained model (a new one each call), or None
+    when the batches come normalised."""
+
+    batches: Callable[[Any, Any, bool], Any]
+    preprocess: Callable[[], keras.layers.Layer | None]
+
+
+def backend_inputs(mean, std, image_size: int) -> Inputs:
+    """tf.data under TensorFlow; NumPy batches and on-device preprocessing elsewhere."""
+    F = FLAGS
+    if keras.backend.backend() == "tensorflow":
+        from aetv2_tf.data.pipelines import classification_dataset
+
+        def tf_batches(images, labels, training: bool):
+            return classification_dataset(images, labels, F.batch_size, F.seed,
+                                          training=training, augment=F.augment,
+                                          image_size=image_size, mean=mean, std=std)
+
+        return Inputs(tf_batches, lambda: None)
+    from aetv2_tf.data.device import ClassifierInputs
+    from aetv2_tf.data.stream import LabelledBatches
+
+    def array_batches(images, labels, training: bool):
+        return LabelledBatches(images, labels, F.batch_size, F.seed, shuffle=training)
+
+    return Inputs(array_batches, lambda: ClassifierInputs(F.seed, F.augment, mean, std,
+                                                          name="inputs"))
 
 
 def check_flags() -> None:
@@ -77,8 +121,12 @@ def check_flags() -> None:
                              "--weight_decay_mode=l2.")
 
 
-def run(strategy: tf.distribute.Strategy, chief: bool) -> dict[str, Any]:
-    """Runs the probe or supervised stage; writes results.json; returns the summary."""
+def run(strategy: Any = None, chief: bool = True) -> dict[str, Any]:
+    """Runs the probe or supervised stage; writes results.json; returns the summary.
+
+    ``strategy``: the tf.distribute strategy of the TensorFlow adapter (None elsewhere: the
+    Keras distribution, if any, is already set); ``chief``: this worker writes the outputs.
+    """
     F = FLAGS
     start = time.perf_counter()
     feature = encoders.resolve_feature(F.backbone, F.feature)
@@ -88,35 +136,33 @@ def run(strategy: tf.distribute.Strategy, chief: bool) -> dict[str, Any]:
                            seed=F.seed, download=F.download)
     mean, std = normalization_constants(F.dataset)
     input_shape = DEFAULT_INPUT_SHAPES[F.backbone]
-
-    def batches(images, labels, training: bool) -> tf.data.Dataset:
-        return classification_dataset(images, labels, F.batch_size, F.seed, training=training,
-                                      augment=F.augment, image_size=input_shape[0], mean=mean,
-                                      std=std)
+    inputs = backend_inputs(mean, std, input_shape[0])
+    scope = strategy.scope() if strategy is not None else contextlib.nullcontext()
 
     if F.stage == "supervised":
         source = dict(pretrained=None, pretrained_kind=None, method="supervised")
-        with strategy.scope():
-            model = supervised_model(feature, data.num_classes)
-            outcome = fit_head(model, data, batches, chief)
+        with scope:
+            model = supervised_model(feature, data.num_classes, inputs.preprocess())
+            outcome = fit_head(model, data, inputs.batches, chief)
     else:
         encoder = encoders.load_encoder(F.pretrained, F.backbone, feature,
-                                        batch_norm=F.batch_norm, mean=mean, std=std)
+                                        batch_norm=program.batch_norm(), mean=mean, std=std)
         source = dict(pretrained=encoder.source, pretrained_kind=encoder.kind,
                       pretrained_checkpoint=encoder.checkpoint, method=encoder.method)
         if knn:
-            outcome = knn_probe(encoder, data, batches, chief)
+            outcome = knn_probe(encoder, data, inputs.batches, (mean, std), chief)
         else:
-            with strategy.scope():
+            with scope:
                 model = build_probe(encoder.model, feature, F.probe, data.num_classes,
-                                    input_shape, **head_options(feature))
-                outcome = fit_head(model, data, batches, chief)
+                                    input_shape, inputs.preprocess(), **head_options(feature))
+                outcome = fit_head(model, data, inputs.batches, chief)
 
     results = dict(
         probe=F.probe, feature=feature, **source, dataset=F.dataset_name or F.dataset,
         num_classes=data.num_classes, train_examples=data.sizes["train"],
         val_examples=data.sizes["val"], test_examples=data.sizes["test"], **outcome,
-        wall_time_s=round(time.perf_counter() - start, 1), flags=run_flags())
+        backend=keras.backend.backend(), wall_time_s=round(time.perf_counter() - start, 1),
+        flags=run_flags())
     results["method"] = F.method or results["method"]
     results["test_error"] = 100.0 - results["test_top1"]
     summary = {key: results[key] for key in ("probe", "feature", "method", "test_top1",
@@ -127,25 +173,32 @@ def run(strategy: tf.distribute.Strategy, chief: bool) -> dict[str, Any]:
     return summary
 
 
-def knn_probe(encoder: encoders.Encoder, data: ProbeData, batches: Batches, chief: bool) -> dict:
-    """KNN on the average-pooled feature: whole training pool vs the test set."""
+def knn_probe(encoder: encoders.Encoder, data: ProbeData, batches: Callable,
+              normalization: tuple, chief: bool) -> dict:
+    """KNN on the average-pooled feature: whole training pool vs the test set. Arrays and a Keras
+    encoder go through ``predict``; streams (tf.data) and SavedModels through the feature
+    function over the evaluation ``batches``."""
     F = FLAGS
     if F.knn_k > data.sizes["train"]:
         raise UsageError(f"--knn_k={F.knn_k} exceeds the {data.sizes['train']} training images; "
                          "lower --knn_k or raise --train_examples.")
-    feature_fn = make_feature_fn(encoder.model, encoder.feature)
+
+    def features(images, labels) -> tuple[np.ndarray, np.ndarray]:
+        if isinstance(images, np.ndarray) and isinstance(encoder.model, keras.Model):
+            return pooled_features(encoder.model, encoder.feature, images,
+                                   *normalization), labels
+        return extract_features(make_feature_fn(encoder.model, encoder.feature),
+                                batches(images, labels, False))
+
     t0 = time.perf_counter()
-    train_x, train_y = extract_features(feature_fn, batches(data.train, data.train_labels, False))
-    test_x, test_y = extract_features(feature_fn, batches(data.test, data.test_labels, False))
+    train_x, train_y = features(data.train, data.train_labels)
+    test_x, test_y = features(data.test, data.test_labels)
     t1 = time.perf_counter()
     top1 = knn_accuracy(train_x, train_y, test_x, test_y, k=F.knn_k, metric=F.knn_metric,
                         num_classes=data.num_classes)
     t2 = time.perf_counter()
     if chief:
-        writer = tf.summary.create_file_writer(os.path.join(F.model_dir, "test"))
-        with writer.as_default():
-            write_scalar("top1", top1, step=0)
-        writer.flush()
+        write_test_top1(F.model_dir, top1, step=0)
     return dict(selected_epoch=None, val_top1=None, test_top1=top1,
                 knn=dict(k=F.knn_k, metric=F.knn_metric, feature_dim=int(train_x.shape[1])),
                 timing_s=dict(features=round(t1 - t0, 1), knn=round(t2 - t1, 1)))
@@ -153,23 +206,25 @@ def knn_probe(encoder: encoders.Encoder, data: ProbeData, batches: Batches, chie
 
 def head_options(feature: str) -> dict[str, Any]:
     """`build_head` options from the flags; a nonlinear head on conv4 re-learns a conv5 layer."""
-    return dict(batch_norm=FLAGS.batch_norm, pool=FLAGS.probe_pool,
+    return dict(batch_norm=program.batch_norm(), pool=FLAGS.probe_pool,
                 extra_convs=int(FLAGS.probe == "nonlinear" and feature == "conv4"))
 
 
-def supervised_model(feature: str, num_classes: int) -> keras.Model:
-    """NIN blocks 1..``feature`` + the ``--probe`` head, everything trainable: images -> logits."""
-    F = FLAGS
+def supervised_model(feature: str, num_classes: int,
+                     preprocess: keras.layers.Layer | None = None) -> keras.Model:
+    """[preprocess] + NIN blocks 1..``feature`` + the ``--probe`` head, everything trainable:
+    images -> logits (uint8 images when ``preprocess`` normalises them on the device)."""
     input_shape = DEFAULT_INPUT_SHAPES["nin"]
     blocks = build_nin(input_shape, num_blocks=int(feature[len("block"):]),
-                       batch_norm=F.batch_norm)
-    images = keras.Input(input_shape, name="image")
-    features = blocks(images)[feature]
-    head = build_head(F.probe, tuple(features.shape[1:]), num_classes, **head_options(feature))
+                       batch_norm=program.batch_norm())
+    images = keras.Input(input_shape, dtype="float32" if preprocess is None else "uint8",
+                         name="image")
+    features = blocks(images if preprocess is None else preprocess(images))[feature]
+    head = build_head(FLAGS.probe, tuple(features.shape[1:]), num_classes, **head_options(feature))
     return keras.Model(images, head(features), name="supervised_nin")
 
 
-def fit_head(model: keras.Model, data: ProbeData, batches: Batches, chief: bool) -> dict:
+def fit_head(model: keras.Model, data: ProbeData, batches: Callable, chief: bool) -> dict:
     """`train_probe` with the stage's flags; returns the selection and test numbers."""
     F = FLAGS
     optimizer = probe_optimizer(F.optimizer, F.learning_rate, momentum=F.momentum,

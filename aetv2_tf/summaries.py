@@ -1,0 +1,67 @@
+"""Scalar logs on every Keras backend: a CSV always, TensorBoard events where TensorFlow is there.
+
+* `CsvLog`: ``step,<columns>`` rows appended to a CSV file (header once; a resumed run appends),
+  readable without TensorFlow (pretext: ``train/log.csv``; probes: ``epochs.csv``).
+* `write_scalar`: one TensorBoard scalar through the raw ``tf.summary.write`` into the default
+  writer (``tf.summary.scalar`` and Keras' TensorBoard callback need the ``tensorboard`` pip
+  package; this writes the same event with TensorFlow alone).
+* `tensorboard_writer`: a ``tf.summary`` file writer, or None where TensorFlow cannot be imported
+  (`flag_support.tensorflow_importable`), so that the caller keeps the CSV alone.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+
+class CsvLog:
+    """Appends ``step,<columns>`` rows to ``path``; a missing column is an empty cell."""
+
+    def __init__(self, path: str, columns: Sequence[str], step_name: str = "step"):
+        self.path, self.columns = path, tuple(columns)
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        if not os.path.exists(path):
+            with open(path, "w") as f:
+                f.write(",".join((step_name, *self.columns)) + "\n")
+
+    def write(self, step: int, row: dict[str, float]) -> None:
+        cells = [f"{float(row[c]):.6g}" if c in row else "" for c in self.columns]
+        with open(self.path, "a") as f:
+            f.write(",".join([str(int(step)), *cells]) + "\n")
+
+    def flush(self) -> None:
+        """Rows are written as they come (the interface of a ``tf.summary`` writer)."""
+
+
+def tensorboard_writer(log_dir: str) -> Any | None:
+    """``tf.summary.create_file_writer(log_dir)``, or None where TensorFlow is not importable."""
+    from aetv2_tf.flag_support import tensorflow_importable
+
+    if not tensorflow_importable():
+        return None
+    import tensorflow as tf
+
+    return tf.summary.create_file_writer(log_dir)
+
+
+def write_scalar(name: str, value: float, step: int) -> None:
+    """A float32 scalar tagged for TensorBoard's "scalars" plugin, into the default writer."""
+    import tensorflow as tf
+    from tensorflow.core.framework import summary_pb2
+
+    metadata = summary_pb2.SummaryMetadata(
+        plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
+    tf.summary.write(name, tf.constant(float(value), tf.float32), step=int(step),
+                     metadata=metadata)
+
+
+def write_scalars(writer: Any | None, step: int, row: dict[str, float]) -> None:
+    """Every ``row`` entry as a TensorBoard scalar at ``step`` (nothing when ``writer`` is None)."""
+    if writer is None:
+        return
+    with writer.as_default():
+        for name, value in row.items():
+            write_scalar(name, value, step)
+    writer.flush()
