@@ -4,7 +4,8 @@ tensorflow, and TensorFlow is then never imported (it need not be installed).
 
     KERAS_BACKEND=jax python -m aetv2_tf.train --flagfile=configs/cifar10_aetv2.cfg
 
-What is this backend's own (the rest is `aetv2_tf.program`, shared with TensorFlow's adapter):
+What is this backend's own (`KerasPretext`, the adapter of the one pretext loop
+`aetv2_tf.pretext`; the rest is `aetv2_tf.program`, shared with TensorFlow's adapter):
 
 * input: `data.stream.ImageBatches` (uint8 NumPy batches, a pure function of (seed, step)); the
   pretext examples are made on the device inside the jitted step (`models.pairs`: the
@@ -34,7 +35,7 @@ import keras
 import numpy as np
 from absl import logging
 
-from aetv2_tf import program, rundir
+from aetv2_tf import pretext, program, rundir
 from aetv2_tf.flags import ESSENTIAL, FLAGS, flagfile_text, run_flags
 from aetv2_tf.precision import choose_precision
 from aetv2_tf.rundir import UsageError
@@ -93,92 +94,73 @@ def run() -> dict:
     print(program.start_line(f"{keras.backend.backend()} {distribution}", len(devices), precision,
                            data) + note, flush=True)
     if F.stage == "pretext":
-        return pretext_stage(data)
+        return pretext.run(KerasPretext(data[0]), *data)
     from aetv2_tf.probes import stage
 
     return stage.run()
 
 
-def pretext_stage(data) -> dict:
-    """Pretraining, AET or RotNet (module docstring); returns the summary `train.main` prints."""
-    from aetv2_tf.callbacks import (
-        CheckpointEvery,
-        StepCounter,
-        StopOnSignal,
-        StopOnSkippedStep,
-    )
-    from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD
-    from aetv2_tf.data.stream import ImageBatches
-    from aetv2_tf.keras_checkpoints import (
-        KerasCheckpoints,
-        discard_encoder_weights,
-        restore_checkpoint,
-        save_encoder_weights,
-    )
-    from aetv2_tf.models import build_backbone
-    from aetv2_tf.models.pairs import build_pairs_model, build_rotations_model
+class KerasPretext(pretext.PretextAdapter):
+    """The adapter of `aetv2_tf.pretext` on this backend (module docstring): uint8 NumPy batches
+    (`data.stream.ImageBatches`, a pure function of (seed, step)), the pairs or rotations made
+    on the device inside the jitted step (`models.pairs`), Keras `.weights.h5` checkpoints, the
+    CSV (and TensorBoard) summaries, the export through a TensorFlow child process."""
 
-    F = FLAGS
-    images, labels, num_examples = data
-    size = program.IMAGE_SIZE[F.backbone]
-    rotation = F.pretext == "rotation"
-    images_per_step = F.batch_size // 4 if rotation else F.batch_size  # RotNet: 4 turns each
-    param_std = None if rotation else parameter_std(size, F.shift)
+    fit_kwargs = {"shuffle": False}  # the batches are already in their order
 
-    def build(steps: int):
-        """The encoder, compiled pretext model, schedule and optimizer of a `steps`-step run."""
+    def __init__(self, images):
+        F = FLAGS
+        self.images = images
+        self.size = program.IMAGE_SIZE[F.backbone]
+        self.rotation = F.pretext == "rotation"
+        self.images_per_step = F.batch_size // 4 if self.rotation else F.batch_size
+        self.param_std = None if self.rotation else parameter_std(self.size, F.shift)
+        # Reading the skip counter waits for the device: every step only with --on_nonfinite=stop.
+        self.skip_check_every = 1 if F.on_nonfinite == "stop" else F.summary_every_steps
+
+    def batches(self, start: int, stop: int):
+        from aetv2_tf.data.stream import ImageBatches
+
+        return ImageBatches(self.images, self.images_per_step, FLAGS.seed, start, stop)
+
+    def build(self, steps: int):
+        from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD
+        from aetv2_tf.models import build_backbone
+        from aetv2_tf.models.pairs import build_pairs_model, build_rotations_model
+
+        F = FLAGS
         keras.utils.set_random_seed(F.seed)  # the same weights whatever was built before
-        encoder = build_backbone(F.backbone, (size, size, 3), batch_norm="keras")
-        if rotation:
+        encoder = build_backbone(F.backbone, (self.size, self.size, 3), batch_norm="keras")
+        if self.rotation:
             model = build_rotations_model(encoder, F.seed, augment=F.augment,
                                           mean=CIFAR10_MEAN, std=CIFAR10_STD)
         else:
             decoder_scale = F.loss == "mse" if F.decoder_scale is None else F.decoder_scale
             model = build_pairs_model(encoder, F.seed, shift=F.shift, augment=F.augment,
                                       mean=CIFAR10_MEAN, std=CIFAR10_STD,
-                                      param_scale=param_std if decoder_scale else None,
+                                      param_scale=self.param_std if decoder_scale else None,
                                       init_rotation_deg=F.decoder_init_rotation,
                                       count_steps=F.mse_decay_steps > 0)
         schedule, optimizer = program.schedule_and_optimizer(model, steps)
         # An MSE warm-up reads the step a jitted JAX step carries (models.pairs).
-        loss, compiled_metrics = program.pretext_loss(param_std, size, model.loss_step)
+        loss, compiled_metrics = program.pretext_loss(self.param_std, self.size, model.loss_step)
         model.compile(optimizer=optimizer, loss=loss, metrics=compiled_metrics,
                       steps_per_execution=F.steps_per_execution)
         optimizer.build(model.trainable_variables)
         return encoder, model, schedule, optimizer
 
-    def fit_first_steps(n: int, timer: keras.callbacks.Callback) -> None:
-        build(n)[1].fit(ImageBatches(images, images_per_step, F.seed, 0, n), epochs=1,
-                        steps_per_epoch=n, shuffle=False, callbacks=[timer], verbose=0)
+    def checkpoints(self, model, optimizer):
+        from aetv2_tf.keras_checkpoints import KerasCheckpoints, restore_checkpoint
 
-    budget = program.budget_steps(fit_first_steps) if F.train_seconds else 0
-    per_epoch, steps = program.total_steps(num_examples, images_per_step, budget)
-    encoder, model, schedule, optimizer = build(steps)
-    ckpt_dir = os.path.join(F.model_dir, "checkpoints")
-    start = restore_checkpoint(model, ckpt_dir)
-    stop = program.stop_step(start, steps)
-    counter = StepCounter(start, stop)
-    signals = StopOnSignal()
-    # Reading the skip counter waits for the device: every step only with --on_nonfinite=stop.
-    skips = StopOnSkippedStep(optimizer, counter, F.on_nonfinite == "stop",
-                              every=1 if F.on_nonfinite == "stop" else F.summary_every_steps)
-    callbacks = [counter, signals, skips, program.StopAtStep(stop, counter),
-                 CheckpointEvery(KerasCheckpoints(ckpt_dir, F.keep_checkpoints), counter,
-                                 F.checkpoint_every_steps),
-                 *summary_callbacks(counter, schedule, images)]
+        directory = os.path.join(FLAGS.model_dir, "checkpoints")
+        return KerasCheckpoints(directory, FLAGS.keep_checkpoints), \
+            restore_checkpoint(model, directory)
 
-    if start < stop:
-        discard_encoder_weights(F.model_dir)  # it would describe an older end of the run
-    batches = ImageBatches(images, images_per_step, F.seed, start, stop)
-    summary, finished = program.fit_and_summarize(model, batches, start, stop, steps, per_epoch,
-                                                  callbacks, shuffle=False)
-    if finished:
-        summary["encoder_weights"] = save_encoder_weights(encoder, F.backbone, F.model_dir)
-        if F.export:
-            summary.update(export_saved_model())
-        if F.quick_knn_train:
-            summary.update(program.quick_knn_summary(encoder, images, labels))
-    return summary
+    def summaries(self, counter, schedule):
+        return summary_callbacks(counter, schedule, self.images)
+
+    def export(self, encoder, model) -> dict:
+        return export_saved_model()
 
 
 def export_saved_model() -> dict:

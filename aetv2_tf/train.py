@@ -11,8 +11,10 @@ Everything a run produces lives under `--model_dir` (layout in `aetv2_tf/rundir.
 the same command resumes from the newest checkpoint, at the same step and learning rate.
 
 One program with backend adapters (BUILD.md): the backend-neutral parts are
-`aetv2_tf.program`; the Keras backend chooses the adapter in `main`: TensorFlow (the default)
-runs this module's (tf.distribute, tf.data, TensorBoard, SavedModel export), any other backend
+`aetv2_tf.program`, the pretext loop `aetv2_tf.pretext` and the probe stage
+`aetv2_tf.probes.stage`; the Keras backend chooses the adapter in `main`: TensorFlow (the
+default) runs this module's (`TensorFlowPretext`: tf.distribute, tf.data, TensorBoard,
+SavedModel export), any other backend
 (`KERAS_BACKEND=jax`) `aetv2_tf.portable`, with the same flags. That one needs no TensorFlow (the
 module and `--helpfull` load without it) and uses it where it is importable (TensorBoard, the
 SavedModel export in a child process).
@@ -36,7 +38,7 @@ with console.quiet_native_stderr(not console.verbose_requested()):
         import tensorflow as tf
 from absl import app, logging
 
-from aetv2_tf import program, rundir
+from aetv2_tf import pretext, program, rundir
 from aetv2_tf.data.sources import DataError
 from aetv2_tf.flags import ESSENTIAL, FLAGS, flagfile_text, run_flags
 from aetv2_tf.precision import choose_precision
@@ -70,110 +72,107 @@ def restore(checkpoint: tf.train.Checkpoint, directory: str) -> int:
     return step
 
 
-def pretext_stage(strategy: tf.distribute.Strategy, chief: bool, data=None) -> dict:
-    """Self-supervised pretraining (AETv2, AETv1 or RotNet). Returns the end-of-run summary.
+class TensorFlowPretext(pretext.PretextAdapter):
+    """The TensorFlow adapter of `aetv2_tf.pretext` (its `PretextAdapter`): the pairs (or
+    rotations) made by the tf.data pipelines, the model built in the tf.distribute `strategy`'s
+    scope with `--batch_norm`, `tf.train.CheckpointManager` checkpoints (every worker saves, as
+    saving may need collectives, but only the chief into the model_dir; every worker resumes
+    from the chief's checkpoints: a shared filesystem, BUILD.md), TensorBoard summaries with the
+    image pairs (chief), the SavedModel export."""
 
-    `data` is `load_train_images()`'s result when the caller has already loaded (and so checked)
-    the images.
-    """
-    from aetv2_tf import distribute
-    from aetv2_tf.callbacks import (
-        CheckpointEvery,
-        PretextSummaries,
-        StepCounter,
-        StopOnSignal,
-        StopOnSkippedStep,
-    )
-    from aetv2_tf.data import pipelines
-    from aetv2_tf.data.constants import normalization_constants
-    from aetv2_tf.data.homographies import parameter_statistics
-    from aetv2_tf.export import export_encoder
-    from aetv2_tf.keras_checkpoints import discard_encoder_weights, save_encoder_weights
-    from aetv2_tf.models import build_aet_model, build_backbone, build_rotation_model
-    from aetv2_tf.visualize import draw_pairs
+    fit_kwargs: dict = {}
+    skip_check_every = 1
 
-    F = FLAGS
-    images, labels, num_examples = data or program.load_train_images()
-    size = program.IMAGE_SIZE[F.backbone]
-    rotation = F.pretext == "rotation"
-    # AETv1: the decoder regresses std-normalised parameters, as the AETv1 code does.
-    param_std = parameter_statistics(size, size, F.shift)[1]
-    build_data = pipelines.rotation_dataset if rotation else pipelines.pretext_dataset
+    def __init__(self, strategy: tf.distribute.Strategy, chief: bool, images):
+        from aetv2_tf import distribute
+        from aetv2_tf.data import pipelines
+        from aetv2_tf.data.homographies import parameter_statistics
 
-    def dataset_from(step: int, batch_size: int = F.batch_size, **kwargs):
-        options = {} if rotation else {"shift": F.shift, "augment": F.augment}
-        return build_data(images, batch_size, image_size=size, **{
-            "seed": F.seed, "start_step": step, **options, **kwargs})
+        F = FLAGS
+        self.strategy, self.chief, self.images = strategy, chief, images
+        self.size = program.IMAGE_SIZE[F.backbone]
+        self.rotation = F.pretext == "rotation"
+        self.images_per_step = F.batch_size // 4 if self.rotation else F.batch_size
+        # AETv1: the decoder regresses std-normalised parameters, as the AETv1 code does.
+        self.param_std = parameter_statistics(self.size, self.size, F.shift)[1]
+        self.make_data = pipelines.rotation_dataset if self.rotation else \
+            pipelines.pretext_dataset
+        self.worker_tmp = os.path.join(F.model_dir, ".worker_tmp", distribute.task_name(strategy))
 
-    def build(steps: int):
-        """The encoder, compiled pretext model, schedule and optimizer of a `steps`-step run."""
+    def dataset_from(self, step: int, batch_size: int | None = None, **kwargs):
+        F = FLAGS
+        options = {} if self.rotation else {"shift": F.shift, "augment": F.augment}
+        return self.make_data(self.images, batch_size or F.batch_size, image_size=self.size,
+                              **{"seed": F.seed, "start_step": step, **options, **kwargs})
+
+    def batches(self, start: int, stop: int):
+        return self.dataset_from(start).take(stop - start)
+
+    def build(self, steps: int):
+        from aetv2_tf import distribute
+        from aetv2_tf.models import build_aet_model, build_backbone, build_rotation_model
+
+        F = FLAGS
         keras.utils.set_random_seed(F.seed)  # the same weights whatever was built before
-        with strategy.scope():
-            encoder = build_backbone(F.backbone, (size, size, 3), batch_norm=F.batch_norm)
+        with self.strategy.scope():
+            encoder = build_backbone(F.backbone, (self.size, self.size, 3),
+                                     batch_norm=F.batch_norm)
             decoder_scale = F.loss == "mse" if F.decoder_scale is None else F.decoder_scale
-            model = build_rotation_model(encoder) if rotation else \
-                build_aet_model(encoder, param_scale=param_std if decoder_scale else None,
+            model = build_rotation_model(encoder) if self.rotation else \
+                build_aet_model(encoder, param_scale=self.param_std if decoder_scale else None,
                                 init_rotation_deg=F.decoder_init_rotation)
             schedule, optimizer = program.schedule_and_optimizer(model, steps)
-            loss, compiled_metrics = program.pretext_loss(param_std, size, optimizer.iterations)
+            loss, compiled_metrics = program.pretext_loss(self.param_std, self.size,
+                                                          optimizer.iterations)
             model.compile(optimizer=optimizer, loss=loss, metrics=compiled_metrics,
                           steps_per_execution=F.steps_per_execution, jit_compile=False)
             optimizer.build(model.trainable_variables)
-        distribute.patch_keras_multi_worker_fit(model, strategy)
+        distribute.patch_keras_multi_worker_fit(model, self.strategy)
         return encoder, model, schedule, optimizer
 
-    def fit_first_steps(n: int, timer: keras.callbacks.Callback) -> None:
-        build(n)[1].fit(dataset_from(0).take(n), epochs=1, steps_per_epoch=n,
-                        callbacks=[timer], verbose=0)
+    def checkpoints(self, model, optimizer):
+        from aetv2_tf.callbacks import ManagerCheckpoints
 
-    budget = program.budget_steps(fit_first_steps, writer=chief) if F.train_seconds else 0
-    per_epoch, steps = program.total_steps(
-        num_examples, F.batch_size // 4 if rotation else F.batch_size, budget)
-    encoder, model, schedule, optimizer = build(steps)
-    with strategy.scope():
-        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
-    # Every worker saves (saving may need collectives), but only the chief into the model_dir;
-    # every worker resumes from the chief's checkpoints (a shared filesystem, see BUILD.md).
-    ckpt_dir = os.path.join(F.model_dir, "checkpoints")
-    worker_tmp = os.path.join(F.model_dir, ".worker_tmp", distribute.task_name(strategy))
-    manager = tf.train.CheckpointManager(checkpoint, ckpt_dir if chief else worker_tmp,
-                                         max_to_keep=F.keep_checkpoints)
-    start = restore(checkpoint, ckpt_dir)
-    stop = program.stop_step(start, steps)
-    step_fn = StepCounter(start, stop)  # batches consumed: the data position and checkpoint name
+        F = FLAGS
+        with self.strategy.scope():
+            checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+        ckpt_dir = os.path.join(F.model_dir, "checkpoints")
+        manager = tf.train.CheckpointManager(checkpoint,
+                                             ckpt_dir if self.chief else self.worker_tmp,
+                                             max_to_keep=F.keep_checkpoints)
+        return ManagerCheckpoints(manager), restore(checkpoint, ckpt_dir)
 
-    dataset = dataset_from(start)
-    signals = StopOnSignal()
-    skips = StopOnSkippedStep(optimizer, step_fn, F.on_nonfinite == "stop")
-    callbacks = [step_fn, signals, skips, program.StopAtStep(stop, step_fn),
-                 CheckpointEvery(manager, step_fn, F.checkpoint_every_steps, writer=chief)]
-    if chief:
-        sample = None if rotation else next(iter(dataset_from(
+    def summaries(self, counter, schedule):
+        from aetv2_tf.callbacks import PretextSummaries
+        from aetv2_tf.data.constants import normalization_constants
+        from aetv2_tf.visualize import draw_pairs
+
+        F = FLAGS
+        if not self.chief:
+            return []
+        sample = None if self.rotation else next(iter(self.dataset_from(
             0, batch_size=4, seed=F.seed + 1, augment=False)))
-        image_mean, image_std = normalization_constants(F.dataset)
-        callbacks.append(PretextSummaries(
-            os.path.join(F.model_dir, "train"), step_fn, lambda s: schedule(s).numpy(),
+        mean, std = normalization_constants(F.dataset)
+        return [PretextSummaries(
+            os.path.join(F.model_dir, "train"), counter, lambda s: schedule(s).numpy(),
             F.summary_every_steps, F.image_summary_every_steps or 10 * F.summary_every_steps,
             F.batch_size, sample,
-            lambda x, tx, p, q: draw_pairs(x.numpy(), tx.numpy(), p, q, image_mean, image_std)))
+            lambda x, tx, p, q: draw_pairs(x.numpy(), tx.numpy(), p, q, mean, std))]
 
-    if chief and start < stop:
-        discard_encoder_weights(F.model_dir)  # it would describe an older end of the run
-    summary, finished = program.fit_and_summarize(model, dataset.take(stop - start), start, stop,
-                                                  steps, per_epoch, callbacks)
-    if chief and finished:
-        summary["encoder_weights"] = save_encoder_weights(encoder, F.backbone, F.model_dir)
-        if F.export:
-            model.save(os.path.join(F.model_dir, "aet_model.keras"))
-            export_encoder(encoder, os.path.join(F.model_dir, "export", "encoder"), F.dataset)
-            summary["export"] = os.path.join(F.model_dir, "export", "encoder")
-        if F.quick_knn_train:
-            summary.update(program.quick_knn_summary(encoder, images, labels))
-    if not chief:
-        shutil.rmtree(worker_tmp, ignore_errors=True)
-        with contextlib.suppress(OSError):  # the last worker out removes the empty parent
-            os.rmdir(os.path.dirname(worker_tmp))
-    return summary
+    def export(self, encoder, model) -> dict:
+        from aetv2_tf.export import export_encoder
+
+        F = FLAGS
+        model.save(os.path.join(F.model_dir, "aet_model.keras"))
+        out = os.path.join(F.model_dir, "export", "encoder")
+        export_encoder(encoder, out, F.dataset)
+        return {"export": out}
+
+    def close(self) -> None:
+        if not self.chief:
+            shutil.rmtree(self.worker_tmp, ignore_errors=True)
+            with contextlib.suppress(OSError):  # the last worker out removes the empty parent
+                os.rmdir(os.path.dirname(self.worker_tmp))
 
 
 def run() -> dict:
@@ -202,7 +201,7 @@ def run() -> dict:
     print(program.start_line(type(strategy).__name__.lstrip("_"), strategy.num_replicas_in_sync,
                      precision, data), flush=True)
     if F.stage == "pretext":
-        return pretext_stage(strategy, chief, data)
+        return pretext.run(TensorFlowPretext(strategy, chief, data[0]), *data)
     from aetv2_tf.probes import stage as probe_stage
     return probe_stage.run(strategy, chief)
 

@@ -92,6 +92,15 @@ def test_pipeline_module(cifar10_dir, benchmarks_md_untouched):
     assert "Appended" not in proc.stdout
 
 
+def test_warp_module(cifar10_dir, benchmarks_md_untouched):
+    proc = run_module("benchmarks.warp", f"--data_dir={cifar10_dir}", "--batch_size=8",
+                      "--batches=2", "--repeats=1", "--no_record", timeout=300)
+    rows = [r for r in proc.stdout.splitlines() if r.startswith("| fused warp, 1 core |")
+            or r.startswith("| device warp, all cores |")]
+    assert len(rows) == 2 and rows[0].split("|")[4].strip() == "1.00x", proc.stdout
+    assert float(rows[1].split("|")[2]) > 0 and "Appended" not in proc.stdout
+
+
 def test_budget_module(tmp_path, cifar10_dir, benchmarks_md_untouched):
     proc = run_module("benchmarks.budget", "--steps=1", "--batch_size=8", "--methods=AETv2,random",
                       f"--work_dir={tmp_path}", f"--data_dir={cifar10_dir}",

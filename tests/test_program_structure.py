@@ -79,6 +79,10 @@ def test_find_cycle_finds_one():
 def test_no_import_cycle_in_the_package():
     graph = import_graph()
     assert "aetv2_tf.program" in graph["aetv2_tf.portable"] & graph["aetv2_tf.train"]
+    # one pretext loop and one probe stage, used by both adapters, importing neither
+    for shared in ("aetv2_tf.pretext", "aetv2_tf.probes.stage"):
+        assert shared in graph["aetv2_tf.portable"] & graph["aetv2_tf.train"], shared
+        assert not {"aetv2_tf.train", "aetv2_tf.portable"} & graph[shared], shared
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
     assert "aetv2_tf.train" not in graph["aetv2_tf.portable"]
     assert "aetv2_tf.portable" not in graph["aetv2_tf.program"]

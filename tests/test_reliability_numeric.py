@@ -2,7 +2,7 @@
 
 `model.fit` runs the real AET model head (`build_aet_model`, on a tiny encoder so that each fit
 takes a second), `GeodesicLoss`, the `SkipNonFinite` Adam of `optim.build_optimizer` and the
-callbacks of `train.pretext_stage` (`StopOnSkippedStep`, `CheckpointEvery`). Faults:
+callbacks of `pretext.run` (`StopOnSkippedStep`, `CheckpointEvery`). Faults:
 
 - a step whose loss and gradient are non-finite (a batch with an infinite sample weight; the
   forward pass stays finite): `--on_nonfinite=skip` leaves weights, slots and the step counter
@@ -61,7 +61,7 @@ def batch(seed: int, *, nan_images: bool = False, nan_param: bool = False,
 
 
 def fit(batches: list, tmp_path, stop_on_skip: bool = False):
-    """Trains on `batches` as `train.pretext_stage` does; returns (model, optimizer, manager)."""
+    """Trains on `batches` as `pretext.run` does; returns (model, optimizer, manager)."""
     model = tiny_aet_model()
     optimizer = optim.build_optimizer("adam", optim.Schedule("constant", 1e-3, len(batches)))
     model.compile(optimizer=optimizer, loss=losses.GeodesicLoss(), jit_compile=False)

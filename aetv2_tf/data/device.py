@@ -52,16 +52,17 @@ def square_to_quad(quad_u: Tensor, quad_v: Tensor) -> Tensor:
     """Homographies mapping the model-frame square onto quadrilaterals, in closed form.
 
     Args:
-      quad_u, quad_v: (B, 4) float32 model-frame coordinates of where the canonical corners
+      quad_u, quad_v: (..., 4) model-frame coordinates of where the canonical corners
         (top-left, top-right, bottom-right, bottom-left, i.e. ``(-1,-1), (1,-1), (1,1), (-1,1)``)
-        go.
+        go; float32 (float64 works too, and keeps its precision).
 
-    Returns (B, 3, 3) float32 ``T`` with ``T[:, 2, 2] == 1``: the projective map of the unit
-    square onto the quad (Heckbert), composed with ``[-1, 1]^2 -> [0, 1]^2``. Every intermediate
-    is O(1) for the sampler's quads, so float32 is accurate to a few ulps (see the tests).
+    Returns (..., 3, 3) ``T`` in the input's dtype with ``T[..., 2, 2] == 1``: the projective map
+    of the unit square onto the quad (Heckbert), composed with ``[-1, 1]^2 -> [0, 1]^2``. Every
+    intermediate is O(1) for the sampler's quads, so float32 is accurate to a few ulps (see the
+    tests).
     """
-    x0, x1, x2, x3 = (quad_u[:, i] for i in range(4))
-    y0, y1, y2, y3 = (quad_v[:, i] for i in range(4))
+    x0, x1, x2, x3 = (quad_u[..., i] for i in range(4))
+    y0, y1, y2, y3 = (quad_v[..., i] for i in range(4))
     dx1, dx2, sx = x1 - x2, x3 - x2, (x0 - x1) + (x2 - x3)
     dy1, dy2, sy = y1 - y2, y3 - y2, (y0 - y1) + (y2 - y3)
     den = dx1 * dy2 - dx2 * dy1
@@ -82,9 +83,12 @@ def square_to_quad(quad_u: Tensor, quad_v: Tensor) -> Tensor:
     return ops.stack([ops.stack(row, axis=-1) for row in rows], axis=-2)
 
 
-def _components_from_uniform(u, height: int, width: int, shift: str,
-                             scale_range: Sequence[float], shift_fraction: float) -> dict:
-    """The AETv1 sampler as a function of (B, 10) uniforms in [0, 1): see sample_homographies."""
+def components_from_uniform(u, height: int, width: int, shift: str,
+                            scale_range: Sequence[float], shift_fraction: float) -> dict:
+    """The AETv1 sampler as a function of ``u`` (B, 10) float32 uniforms in [0, 1) (scale,
+    rotation, 4 x-shifts, 4 y-shifts): see `sample_homography_components`. The one copy of the
+    sampler's mathematics: the tf.data pipelines draw ``u`` with TensorFlow's stateless RNG
+    (`homographies.sample_homography_components`), the device with ``keras.random``."""
     if shift not in _SHIFTS:
         raise ValueError(f"shift must be one of {_SHIFTS}, got {shift!r}")
     lo, hi = float(scale_range[0]), float(scale_range[1])
@@ -131,7 +135,7 @@ def sample_homography_components(
     shifts (x, y) of the corners, ``corners`` (B, 4, 2) float32 model-frame moved corners.
     """
     u = keras.random.uniform((batch_size, _HOMOGRAPHY_UNIFORMS), dtype="float32", seed=seed)
-    return _components_from_uniform(u, height, width, shift, scale_range, shift_fraction)
+    return components_from_uniform(u, height, width, shift, scale_range, shift_fraction)
 
 
 def sample_homographies(
@@ -322,7 +326,7 @@ class HomographyPairs(_SeededLayer):
                                  seed=self.seed_generator)
         x = _pad_crop_flip(images, u[:, _HOMOGRAPHY_UNIFORMS:], height // 8) if self.augment \
             else images
-        parts = _components_from_uniform(u[:, :_HOMOGRAPHY_UNIFORMS], height, width, self.shift,
+        parts = components_from_uniform(u[:, :_HOMOGRAPHY_UNIFORMS], height, width, self.shift,
                                          self.scale_range, self.shift_fraction)
         tx = warp(x, parts["matrix"], self.fill_value)
         mean = ops.convert_to_tensor(self.mean, "float32")

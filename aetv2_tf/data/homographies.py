@@ -13,7 +13,9 @@ model-frame rotation ``rotation_matrix(k) = [[c, s, 0], [-s, c, 0], [0, 0, 1]]``
 it as a cyclic shift of the corner list: corner ``i`` moves to the place of corner ``(i - k) mod 4``
 (corners listed top-left, top-right, bottom-right, bottom-left).
 
-Every function here is pure TensorFlow, batched, and usable inside ``tf.data``.
+Every function here is TensorFlow, batched, and usable inside ``tf.data`` under the TensorFlow
+backend; the sampler's mathematics (`square_to_quad`, the corners of the AETv1 sampler) is
+`aetv2_tf.data.device`'s ``keras.ops`` code, shared with the device sampler.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
+from aetv2_tf.data import device
 from aetv2_tf.data.constants import AETV1_FILL  # noqa: F401 - re-exported
 from aetv2_tf.geometry import inverse_3x3, matrix_to_params
 
@@ -31,7 +34,6 @@ from aetv2_tf.geometry import inverse_3x3, matrix_to_params
 #: bottom-left (clockwise on screen, since v points down).
 CANONICAL_CORNERS = np.array([[-1.0, -1.0], [1.0, -1.0], [1.0, 1.0], [-1.0, 1.0]])
 
-_SHIFTS = ("integer", "continuous")
 
 
 def normalization_matrix(height: int, width: int, dtype: tf.DType = tf.float32) -> tf.Tensor:
@@ -76,29 +78,12 @@ def rotation_matrix(k, dtype: tf.DType = tf.float32) -> tf.Tensor:
 def square_to_quad(quad) -> tf.Tensor:
     """Homographies mapping the model-frame square onto quadrilaterals: (..., 4, 2) -> (..., 3, 3).
 
-    ``quad[..., i, :]`` is where ``CANONICAL_CORNERS[i]`` goes. Closed form (no linear solve):
-    the projective map of the unit square onto the quad, composed with ``[-1, 1]^2 -> [0, 1]^2``;
-    the result has ``T[..., 2, 2] == 1``. Computed in the dtype of ``quad`` (use float64 for
-    accuracy and cast afterwards).
+    ``quad[..., i, :]`` is where ``CANONICAL_CORNERS[i]`` goes. The closed form of
+    `aetv2_tf.data.device.square_to_quad` (no linear solve), on a corner array; the result has
+    ``T[..., 2, 2] == 1`` and the dtype of ``quad`` (float64 for accuracy).
     """
     quad = tf.convert_to_tensor(quad)
-    x0, x1, x2, x3 = tf.unstack(quad[..., 0], 4, axis=-1)
-    y0, y1, y2, y3 = tf.unstack(quad[..., 1], 4, axis=-1)
-    dx1, dx2, sx = x1 - x2, x3 - x2, x0 - x1 + x2 - x3
-    dy1, dy2, sy = y1 - y2, y3 - y2, y0 - y1 + y2 - y3
-    den = dx1 * dy2 - dx2 * dy1
-    g = (sx * dy2 - dx2 * sy) / den
-    h = (dx1 * sy - sx * dy1) / den
-    one = tf.ones_like(g)
-    unit = tf.stack(
-        [tf.stack([x1 - x0 + g * x1, x3 - x0 + h * x3, x0], -1),
-         tf.stack([y1 - y0 + g * y1, y3 - y0 + h * y3, y0], -1),
-         tf.stack([g, h, one], -1)],
-        axis=-2,
-    )
-    to_unit = tf.constant([[0.5, 0.0, 0.5], [0.0, 0.5, 0.5], [0.0, 0.0, 1.0]], quad.dtype)
-    t = unit @ to_unit
-    return t / t[..., 2:3, 2:3]
+    return device.square_to_quad(quad[..., 0], quad[..., 1])
 
 
 def stateless_seed(seed) -> tf.Tensor:
@@ -145,37 +130,16 @@ def sample_homography_components(
 
     Returns a dict of ``matrix`` (B, 3, 3) float32 ``T`` in the model frame with ``T[2, 2] = 1``,
     ``rotation`` (B,) int32 ``k``, ``scale`` (B,) float32 ``s``, ``shift`` (B, 4, 2) float32 pixel
-    shifts (x, y) of the corners, and ``corners`` (B, 4, 2) float64 model-frame moved corners.
-    """
-    if shift not in _SHIFTS:
-        raise ValueError(f"shift must be one of {_SHIFTS}, got {shift!r}")
-    seed = stateless_seed(seed)
-    seeds = tf.random.experimental.stateless_split(seed, 4)
-    batch_size = tf.convert_to_tensor(batch_size, tf.int32)
-    lo, hi = float(scale_range[0]), float(scale_range[1])
-    scale = tf.random.stateless_uniform([batch_size], seeds[0], lo, hi, tf.float32)
-    rotation = tf.random.stateless_uniform([batch_size], seeds[1], 0, 4, tf.int32)
-    per_axis = []
-    for axis_seed, side in ((seeds[2], width), (seeds[3], height)):
-        if shift == "integer":
-            m = int(round(shift_fraction * side))
-            d = tf.random.stateless_uniform([batch_size, 4], axis_seed, -m, m + 1, tf.int32)
-            d = tf.cast(d, tf.float32)
-        else:
-            m = shift_fraction * side
-            d = tf.random.stateless_uniform([batch_size, 4], axis_seed, -m, m, tf.float32)
-        per_axis.append(d)
-    pixel_shift = tf.stack(per_axis, axis=-1)
+    shifts (x, y) of the corners, and ``corners`` (B, 4, 2) float32 model-frame moved corners.
 
-    canonical = tf.constant(CANONICAL_CORNERS, tf.float64)
-    scaled = tf.cast(scale, tf.float64)[:, None, None] * canonical[None]
-    source_index = tf.math.floormod(tf.range(4)[None, :] - rotation[:, None], 4)
-    rotated = tf.gather(scaled, source_index, batch_dims=1)
-    to_model = tf.constant([2.0 / width, 2.0 / height], tf.float64)
-    moved = rotated + tf.cast(pixel_shift, tf.float64) * to_model
-    matrix = tf.cast(square_to_quad(moved), tf.float32)
-    return {"matrix": matrix, "rotation": rotation, "scale": scale, "shift": pixel_shift,
-            "corners": moved}
+    One sampler for both programs: ``(B, 10)`` float32 uniforms drawn here with TensorFlow's
+    stateless RNG (a pure function of ``seed``, so a resumed tf.data pipeline redraws the same
+    homographies) go through `aetv2_tf.data.device.components_from_uniform`, the mathematics the
+    device sampler uses with ``keras.random`` draws.
+    """
+    u = tf.random.stateless_uniform(tf.stack([tf.cast(batch_size, tf.int32), 10]),
+                                    stateless_seed(seed), dtype=tf.float32)
+    return device.components_from_uniform(u, height, width, shift, scale_range, shift_fraction)
 
 
 def sample_homographies(

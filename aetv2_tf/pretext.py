@@ -1,0 +1,105 @@
+"""The pretext stage (AET or RotNet pretraining) of every Keras backend: one training loop.
+
+    --train_seconds budget -> steps -> model -> resume -> fit to the stop -> summary ->
+    (finished) encoder.weights.h5, --export, quick KNN
+
+What a backend does its own way is a `PretextAdapter`: how the model is built (strategy scope,
+batch norm, where the pairs are made), the batches of steps ``start .. stop - 1``, the checkpoint
+store it resumes from, the summaries and the export. TensorFlow's is `train.TensorFlowPretext`
+(tf.data pairs, tf.distribute, `tf.train.CheckpointManager`), the others' is
+`portable.KerasPretext` (NumPy batches, pairs on the device, Keras ``.weights.h5``). Everything
+else is here once: the step counter (batches consumed: the data position and the checkpoint
+name), the exact stop, the signal, non-finite and checkpoint callbacks, the summary and what a
+finished run writes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+
+from aetv2_tf import program
+from aetv2_tf.callbacks import (
+    CheckpointEvery,
+    CheckpointStore,
+    StepCounter,
+    StopOnSignal,
+    StopOnSkippedStep,
+)
+from aetv2_tf.flags import FLAGS
+from aetv2_tf.keras_checkpoints import discard_encoder_weights, save_encoder_weights
+
+
+class PretextAdapter:
+    """A backend's part of the pretext stage (module docstring). `chief`: this worker writes the
+    model_dir; `images_per_step`: training images a step consumes (RotNet: a quarter of the
+    batch, shown in 4 rotations); `fit_kwargs`: extra `model.fit` arguments;
+    `skip_check_every`: how often the non-finite step counter is read (reading it waits for
+    the device)."""
+
+    chief: bool = True
+    images_per_step: int
+    fit_kwargs: dict[str, Any] = {}
+    skip_check_every: int = 1
+
+    def build(self, steps: int) -> tuple[keras.Model, keras.Model, Any, Any]:
+        """`(encoder, compiled pretext model, schedule, optimizer)` of a `steps`-step run, the
+        same initial weights every call (seeded)."""
+        raise NotImplementedError
+
+    def batches(self, start: int, stop: int) -> Any:
+        """The training batches of steps `start .. stop - 1` (what `fit` takes), ending there."""
+        raise NotImplementedError
+
+    def checkpoints(self, model: keras.Model, optimizer) -> tuple[CheckpointStore, int]:
+        """The store checkpoints go to, and the step restored from its newest one (0: none)."""
+        raise NotImplementedError
+
+    def summaries(self, counter: StepCounter, schedule) -> list[keras.callbacks.Callback]:
+        """The logging callbacks (`callbacks.PretextSummaries` and friends)."""
+        raise NotImplementedError
+
+    def export(self, encoder: keras.Model, model: keras.Model) -> dict:
+        """`--export` of a finished run; returns summary entries."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Called once at the end (e.g. a non-chief worker's scratch directory)."""
+
+
+def run(adapter: PretextAdapter, images, labels, num_examples: int | None) -> dict:
+    """Trains the pretext model of the flags with `adapter`; returns the summary `train.main`
+    prints (`program.fit_and_summarize`, plus what a finished run wrote)."""
+    F = FLAGS
+
+    def fit_first_steps(n: int, timer: keras.callbacks.Callback) -> None:
+        adapter.build(n)[1].fit(adapter.batches(0, n), epochs=1, steps_per_epoch=n,
+                                callbacks=[timer], verbose=0, **adapter.fit_kwargs)
+
+    budget = program.budget_steps(fit_first_steps, writer=adapter.chief) \
+        if F.train_seconds else 0
+    per_epoch, steps = program.total_steps(num_examples, adapter.images_per_step, budget)
+    encoder, model, schedule, optimizer = adapter.build(steps)
+    store, start = adapter.checkpoints(model, optimizer)
+    stop = program.stop_step(start, steps)
+    counter = StepCounter(start, stop)
+    callbacks = [counter, StopOnSignal(),
+                 StopOnSkippedStep(optimizer, counter, F.on_nonfinite == "stop",
+                                   every=adapter.skip_check_every),
+                 program.StopAtStep(stop, counter),
+                 CheckpointEvery(store, counter, F.checkpoint_every_steps, writer=adapter.chief),
+                 *adapter.summaries(counter, schedule)]
+    if adapter.chief and start < stop:
+        discard_encoder_weights(F.model_dir)  # it would describe an older end of the run
+    summary, finished = program.fit_and_summarize(
+        model, adapter.batches(start, stop), start, stop, steps, per_epoch, callbacks,
+        **adapter.fit_kwargs)
+    if adapter.chief and finished:
+        summary["encoder_weights"] = save_encoder_weights(encoder, F.backbone, F.model_dir)
+        if F.export:
+            summary.update(adapter.export(encoder, model))
+        if F.quick_knn_train:
+            summary.update(program.quick_knn_summary(encoder, images, labels))
+    adapter.close()
+    return summary
