@@ -22,20 +22,24 @@ class Rule:
     (`present`: the flag was given, not defaulted); `why` says what the flag needs there and
     the fix; `example` is one refused value (the table's test uses it); with
     `unless_tensorflow_importable` the value is refused only where TensorFlow cannot be
-    imported (the adapter then uses TensorFlow beside the backend)."""
+    imported (the adapter then uses TensorFlow beside the backend), and, when `stages` is not
+    empty, only in those `--stage` values."""
 
     refused: Callable[[Any, bool], bool]
     why: str
     example: Any
     unless_tensorflow_importable: bool = False
+    stages: tuple[str, ...] = ()
 
 
 EVERYWHERE = None
 
 TABLE: dict[str, Rule | None] = {
     "dataset": Rule(lambda v, _: v != "cifar10",
-                    "reads tensorflow-datasets or tf.data folders; use --dataset=cifar10 (its "
-                    "python files) or KERAS_BACKEND=tensorflow", "imagenet2012"),
+                    "is read by tf.data (tensorflow-datasets, image folders), which the probe "
+                    "stages use beside this backend where TensorFlow is importable; pretraining "
+                    "here reads CIFAR-10's python files: use --dataset=cifar10", "imagenet2012",
+                    unless_tensorflow_importable=True, stages=("probe", "supervised")),
     "download": Rule(lambda v, _: bool(v),
                      "is tensorflow-datasets' download; prepare the data under TensorFlow once, "
                      "or pass --data_dir=<cifar-10-batches-py>", True),
@@ -102,7 +106,8 @@ def refusals(backend: str, flags: dict[str, Any]) -> list[str]:
         flag = flags[name]
         if not rule.refused(flag.value, bool(flag.present)):
             continue
-        if rule.unless_tensorflow_importable and tensorflow_importable():
+        stage_ok = not rule.stages or "stage" in flags and flags["stage"].value in rule.stages
+        if rule.unless_tensorflow_importable and stage_ok and tensorflow_importable():
             continue
         value = str(flag.value).lower() if isinstance(flag.value, bool) else flag.value
         out.append(f"--{name}={value} is not available with KERAS_BACKEND={backend}: it "

@@ -265,3 +265,30 @@ def test_image_pairs_in_tensorboard_under_jax(tmp_path, cifar10_dir):
     assert "| jax OneDevice" in run.stdout
     tags = read_scalars(tmp_path / "run" / "train")
     assert sorted(tags["pairs"]) == [0, 2, 4] and sorted(tags["loss"]) == [2, 4]
+
+
+def test_folder_dataset_probes_under_jax_through_tf_data(tmp_path):
+    """Under JAX where TensorFlow is importable, the probe stage reads an image-folder dataset
+    with tf.data (AlexNet, 224 px, linear head with adaptive max pooling, and a KNN); the
+    pretext stage refuses it with the fix."""
+    from aetv2_tf.probes.results import read_results
+    from tests.test_probe_stage_baselines import write_image_folder
+
+    data = tmp_path / "places"
+    write_image_folder(data, {"train": 6, "val": 3})
+    common = ("--flagfile=configs/places205_alexnet_linear.cfg", "--pretrained=none",
+              "--feature=conv2", f"--data_dir={data}", "--batch_size=4", "--verbose=0")
+    for name, extra in (("linear", ("--epochs=1", "--val_examples=2")),
+                        ("knn", ("--probe=knn", "--knn_k=3"))):
+        proc = subprocess.run([sys.executable, "-m", "aetv2_tf.train", *common, *extra,
+                               f"--model_dir={tmp_path / name}"], cwd=REPO, capture_output=True,
+                              text=True, env=_env({"KERAS_BACKEND": "jax"}), timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        r = read_results(tmp_path / name / "results.json")
+        assert (r["backend"], r["dataset"], r["probe"], r["num_classes"]) == (
+            "jax", "places205", name, 2)
+        assert r["test_examples"] == 6 and 0 <= r["test_top1"] <= 100
+    proc = subprocess.run([sys.executable, "-m", "aetv2_tf.train", *train_args(
+        tmp_path / "pretext", data, "--dataset=folder", "--backbone=alexnet")], cwd=REPO,
+        capture_output=True, text=True, env=_env({"KERAS_BACKEND": "jax"}), timeout=300)
+    assert proc.returncode == 2 and "--dataset=folder is not available" in proc.stderr

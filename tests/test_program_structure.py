@@ -151,6 +151,17 @@ def test_export_is_refused_only_where_tensorflow_cannot_be_imported(monkeypatch)
     assert "--export=true" in flag_support.refusals("jax", given)[0]
 
 
+def test_tf_data_sources_run_in_the_probe_stages_where_tensorflow_is_importable(monkeypatch):
+    """--dataset=<tfds or folder> under JAX: the probe stages read it with tf.data where
+    TensorFlow is importable; pretraining (CIFAR-10's NumPy stream) refuses it everywhere."""
+    monkeypatch.setattr(flag_support, "tensorflow_importable", lambda: True)
+    for stage, refused in (("probe", False), ("supervised", False), ("pretext", True)):
+        given = {"dataset": _Flag("folder"), "stage": _Flag(stage)}
+        assert bool(flag_support.refusals("jax", given)) == refused, stage
+    monkeypatch.setattr(flag_support, "tensorflow_importable", lambda: False)
+    assert flag_support.refusals("jax", {"dataset": _Flag("folder"), "stage": _Flag("probe")})
+
+
 def test_intervals_are_due_when_crossed_not_only_on_multiples():
     """After a resume at step 1001 with --steps_per_execution=4 the steps are 1005, 1009, ...:
     checkpoints and summaries every 100 steps still fire (at 1101), once per interval."""

@@ -231,15 +231,13 @@ class AdaptivePooling2D(keras.layers.Layer):
         return (input_shape[0], *self.output_size, input_shape[-1])
 
     def _pool_axis(self, x, axis: int, out: int):
-        import tensorflow as tf
-
-        reduce = tf.reduce_mean if self.mode == "avg" else tf.reduce_max
+        reduce = keras.ops.mean if self.mode == "avg" else keras.ops.max
         size = x.shape[axis]
         cells = []
         for start, stop in _adaptive_bounds(size, out):
             window = x[:, start:stop] if axis == 1 else x[:, :, start:stop]
             cells.append(reduce(window, axis=axis, keepdims=True))
-        return tf.concat(cells, axis=axis)
+        return keras.ops.concatenate(cells, axis=axis)
 
     def call(self, inputs):
         x = self._pool_axis(inputs, 1, self.output_size[0])

@@ -129,7 +129,7 @@ def truncate(encoder: keras.Model, feature: str) -> keras.Model:
     if feature not in outputs:
         raise UsageError(f"the encoder has no output --feature={feature}; it has "
                          f"{', '.join(sorted(outputs))}.")
-    return keras.Model(encoder.inputs, {feature: outputs[feature]}, name=f"{encoder.name}_"
+    return keras.Model(encoder.input, {feature: outputs[feature]}, name=f"{encoder.name}_"
                        f"{feature}")
 
 

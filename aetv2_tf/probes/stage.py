@@ -16,7 +16,8 @@
 
 One stage for every Keras backend; the backend's part is the input adapter (`Inputs`): under
 TensorFlow the tf.data pipelines (`data.pipelines.classification_dataset`: crops, flips and
-normalisation in tf.data; every dataset), elsewhere the NumPy batches of CIFAR-10
+normalisation in tf.data; every dataset, and the tf.data sources on other backends where
+TensorFlow is importable), elsewhere the NumPy batches of CIFAR-10
 (`data.stream.LabelledBatches`) with the crops, flips and normalisation on the device
 (`data.device.ClassifierInputs`, the first layer of the trained model). A KNN reads arrays through
 ``predict`` (`probes.knn.pooled_features`) and streams or SavedModels through the feature
@@ -67,10 +68,13 @@ class Inputs(NamedTuple):
     preprocess: Callable[[], keras.layers.Layer | None]
 
 
-def backend_inputs(mean, std, image_size: int) -> Inputs:
-    """tf.data under TensorFlow; NumPy batches and on-device preprocessing elsewhere."""
+def backend_inputs(data: ProbeData, mean, std, image_size: int) -> Inputs:
+    """tf.data under TensorFlow, and for tf.data sources (tensorflow-datasets, image folders) on
+    every backend (Keras's ``fit`` takes a ``tf.data.Dataset`` everywhere; TensorFlow is then
+    importable, the flag-support table checked it); NumPy batches and on-device preprocessing
+    for CIFAR-10's arrays elsewhere."""
     F = FLAGS
-    if keras.backend.backend() == "tensorflow":
+    if keras.backend.backend() == "tensorflow" or not isinstance(data.train, np.ndarray):
         from aetv2_tf.data.pipelines import classification_dataset
 
         def tf_batches(images, labels, training: bool):
@@ -136,7 +140,7 @@ def run(strategy: Any = None, chief: bool = True) -> dict[str, Any]:
                            seed=F.seed, download=F.download)
     mean, std = normalization_constants(F.dataset)
     input_shape = DEFAULT_INPUT_SHAPES[F.backbone]
-    inputs = backend_inputs(mean, std, input_shape[0])
+    inputs = backend_inputs(data, mean, std, input_shape[0])
     scope = strategy.scope() if strategy is not None else contextlib.nullcontext()
 
     if F.stage == "supervised":
