@@ -1,11 +1,10 @@
 """Keras callbacks of the training program: checkpoints, interruption, TensorBoard summaries.
 
-Only the chief writes checkpoints and summaries. Checkpoints go through
-`tf.train.CheckpointManager`, which writes a checkpoint's files completely before it updates the
-`checkpoint` index atomically, so the newest listed checkpoint is always whole.
-TensorFlow is imported only by what needs it (checkpoint checks, TensorBoard writers): the
-backend-neutral callbacks (`StopOnSignal`, `PretextSummaries` with another writer) serve
-`aetv2_tf.portable` too.
+Only the chief writes checkpoints and summaries. Checkpoints go to a `CheckpointStore`
+(`keras_checkpoints.KerasCheckpoints`: Keras `.weights.h5` files, each written under a temporary
+name and renamed into place, so a listed checkpoint is always whole). TensorFlow is imported only
+by what needs it (TensorBoard writers, finiteness checks of distributed variables): the callbacks
+serve both adapters.
 """
 
 from __future__ import annotations
@@ -13,14 +12,10 @@ from __future__ import annotations
 import hashlib
 import signal
 import time
-from typing import TYPE_CHECKING
 
 import keras
 import numpy as np
 from absl import logging
-
-if TYPE_CHECKING:  # TensorFlow is imported where it is used: the module loads on any backend.
-    import tensorflow as tf
 
 
 def all_finite(variables) -> bool:
@@ -96,32 +91,18 @@ class CheckpointStore:
         raise NotImplementedError
 
 
-class ManagerCheckpoints(CheckpointStore):
-    """A `tf.train.CheckpointManager` (the TensorFlow adapter's format): `ckpt-<step>`."""
-
-    def __init__(self, manager: tf.train.CheckpointManager):
-        self.manager = manager
-
-    def latest_step(self) -> int | None:
-        latest = self.manager.latest_checkpoint
-        return _checkpoint_step(latest) if latest else None
-
-    def save(self, model: keras.Model, step: int) -> str:
-        return self.manager.save(checkpoint_number=step)
-
-
 class CheckpointEvery(keras.callbacks.Callback):
     """Saves a checkpoint every `every` steps (`step_fn()`: batches consumed) and when training
-    ends, into `store` (a `CheckpointStore`; a `tf.train.CheckpointManager` is wrapped in
-    `ManagerCheckpoints`; `keras_checkpoints.KerasCheckpoints` on the other backends).
+    ends, into `store` (a `CheckpointStore`: `keras_checkpoints.KerasCheckpoints` on every
+    backend).
 
     A checkpoint is written only if every model weight is finite: a non-finite model stops the run
     (`refused` is then True) and the last good checkpoint stays the newest one.
     """
 
-    def __init__(self, store, step_fn, every: int, writer: bool = True):
+    def __init__(self, store: CheckpointStore, step_fn, every: int, writer: bool = True):
         super().__init__()
-        self.store = store if isinstance(store, CheckpointStore) else ManagerCheckpoints(store)
+        self.store = store
         self.step_fn, self.every, self.writer = step_fn, every, writer
         self._last = None
         self._previous = 0
@@ -154,10 +135,6 @@ class CheckpointEvery(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         self.save()
-
-
-def _checkpoint_step(path: str) -> int:
-    return int(path.rsplit("-", 1)[-1])
 
 
 class StopOnSignal(keras.callbacks.Callback):

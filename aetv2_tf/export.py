@@ -66,43 +66,49 @@ def load_saved_flags(model_dir: str) -> dict:
 
 
 def restore_encoder(model_dir: str) -> tuple[keras.Model, dict]:
-    """Rebuilds the pretext model of `model_dir` and restores its newest checkpoint's encoder.
-
-    A run of `aetv2_tf.portable` (flags.json `backend` other than tensorflow, e.g. jax) has
-    Keras checkpoints: its `encoder.weights.h5` (else its newest checkpoint) is loaded into a
-    fused-BN backbone under TensorFlow, a keras-BN one elsewhere (`keras_checkpoints`). A finished
-    run of the TensorFlow program writes the same `encoder.weights.h5`, which is what other
-    backends load; under TensorFlow its newest checkpoint is read.
+    """The encoder of the pretraining run in `model_dir` and its flags: its `encoder.weights.h5`
+    (a finished run), else the encoder inside its newest `ckpt-*.weights.h5` checkpoint
+    (`keras_checkpoints.load_encoder_weights`), under TensorFlow with the run's `--batch_norm`
+    (fused for runs of other backends), elsewhere with Keras's. A run of an earlier version of
+    the TensorFlow program, whose checkpoints are `tf.train.Checkpoint` files, is read from its
+    newest one under TensorFlow.
     """
-    from aetv2_tf.models import build_aet_model, build_rotation_model
+    from aetv2_tf.keras_checkpoints import (
+        encoder_source,
+        load_encoder_weights,
+        tensorflow_run_unreadable,
+    )
 
     saved = load_saved_flags(model_dir)
-    tensorflow_run = saved.get("backend", "tensorflow") == "tensorflow"
-    if not tensorflow_run or keras.backend.backend() != "tensorflow":
-        from aetv2_tf.keras_checkpoints import load_encoder_weights, tensorflow_run_unreadable
-
-        if saved.get("stage") != "pretext":
-            raise ValueError(f"{model_dir} holds a {saved.get('stage')!r} run, not a pretext run.")
-        if (why := tensorflow_run_unreadable(model_dir, saved)) is not None:
+    if saved.get("stage") != "pretext":
+        raise ValueError(f"{model_dir} holds a {saved.get('stage')!r} run, not a pretext run.")
+    tensorflow = keras.backend.backend() == "tensorflow"
+    if encoder_source(model_dir) is not None or not tensorflow:
+        if not tensorflow and (why := tensorflow_run_unreadable(model_dir, saved)) is not None:
             raise ValueError(why)
-        batch_norm = "fused" if keras.backend.backend() == "tensorflow" else "keras"
+        tensorflow_run = saved.get("backend", "tensorflow") == "tensorflow"
+        batch_norm = "keras" if not tensorflow else \
+            saved.get("batch_norm", "fused") if tensorflow_run else "fused"
         return load_encoder_weights(model_dir, saved, batch_norm), saved
+    return _restore_tf_checkpoint(model_dir, saved), saved
+
+
+def _restore_tf_checkpoint(model_dir: str, saved: dict) -> keras.Model:
+    """The encoder in the newest `tf.train.Checkpoint` of a run of an earlier version."""
     import tensorflow as tf
+
+    from aetv2_tf.models import build_aet_model, build_rotation_model
 
     size = 32 if saved["dataset"] == "cifar10" else 224
     encoder = build_backbone(saved["backbone"], (size, size, 3), batch_norm=saved["batch_norm"])
-    if saved.get("stage") == "pretext" and saved.get("pretext") == "rotation":
-        model = build_rotation_model(encoder)
-    elif saved.get("stage") == "pretext":
-        model = build_aet_model(encoder)
-    else:
-        raise ValueError(f"{model_dir} holds a {saved.get('stage')!r} run, not a pretext run.")
+    model = build_rotation_model(encoder) if saved.get("pretext") == "rotation" else \
+        build_aet_model(encoder)
     latest = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
     if latest is None:
         raise FileNotFoundError(f"no checkpoint in {model_dir}/checkpoints: train first.")
     tf.train.Checkpoint(model=model).read(latest).expect_partial()
     logging.info("Restored the encoder from %s.", latest)
-    return encoder, saved
+    return encoder
 
 
 def _define_flags() -> None:

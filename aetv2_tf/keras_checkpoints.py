@@ -1,4 +1,4 @@
-"""Keras-native checkpoints of `aetv2_tf.portable` (any Keras backend, no TensorFlow).
+"""Keras-native checkpoints of the training program, on every Keras backend (no TensorFlow).
 
 Layout under `<model_dir>/checkpoints/`: `ckpt-<step>.weights.h5`, one file per checkpoint, written
 by `model.save_weights`: the model's weights, the optimizer's variables (Keras saves those of a
@@ -87,7 +87,9 @@ def restore_checkpoint(model: keras.Model, directory: str) -> int:
 
 def tensorflow_run_unreadable(model_dir: str, saved: dict) -> str | None:
     """Why a run of the TensorFlow program cannot be read on this (non-TensorFlow) backend, or
-    None: its TensorFlow checkpoints are not, only its `encoder.weights.h5` (finished runs)."""
+    None: its checkpoints hold TensorFlow's layers (fused batch norm) or are in the
+    `tf.train.Checkpoint` format of earlier versions; its `encoder.weights.h5` (finished runs)
+    is read everywhere."""
     if saved.get("backend", "tensorflow") != "tensorflow" or keras.backend.backend() == \
             "tensorflow" or os.path.isfile(os.path.join(model_dir, ENCODER_WEIGHTS)):
         return None
@@ -126,12 +128,19 @@ def encoder_source(model_dir: str) -> str | None:
 
 
 def load_encoder_weights(model_dir: str, saved: dict, batch_norm: str) -> keras.Model:
-    """The encoder of a Keras-checkpoint run (`saved`: its flags.json), with `batch_norm`.
+    """The encoder of a run (`saved`: its flags.json), with `batch_norm`.
 
-    Reads `model_dir/encoder.weights.h5`, else the newest `checkpoints/ckpt-*.weights.h5`
-    (the whole pretext model is rebuilt to read it). FileNotFoundError when neither exists.
+    Reads `model_dir/encoder.weights.h5`, else the newest `checkpoints/ckpt-*.weights.h5`: the
+    run's whole pretext model is rebuilt to read it (the pairs/rotations model of
+    `aetv2_tf.portable`, the AET/rotation model of the TensorFlow program, with the run's batch
+    norm). FileNotFoundError when neither exists.
     """
-    from aetv2_tf.models import DEFAULT_INPUT_SHAPES, build_backbone
+    from aetv2_tf.models import (
+        DEFAULT_INPUT_SHAPES,
+        build_aet_model,
+        build_backbone,
+        build_rotation_model,
+    )
     from aetv2_tf.models.pairs import build_pairs_model, build_rotations_model
 
     shape = DEFAULT_INPUT_SHAPES[saved["backbone"]]
@@ -140,11 +149,17 @@ def load_encoder_weights(model_dir: str, saved: dict, batch_norm: str) -> keras.
     if path is None:
         raise FileNotFoundError(f"neither {os.path.join(model_dir, ENCODER_WEIGHTS)} nor a "
                                 f"checkpoint in {model_dir}/checkpoints: train first.")
+    rotation = saved.get("pretext") == "rotation"
     if path.endswith(ENCODER_WEIGHTS):
         twin.load_weights(path)
+    elif saved.get("backend", "tensorflow") == "tensorflow":
+        owner = build_backbone(saved["backbone"], shape,
+                               batch_norm=saved.get("batch_norm", "keras"))
+        load_model_part(build_rotation_model(owner) if rotation else build_aet_model(owner),
+                         path)
+        twin.set_weights(owner.get_weights())
     else:
-        rotation = saved.get("pretext") == "rotation"
-        _load_model_part((build_rotations_model if rotation else build_pairs_model)(twin, seed=0),
+        load_model_part((build_rotations_model if rotation else build_pairs_model)(twin, seed=0),
                          path)
     logging.info("Loaded the encoder from %s.", path)
     if batch_norm == "keras":
@@ -154,7 +169,7 @@ def load_encoder_weights(model_dir: str, saved: dict, batch_norm: str) -> keras.
     return encoder
 
 
-def _load_model_part(model: keras.Model, path: str) -> None:
+def load_model_part(model: keras.Model, path: str) -> None:
     """`model.load_weights(path)` for a checkpoint that also holds optimizer variables, which
     an uncompiled model has no place for (Keras then warns; the layers load all the same)."""
     import warnings

@@ -4,13 +4,14 @@ Layout of a `--model_dir`:
 
     flags.cfg          this run's flags, reusable as --flagfile (command line included)
     flags.json         the same, machine-readable (compared when a run resumes)
-    checkpoints/       tf.train.CheckpointManager: ckpt-<step>.{index,data-*}, checkpoint
-    train/             TensorBoard event files
-    aet_model.keras    the whole pretext model (end of training)
+    checkpoints/       ckpt-<step>.weights.h5 (Keras, atomic; every backend)
+    train/             TensorBoard event files (and log.csv on backends other than TensorFlow)
+    encoder.weights.h5 the encoder alone, read by every backend (end of training)
+    aet_model.keras    the whole pretext model (end of training, TensorFlow)
     export/encoder/    SavedModel of the encoder for feature extraction (end of training)
 
-A run on another Keras backend (`aetv2_tf.portable`, flags.json `backend`) has Keras checkpoints
-instead (checkpoints/ckpt-<step>.weights.h5), train/log.csv, and encoder.weights.h5 at the end.
+Runs of earlier versions of the TensorFlow program have `tf.train.Checkpoint` files in
+checkpoints/ (ckpt-<step>.{index,data-*}, checkpoint); they resume under TensorFlow.
 """
 
 from __future__ import annotations

@@ -56,10 +56,10 @@ def check_flags(num_replicas: int) -> None:
 
 
 def restore(checkpoint: tf.train.Checkpoint, directory: str) -> int:
-    """Restores the newest complete checkpoint in `directory`, if any; returns its step (the
-    batches consumed, the number in its name), 0 when there is none. Only a checkpoint listed in
-    `directory/checkpoint` is read, and `CheckpointManager` lists one only after all its files
-    are written: a save cut short by a crash is never loaded."""
+    """Restores the newest `tf.train.Checkpoint` in `directory` (the format of runs written
+    before the Keras `.weights.h5` checkpoints; they resume, then save in the new format);
+    returns its step (batches consumed), 0 when there is none. Only a checkpoint listed in
+    `directory/checkpoint` is read: a save cut short by a crash is never loaded."""
     latest = tf.train.latest_checkpoint(directory)
     if latest is None:
         logging.info("No checkpoint in %s: starting at step 0.", directory)
@@ -75,10 +75,11 @@ def restore(checkpoint: tf.train.Checkpoint, directory: str) -> int:
 class TensorFlowPretext(pretext.PretextAdapter):
     """The TensorFlow adapter of `aetv2_tf.pretext` (its `PretextAdapter`): the pairs (or
     rotations) made by the tf.data pipelines, the model built in the tf.distribute `strategy`'s
-    scope with `--batch_norm`, `tf.train.CheckpointManager` checkpoints (every worker saves, as
-    saving may need collectives, but only the chief into the model_dir; every worker resumes
-    from the chief's checkpoints: a shared filesystem, BUILD.md), TensorBoard summaries with the
-    image pairs (chief), the SavedModel export."""
+    scope with `--batch_norm`, Keras `.weights.h5` checkpoints as on every backend
+    (`keras_checkpoints.KerasCheckpoints`; every worker saves, as reading distributed variables
+    may need collectives, but only the chief into the model_dir; every worker resumes from the
+    chief's checkpoints: a shared filesystem, BUILD.md), TensorBoard summaries with the image
+    pairs (chief), the SavedModel export."""
 
     fit_kwargs: dict = {}
     skip_check_every = 1
@@ -131,16 +132,16 @@ class TensorFlowPretext(pretext.PretextAdapter):
         return encoder, model, schedule, optimizer
 
     def checkpoints(self, model, optimizer):
-        from aetv2_tf.callbacks import ManagerCheckpoints
+        from aetv2_tf.keras_checkpoints import KerasCheckpoints, restore_checkpoint
 
         F = FLAGS
-        with self.strategy.scope():
-            checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
         ckpt_dir = os.path.join(F.model_dir, "checkpoints")
-        manager = tf.train.CheckpointManager(checkpoint,
-                                             ckpt_dir if self.chief else self.worker_tmp,
-                                             max_to_keep=F.keep_checkpoints)
-        return ManagerCheckpoints(manager), restore(checkpoint, ckpt_dir)
+        start = restore_checkpoint(model, ckpt_dir)
+        if not start and tf.train.latest_checkpoint(ckpt_dir):  # a run of an earlier version
+            with self.strategy.scope():
+                start = restore(tf.train.Checkpoint(model=model, optimizer=optimizer), ckpt_dir)
+        store = KerasCheckpoints(ckpt_dir if self.chief else self.worker_tmp, F.keep_checkpoints)
+        return store, start
 
     def summaries(self, counter, schedule):
         from aetv2_tf.callbacks import PretextSummaries

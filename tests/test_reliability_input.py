@@ -157,7 +157,7 @@ def test_model_dir_of_another_run_is_refused_unless_overwrite(tmp_path, cifar10_
 
     train(model_dir, cifar10_dir, "--train_steps=1", "--export=false", *other, "--overwrite")
     assert json.loads((model_dir / "flags.json").read_text())["batch_size"] == 32
-    assert sorted(p.name for p in (model_dir / "checkpoints").glob("*.index")) == ["ckpt-1.index"]
+    assert sorted(p.name for p in (model_dir / "checkpoints").iterdir()) == ["ckpt-1.weights.h5"]
 
 
 # ------------------------------------------------------------------------------ a full disk

@@ -2,12 +2,12 @@
 
 - SIGTERM (a subprocess) / SIGINT (in-process, the same handler): training stops after the
   current step, a final checkpoint at that step is written, nothing is exported, and the
-  process exits 0.
+  process exits 128 + the signal.
 - SIGKILL (while a checkpoint is being written, or at a random moment): rerunning the same
   command resumes from the newest complete checkpoint and ends bitwise where an uninterrupted
   `--deterministic` run ends: weights, BatchNorm statistics, optimizer slots and step counters
-  (every variable of the final checkpoint but `save_counter`, which counts saves), and the same
-  learning rate at every step.
+  (every variable of the final `ckpt-<step>.weights.h5`), and the same learning rate at every
+  step; so does a run of an earlier version, whose checkpoints are `tf.train.Checkpoint` files.
 - Two `--deterministic` runs give bitwise-identical checkpoints and losses.
 """
 
@@ -23,13 +23,13 @@ import time
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from aetv2_tf.callbacks import CheckpointEvery, StopOnSignal
+from aetv2_tf.keras_checkpoints import KerasCheckpoints
 from tests.cli import finish, read_scalars, start_module, train, train_args
 
 STEPS = 8
-ITERATIONS = "optimizer/inner_optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"  # the step
+ITERATIONS = "optimizer/inner_optimizer/vars/0"  # the step (Keras's first optimizer variable)
 COMMON = (f"--train_steps={STEPS}", "--checkpoint_every_steps=2", "--summary_every_steps=1",
           "--image_summary_every_steps=1000", "--export=false", "--deterministic")
 
@@ -49,10 +49,16 @@ def reference(tmp_path_factory, cifar10_dir) -> tuple[pathlib.Path, pathlib.Path
 
 
 def final_checkpoint(model_dir: pathlib.Path) -> dict[str, np.ndarray]:
-    """Every variable of the newest checkpoint but `save_counter` (the number of saves)."""
-    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(model_dir / "checkpoints"))
-    return {key: reader.get_tensor(key) for key in reader.get_variable_to_dtype_map()
-            if not key.startswith("save_counter")}
+    """Every variable of the newest checkpoint (`ckpt-<step>.weights.h5`), by its path there."""
+    import h5py
+
+    from aetv2_tf.keras_checkpoints import list_checkpoints
+
+    out: dict[str, np.ndarray] = {}
+    with h5py.File(list_checkpoints(str(model_dir / "checkpoints"))[-1][1], "r") as f:
+        f.visititems(lambda name, item: out.__setitem__(name, item[()])
+                     if isinstance(item, h5py.Dataset) else None)
+    return out
 
 
 def assert_same_final_state(run: pathlib.Path, reference: pathlib.Path) -> None:
@@ -60,7 +66,7 @@ def assert_same_final_state(run: pathlib.Path, reference: pathlib.Path) -> None:
     got, want = final_checkpoint(run), final_checkpoint(reference)
     assert sorted(got) == sorted(want)
     assert got[ITERATIONS] == STEPS
-    slots = [key for key in got if key.startswith("optimizer/inner_optimizer/_variables/")]
+    slots = [key for key in got if key.startswith("optimizer/inner_optimizer/vars/")]
     assert len(slots) > 10, "no Adam slots in the checkpoint"
     differing = [key for key in want if not np.array_equal(got[key], want[key])]
     assert not differing, f"{len(differing)} of {len(want)} variables differ: {differing[:5]}"
@@ -93,9 +99,12 @@ def resume(model_dir: pathlib.Path, cifar10_dir) -> int:
 
 
 def listed_step(model_dir: pathlib.Path) -> int:
-    """The step of the newest checkpoint listed in checkpoints/checkpoint (0 if none)."""
-    latest = tf.train.latest_checkpoint(model_dir / "checkpoints")
-    return int(latest.rsplit("-", 1)[1]) if latest else 0
+    """The step of the newest complete checkpoint, `ckpt-<step>.weights.h5` (0 if none; a save
+    cut short leaves only a temporary `.tmp<pid>-ckpt-...` file, which is not listed)."""
+    from aetv2_tf.keras_checkpoints import list_checkpoints
+
+    found = list_checkpoints(str(model_dir / "checkpoints"))
+    return found[-1][0] if found else 0
 
 
 def test_deterministic_runs_are_bitwise_identical(reference):
@@ -107,13 +116,13 @@ def test_deterministic_runs_are_bitwise_identical(reference):
 
 def test_sigkill_during_a_checkpoint_write_resumes_from_the_last_complete_one(
         reference, tmp_path, cifar10_dir):
-    """Killed the moment the first file of ckpt-4 appears: ckpt-4 is partial or at best just
-    complete; the rerun resumes from the newest checkpoint listed as complete and ends exactly
-    as the uninterrupted run."""
+    """Killed the moment the temporary file of ckpt-4 appears (or ckpt-4 itself): ckpt-4 is
+    partial or at best just complete; the rerun resumes from the newest complete checkpoint and
+    ends exactly as the uninterrupted run."""
     model_dir = tmp_path / "run"
     proc = start_module("aetv2_tf.train", *train_args(model_dir, cifar10_dir, *COMMON),
                         log=tmp_path / "killed")
-    assert kill_when(proc, lambda: any((model_dir / "checkpoints").glob("ckpt-4*")))
+    assert kill_when(proc, lambda: any((model_dir / "checkpoints").glob("*ckpt-4.*")))
     left = sorted(p.name for p in (model_dir / "checkpoints").iterdir())
     print(f"[info] after SIGKILL: {left}")
     complete = listed_step(model_dir)
@@ -140,6 +149,53 @@ def test_sigkill_at_a_random_moment_resumes_exactly(reference, tmp_path, cifar10
     assert_same_final_state(model_dir, reference[0])
 
 
+TO_LEGACY = """
+import os, sys
+import tensorflow as tf
+from aetv2_tf.flags import FLAGS
+from aetv2_tf.keras_checkpoints import list_checkpoints, load_model_part
+from aetv2_tf.train import TensorFlowPretext
+FLAGS(["train", *sys.argv[1:]])
+adapter = TensorFlowPretext(tf.distribute.get_strategy(), True, None)
+encoder, model, schedule, optimizer = adapter.build(STEPS)
+ckpt_dir = os.path.join(FLAGS.model_dir, "checkpoints")
+step, path = list_checkpoints(ckpt_dir)[-1]
+load_model_part(model, path)
+for _, old in list_checkpoints(ckpt_dir):
+    os.remove(old)
+tf.train.CheckpointManager(tf.train.Checkpoint(model=model, optimizer=optimizer), ckpt_dir,
+                           max_to_keep=3).save(checkpoint_number=step)
+from aetv2_tf.callbacks import weights_digest
+print("LEGACY", step, sorted(os.listdir(ckpt_dir)), weights_digest(encoder.weights))
+""".replace("STEPS", str(STEPS))
+
+
+def test_a_run_with_tf_checkpoints_of_an_earlier_version_resumes_exactly(reference, tmp_path,
+                                                                           cifar10_dir):
+    """A run cut at step 4 whose checkpoint is converted to the `tf.train.Checkpoint` format of
+    earlier versions (the same variables): rerunning the command resumes from it, then saves
+    Keras checkpoints, and ends bitwise where the uninterrupted run ends."""
+    import subprocess
+    import sys
+
+    from tests.cli import REPO, _env
+
+    model_dir = tmp_path / "run"
+    args = train_args(model_dir, cifar10_dir, *COMMON)
+    train(model_dir, cifar10_dir, *COMMON, "--stop_after_steps=4")
+    proc = subprocess.run([sys.executable, "-c", TO_LEGACY, *args], cwd=REPO, env=_env({}),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "LEGACY 4 ['checkpoint', 'ckpt-4.data-00000-of-00001', " \
+        "'ckpt-4.index']" in proc.stdout, proc.stderr[-3000:]
+    from aetv2_tf.callbacks import weights_digest
+    from aetv2_tf.export import restore_encoder
+
+    encoder, _ = restore_encoder(str(model_dir))  # what the probes and the export read
+    assert weights_digest(encoder.weights) == proc.stdout.split()[-1]
+    assert resume(model_dir, cifar10_dir) == 4
+    assert_same_final_state(model_dir, reference[0])
+
+
 def test_sigterm_writes_a_final_checkpoint_and_exits_143(tmp_path, cifar10_dir):
     """Preemption-style: the final checkpoint, then exit 128 + 15 and a last line that says the
     run is not finished and how to resume (a finished run exits 0: every other CLI test)."""
@@ -148,7 +204,7 @@ def test_sigterm_writes_a_final_checkpoint_and_exits_143(tmp_path, cifar10_dir):
     proc = start_module("aetv2_tf.train", *train_args(
         model_dir, cifar10_dir, "--train_steps=500", "--checkpoint_every_steps=3"),
         log=tmp_path / "signalled")
-    started = model_dir / "checkpoints" / "ckpt-3.index"
+    started = model_dir / "checkpoints" / "ckpt-3.weights.h5"
     deadline = time.monotonic() + 300
     while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -175,7 +231,7 @@ def test_sigint_stops_after_the_step_with_a_final_checkpoint(tmp_path):
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")
     step_fn = lambda: int(model.optimizer.iterations.numpy())  # noqa: E731
-    manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), str(tmp_path), 3)
+    store = KerasCheckpoints(str(tmp_path), 3)
 
     class Interrupt(keras.callbacks.Callback):
         def on_train_batch_begin(self, batch, logs=None):
@@ -191,10 +247,10 @@ def test_sigint_stops_after_the_step_with_a_final_checkpoint(tmp_path):
     try:
         stop = StopOnSignal()
         model.fit(np.zeros((40, 2)), np.zeros((40, 1)), batch_size=4, verbose=0,
-                  callbacks=[stop, Interrupt(), CheckpointEvery(manager, step_fn, every=100)])
+                  callbacks=[stop, Interrupt(), CheckpointEvery(store, step_fn, every=100)])
         restored = signal.getsignal(signal.SIGINT)
     finally:
         signal.signal(signal.SIGINT, previous)
     assert stop.received == "SIGINT" and not escaped
-    assert step_fn() == 3 and manager.latest_checkpoint.endswith("ckpt-3")
+    assert step_fn() == 3 and store.latest_step() == 3
     assert restored is before

@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from aetv2_tf import losses, optim
 from aetv2_tf.callbacks import CheckpointEvery, StepCounter, StopOnSkippedStep
+from aetv2_tf.keras_checkpoints import KerasCheckpoints, list_checkpoints
 from aetv2_tf.models import build_aet_model
 from aetv2_tf.models.layers import FusedBatchNormalization
 from tests.test_losses import adversarial_pairs
@@ -61,32 +62,35 @@ def batch(seed: int, *, nan_images: bool = False, nan_param: bool = False,
 
 
 def fit(batches: list, tmp_path, stop_on_skip: bool = False):
-    """Trains on `batches` as `pretext.run` does; returns (model, optimizer, manager)."""
+    """Trains on `batches` as `pretext.run` does; returns (model, optimizer, checkpoint store)."""
     model = tiny_aet_model()
     optimizer = optim.build_optimizer("adam", optim.Schedule("constant", 1e-3, len(batches)))
     model.compile(optimizer=optimizer, loss=losses.GeodesicLoss(), jit_compile=False)
     optimizer.build(model.trainable_variables)
     step_fn = StepCounter(0, len(batches))  # batches consumed, skipped ones included
-    manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model, optimizer=optimizer),
-                                         str(tmp_path / "checkpoints"), max_to_keep=None)
+    store = KerasCheckpoints(str(tmp_path / "checkpoints"), keep=100)
     callbacks = [step_fn, StopOnSkippedStep(optimizer, step_fn, stop_on_skip),
-                 CheckpointEvery(manager, step_fn, every=1)]
+                 CheckpointEvery(store, step_fn, every=1)]
     data = tf.data.Dataset.from_generator(
         lambda: iter(batches), output_signature=tf.nest.map_structure(
             lambda a: tf.TensorSpec(a.shape, tf.float32), batches[0]))
     model.fit(data, epochs=1, steps_per_epoch=len(batches), callbacks=callbacks, verbose=0)
-    return model, optimizer, manager
+    return model, optimizer, store
 
 
-def checkpoint_steps_all_finite(manager) -> list[int]:
+def checkpoint_steps_all_finite(store) -> list[int]:
     """The steps of every checkpoint written, after checking each holds only finite values."""
+    import h5py
+
+    def check(name, item):
+        if isinstance(item, h5py.Dataset) and np.issubdtype(item.dtype, np.floating):
+            assert np.all(np.isfinite(item[()])), f"{path}: {name}"
+
     steps = []
-    for path in manager.checkpoints:
-        reader = tf.train.load_checkpoint(path)
-        for key, dtype in reader.get_variable_to_dtype_map().items():
-            if dtype.is_floating:
-                assert np.all(np.isfinite(reader.get_tensor(key))), f"{path}: {key}"
-        steps.append(int(path.rsplit("-", 1)[1]))
+    for step, path in list_checkpoints(store.directory):
+        with h5py.File(path, "r") as f:
+            f.visititems(check)
+        steps.append(step)
     return steps
 
 
@@ -100,12 +104,12 @@ def test_nonfinite_step_is_skipped_logged_and_never_checkpointed(tmp_path, caplo
     batch were absent (the NaN-param sample is merely dropped by the loss)."""
     good = [batch(0), batch(1, nan_param=True), batch(3)]
     with caplog.at_level(logging.ERROR):
-        model, optimizer, manager = fit(good[:2] + [batch(2, weight=np.inf)] + good[2:],
+        model, optimizer, store = fit(good[:2] + [batch(2, weight=np.inf)] + good[2:],
                                         tmp_path / "faulty")
     assert int(optimizer.skipped_steps.numpy()) == 1
     assert int(optimizer.iterations.numpy()) == 3  # updates applied; 4 batches consumed
     assert "1 step(s) skipped by step 3" in caplog.text
-    assert checkpoint_steps_all_finite(manager) == [1, 2, 3, 4]
+    assert checkpoint_steps_all_finite(store) == [1, 2, 3, 4]
     clean_model, clean_optimizer, _ = fit(good, tmp_path / "clean")
     for got, want in zip(state(model, optimizer), state(clean_model, clean_optimizer),
                          strict=True):
@@ -115,11 +119,11 @@ def test_nonfinite_step_is_skipped_logged_and_never_checkpointed(tmp_path, caplo
 def test_on_nonfinite_stop_ends_training_at_the_last_good_checkpoint(tmp_path, caplog):
     batches = [batch(0), batch(1), batch(2, weight=np.inf), batch(3), batch(4)]
     with caplog.at_level(logging.ERROR):
-        model, optimizer, manager = fit(batches, tmp_path, stop_on_skip=True)
+        model, optimizer, store = fit(batches, tmp_path, stop_on_skip=True)
     assert int(optimizer.iterations.numpy()) == 2
     assert "1 step(s) skipped by step 3" in caplog.text
     assert "--on_nonfinite=stop: ending training" in caplog.text
-    assert checkpoint_steps_all_finite(manager) == [1, 2, 3]  # 3: the bad batch consumed
+    assert checkpoint_steps_all_finite(store) == [1, 2, 3]  # 3: the bad batch consumed
     assert all(np.all(np.isfinite(w)) for w in state(model, optimizer))
 
 
@@ -128,11 +132,11 @@ def test_nan_images_never_reach_a_checkpoint(tmp_path, caplog):
     next checkpoint is refused, training stops, ckpt-2 stays the newest."""
     batches = [batch(0), batch(1), batch(2, nan_images=True), batch(3), batch(4)]
     with caplog.at_level(logging.ERROR):
-        model, optimizer, manager = fit(batches, tmp_path)
+        model, optimizer, store = fit(batches, tmp_path)
     assert int(optimizer.skipped_steps.numpy()) == 1
     assert "Non-finite weights at step 3: checkpoint NOT written" in caplog.text
-    assert checkpoint_steps_all_finite(manager) == [1, 2]
-    assert manager.latest_checkpoint.endswith("ckpt-2")
+    assert checkpoint_steps_all_finite(store) == [1, 2]
+    assert store.latest_step() == 2
     assert int(optimizer.iterations.numpy()) == 2  # stopped at the refused checkpoint
 
 

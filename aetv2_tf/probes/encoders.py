@@ -209,12 +209,10 @@ def load_encoder(pretrained: str, backbone: str, feature: str, *, batch_norm: st
     except errors as e:
         raise UsageError(f"--pretrained={pretrained}: the encoder could not be restored ({e}); "
                          "pass a pretraining --model_dir with a checkpoint.") from e
-    if saved.get("backend", "tensorflow") != "tensorflow" \
-            or keras.backend.backend() != "tensorflow":  # read from Keras weights files
-        from aetv2_tf.keras_checkpoints import encoder_source
+    from aetv2_tf.keras_checkpoints import encoder_source
 
-        checkpoint = encoder_source(path)
-    else:
+    checkpoint = encoder_source(path)
+    if checkpoint is None:  # a run of an earlier version: tf.train.Checkpoint files
         import tensorflow as tf
 
         checkpoint = tf.train.latest_checkpoint(os.path.join(path, "checkpoints"))
