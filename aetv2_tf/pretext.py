@@ -8,9 +8,9 @@ batch norm, where the pairs are made), the batches of steps ``start .. stop - 1`
 store it resumes from, the summaries and the export. TensorFlow's is `train.TensorFlowPretext`
 (tf.data pairs, tf.distribute), the others' is `portable.KerasPretext` (NumPy batches, pairs on
 the device). Both save Keras ``.weights.h5`` checkpoints (`keras_checkpoints.KerasCheckpoints`).
-Everything else is here once: the step counter (batches consumed: the data position and the checkpoint
-name), the exact stop, the signal, non-finite and checkpoint callbacks, the summary and what a
-finished run writes.
+Everything else is here once: the step counter (batches consumed: the data position and the
+checkpoint name), the exact stop, the signal, non-finite and checkpoint callbacks, the summary
+and what a finished run writes.
 """
 
 from __future__ import annotations
