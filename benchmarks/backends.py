@@ -34,8 +34,9 @@ class Worker:
     def __init__(self, backend: str, specs: list, batch_size: int, warmup: int):
         self.backend, self.names = backend, [s.name for s in specs]
         self.log = tempfile.TemporaryFile("w+")  # the worker's stderr, for error messages
+        module = "benchmarks.torch_step" if backend == "torch" else "benchmarks.backends"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.backends", f"--configs={','.join(self.names)}",
+            [sys.executable, "-m", module, f"--configs={','.join(self.names)}",
              "--steps_per_execution=" + ",".join(str(s.steps_per_execution) for s in specs),
              f"--batch_size={batch_size}", f"--warmup={warmup}"],
             cwd=common.REPO, env=dict(os.environ, KERAS_BACKEND=backend), text=True, bufsize=1,
@@ -125,6 +126,12 @@ def main() -> None:
         runners[spec.name] = StepRunner(spec, batch)
         runners[spec.name].run(args.warmup)
         print(f"@@built {spec.name} {time.perf_counter() - t0:.3f} {spec.precision}", flush=True)
+    serve(runners)
+
+
+def serve(runners: dict) -> None:
+    """The worker's side of the protocol once its `runners` are built: `@@ready`, then one timed
+    round per `run NAME STEPS` line until the end of input."""
     print(f"@@ready {next(iter(runners.values())).flops_per_pair()}", flush=True)
     for line in sys.stdin:
         _, name, steps = line.split()

@@ -34,6 +34,9 @@ DEFAULT_CONFIGS = ("fused/fp32/geodesic", "fused/fp32/mse", "fused/bf16/geodesic
                    "fused/bf16/mse", "keras/fp32/geodesic", "keras/bf16/geodesic")
 PRECISIONS = {"fp32": "float32", "bf16": "mixed_bfloat16"}
 BASELINE = "fused/fp32/geodesic"
+#: `jax:` configurations run in a Keras-on-JAX worker, `torch:` ones in a PyTorch worker
+#: (`benchmarks.torch_step`: the AETv1 code's framework, the same NIN step).
+BACKENDS = ("tensorflow", "jax", "torch")
 # Targets of issue 5 for batch 128 on 2 cores.
 TARGET_BF16, TARGET_FP32, TARGET_PEAK_FRACTION, TARGET_LOSS_GAP = 250.0, 100.0, 0.55, 0.03
 
@@ -57,12 +60,15 @@ class Spec:
         backend, _, rest = name.rpartition(":")
         backend = backend or "tensorflow"
         parts = rest.split("/")
-        if len(parts) < 3 or parts[0] not in ("fused", "keras") or parts[2] not in (
-                "geodesic", "mse") or parts[1] not in (*PRECISIONS, "auto") or backend not in (
-                "tensorflow", "jax") or (backend != "tensorflow" and parts[0] == "fused"):
+        bns = ("torch",) if backend == "torch" else ("keras",) if backend == "jax" else (
+            "fused", "keras")
+        if len(parts) < 3 or parts[0] not in bns or parts[2] not in ("geodesic", "mse") or \
+                parts[1] not in (*PRECISIONS, "auto") or backend not in BACKENDS or (
+                backend == "torch" and (parts[1] == "auto" or parts[2] != "mse")):
             raise ValueError(f"bad config {name!r}: use [BACKEND:]BN/PRECISION/LOSS[/spe<N>][/xla] "
-                             f"with BACKEND tensorflow|jax, BN fused|keras (jax: keras), "
-                             f"PRECISION fp32|bf16|auto, LOSS geodesic|mse")
+                             f"with BACKEND tensorflow|jax|torch, BN fused|keras (jax: keras; "
+                             f"torch: torch), PRECISION fp32|bf16|auto (torch: fp32|bf16), LOSS "
+                             f"geodesic|mse (torch: mse, the AETv1 code's)")
         spe, xla = steps_per_execution, False
         for extra in parts[3:]:
             if extra == "xla":

@@ -50,10 +50,25 @@ def test_spec_parsing():
     assert (jax.backend, jax.precision, jax.steps_per_execution) == ("jax", "auto", 3)
     assert Spec.parse("tensorflow:fused/fp32/mse").backend == "tensorflow"
     assert jax.round_steps(4) == 6
+    torch = Spec.parse("torch:torch/bf16/mse")
+    assert (torch.backend, torch.batch_norm, torch.precision) == ("torch", "torch",
+                                                                  "mixed_bfloat16")
     for bad in ("fused/fp32", "fused/fp16/geodesic", "other/fp32/mse", "fused/fp32/mse/spe0",
-                "jax:fused/fp32/mse", "torch:keras/fp32/mse"):
+                "jax:fused/fp32/mse", "torch:keras/fp32/mse", "torch:torch/fp32/geodesic",
+                "torch:torch/auto/mse", "keras:torch/fp32/mse", "torch/fp32/mse"):
         with pytest.raises(ValueError, match="bad config"):
             Spec.parse(bad)
+
+
+def test_the_pytorch_worker_says_how_to_install_pytorch(monkeypatch):
+    """PyTorch is not a dependency: a torch: configuration without it stops with the fix."""
+    import sys
+
+    from benchmarks.torch_step import import_torch
+
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with pytest.raises(SystemExit, match=r"pip install torch==2\.13\.0"):
+        import_torch()
 
 
 def test_helpers():
