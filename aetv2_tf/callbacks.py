@@ -117,6 +117,7 @@ class CheckpointEvery(keras.callbacks.Callback):
             logging.error("Non-finite weights at step %d: checkpoint NOT written; the newest "
                           "checkpoint stays the one of step %s.", step, self.store.latest_step())
             model.stop_training = self.refused = True
+            self._last = step  # not again at the end of training
             return None
         path = self.store.save(model, step)
         self._last = step

@@ -38,12 +38,20 @@ def list_checkpoints(directory: str) -> list[tuple[int, str]]:
 
 
 def save_atomically(saver, path: str) -> str:
-    """`saver(tmp)` then `os.replace(tmp, path)`; tmp ends like `path` (Keras checks suffixes)."""
+    """`saver(tmp)`, its bytes flushed to the disk, then `os.replace(tmp, path)`; tmp ends like
+    `path` (Keras checks suffixes). Temporaries that a killed process left beside it are
+    removed first."""
     directory, name = os.path.split(path)
     os.makedirs(directory or ".", exist_ok=True)
     tmp = os.path.join(directory, f".tmp{os.getpid()}-{name}")
+    for other in os.listdir(directory or "."):  # `.tmp<pid>-<name or a checkpoint's name>`
+        head, _, rest = other.partition("-")
+        if head.startswith(".tmp") and head[4:].isdigit() and (rest == name or _NAME.match(rest)):
+            os.remove(os.path.join(directory, other))
     try:
         saver(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -94,7 +94,8 @@ def prepare(model_dir: str, run_flags: dict, flagfile: str, essential: tuple[str
                              "--overwrite to start afresh there, or choose a new --model_dir.")
         if diff and overwrite and chief:
             for name in ("checkpoints", "train", "export", "aet_model.keras", "results.json",
-                         "probe", "encoder.weights.h5", "budget.json"):
+                         "probe", "encoder.weights.h5", "budget.json", "epochs.csv",
+                         "best.weights.h5", "validation", "test"):
                 path = os.path.join(model_dir, name)
                 if os.path.isdir(path):
                     shutil.rmtree(path)

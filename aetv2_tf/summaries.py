@@ -17,12 +17,14 @@ from typing import Any
 
 
 class CsvLog:
-    """Appends ``step,<columns>`` rows to ``path``; a missing column is an empty cell."""
+    """Appends ``step,<columns>`` rows to ``path``; a missing column is an empty cell. ``fresh``
+    starts the file anew (a run that does not resume), else a resumed run appends."""
 
-    def __init__(self, path: str, columns: Sequence[str], step_name: str = "step"):
+    def __init__(self, path: str, columns: Sequence[str], step_name: str = "step",
+                 fresh: bool = False):
         self.path, self.columns = path, tuple(columns)
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        if not os.path.exists(path):
+        if fresh or not os.path.exists(path):
             with open(path, "w") as f:
                 f.write(",".join((step_name, *self.columns)) + "\n")
 
@@ -41,8 +43,14 @@ def tensorboard_writer(log_dir: str) -> Any | None:
 
     if not tensorflow_importable():
         return None
+    import keras
     import tensorflow as tf
 
+    if keras.backend.backend() != "tensorflow":  # the accelerator's memory is the backend's
+        try:
+            tf.config.set_visible_devices([], "GPU")
+        except RuntimeError:  # TensorFlow already initialised its devices: leave them
+            pass
     return tf.summary.create_file_writer(log_dir)
 
 

@@ -175,30 +175,43 @@ def test_classifier_inputs_normalise_and_crop_flip_like_the_tf_pipeline():
 
 
 def test_labelled_batches_visit_every_image_once_per_epoch():
-    """`LabelledBatches`: training epochs are seeded permutations (a new one per epoch, the same
-    for the same seed), labels stay with their images, the last batch is short; evaluation keeps
-    the order."""
+    """`LabelledBatches`: training epochs are seeded permutations (a new one per epoch, counted
+    at its beginning, the same for the same seed), labels stay with their images, the last
+    batch is short; evaluation keeps the order. With `full_batches` (several devices) every
+    batch is full: training wraps around the epoch's order, evaluation pads with weight 0."""
     from aetv2_tf.data.stream import LabelledBatches, epoch_order
 
     images = np.arange(10, dtype=np.uint8).reshape(10, 1, 1, 1) * np.ones((1, 2, 2, 3), np.uint8)
     labels = np.arange(10) % 3
 
     def epoch(batches):
-        xs, ys = zip(*(batches[i] for i in range(len(batches))), strict=True)
-        return np.concatenate(xs)[:, 0, 0, 0], np.concatenate(ys)
+        parts = [batches[i] for i in range(len(batches))]
+        return [np.concatenate(p) for p in zip(*parts, strict=True)]
 
     train = LabelledBatches(images, labels, 4, seed=5, shuffle=True)
     assert len(train) == 3 and len(train[2][0]) == 2
+    before_fit = epoch(train)[0][:, 0, 0, 0]  # what Keras's symbolic build reads
+    train.on_epoch_begin()  # fit epoch 0
     first, first_labels = epoch(train)
-    np.testing.assert_array_equal(first, epoch_order(5, 0, 10))
-    np.testing.assert_array_equal(first_labels, labels[first])
+    np.testing.assert_array_equal(first[:, 0, 0, 0], epoch_order(5, 0, 10))
+    np.testing.assert_array_equal(before_fit, first[:, 0, 0, 0])
+    np.testing.assert_array_equal(first_labels, labels[first[:, 0, 0, 0]])
     train.on_epoch_end()
-    second, _ = epoch(train)
-    assert sorted(second) == list(range(10)) and not np.array_equal(first, second)
-    np.testing.assert_array_equal(epoch(LabelledBatches(images, labels, 4, 5, shuffle=True))[0],
-                                  first)
-    np.testing.assert_array_equal(epoch(LabelledBatches(images, labels, 4, 5, False))[0],
-                                  np.arange(10))
+    train.on_epoch_begin()  # fit epoch 1
+    second = epoch(train)[0][:, 0, 0, 0]
+    assert sorted(second) == list(range(10)) and not np.array_equal(first[:, 0, 0, 0], second)
+    evaluation = epoch(LabelledBatches(images, labels, 4, 5, shuffle=False))[0][:, 0, 0, 0]
+    np.testing.assert_array_equal(evaluation, np.arange(10))
+
+    full = LabelledBatches(images, labels, 4, seed=5, shuffle=True, full_batches=True)
+    full.on_epoch_begin()
+    wrapped = epoch(full)[0][:, 0, 0, 0]
+    order = epoch_order(5, 0, 10)
+    np.testing.assert_array_equal(wrapped, np.concatenate([order, order[:2]]))
+    x, y, w = epoch(LabelledBatches(images, labels, 4, 5, shuffle=False, full_batches=True))
+    np.testing.assert_array_equal(x[:, 0, 0, 0], [*range(10), 9, 9])
+    np.testing.assert_array_equal(w, [1] * 10 + [0, 0])
+    np.testing.assert_array_equal(y, labels[x[:, 0, 0, 0]])
 
 
 def test_rotnet_pretraining_under_jax_and_its_encoder_under_tensorflow(tmp_path, cifar10_dir):

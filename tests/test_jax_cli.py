@@ -80,7 +80,8 @@ TWO_CPUS = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
 def runs(tmp_path_factory, cifar10_dir):
     """The JAX children, two at a time (2 cores): full run || first half, two devices ||
     bfloat16, resume || a run cut at step 5 with --steps_per_execution=3, its resume || KNN,
-    1-FC probe || conv probe, supervised || features."""
+    1-FC probe || conv probe, supervised || features, then a 1-FC probe on two devices whose
+    splits are no multiple of the batch."""
     tmp = tmp_path_factory.mktemp("jax")
     full, cut, spe = tmp / "full", tmp / "cut", tmp / "spe"
     common = ("--train_steps=6", "--checkpoint_every_steps=3", "--summary_every_steps=2",
@@ -106,6 +107,9 @@ def runs(tmp_path_factory, cifar10_dir):
         {"supervised": (RUN_TRAIN, *head_args(tmp / "supervised", cifar10_dir,
                                               "cifar10_supervised")),
          "features": (FEATURES, full, cifar10_dir, tmp / "jax_block2.npy")},
+        {"fc1_two": (RUN_TRAIN, *head_args(tmp / "fc1_two", cifar10_dir, "cifar10_probe_fc1",
+                                           f"--pretrained={full}", "--batch_size=40"),
+                     TWO_CPUS)},
     ]
     out = {}
     for children in rounds:
@@ -255,6 +259,19 @@ def test_classifier_heads_and_supervised_stage_under_jax(runs, name, probe, meth
     rows = (tmp / name / "epochs.csv").read_text().splitlines()
     assert rows[0] == "epoch,loss,top1,val_loss,val_top1,learning_rate" and len(rows) == 3
     assert (tmp / name / "best.weights.h5").is_file()
+
+
+def test_a_probe_on_two_devices_with_partial_batches(runs):
+    """192 / 64 / 64 images in batches of 40 on two devices (which split every batch evenly):
+    the last batches are filled (training) or padded with weight 0 (evaluation), so the test
+    accuracy is over exactly the 64 test images."""
+    from aetv2_tf.probes.results import read_results
+
+    tmp, out = runs
+    assert done_line(out["fc1_two"]).startswith("Done (probe): probe=fc1")
+    r = read_results(tmp / "fc1_two" / "results.json")
+    assert r["test_examples"] == 64 and r["epochs_run"] == 2
+    assert (r["test_top1"] * 64 / 100) == pytest.approx(round(r["test_top1"] * 64 / 100))
 
 
 def test_tensorflow_loads_the_jax_encoder(runs, cifar10_dir):

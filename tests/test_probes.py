@@ -137,6 +137,16 @@ def test_probe_freezes_encoder_selects_best_val_and_tests_once(tmp_path):
         [0.05] * 4 + [500.0] * 2)
     assert read_scalars(tmp_path / "logs" / "test")["top1"] == [
         (result["selected_epoch"], pytest.approx(result["test_top1"]))]
+    # epochs.csv (every backend): one row per epoch of THIS run; a rerun starts it anew
+    rows = (tmp_path / "logs" / "epochs.csv").read_text().splitlines()
+    assert rows[0] == "epoch,loss,top1,val_loss,val_top1,learning_rate"
+    assert [r.split(",")[0] for r in rows[1:]] == [str(e) for e in range(1, epochs + 1)]
+    np.testing.assert_allclose([float(r.split(",")[4]) for r in rows[1:]],
+                               np.array(history) / 100.0, rtol=1e-5)
+    train_probe(build_probe_model(encoder, "block2", tiny_head()), train_ds, val_ds, test_ds,
+                epochs=2, optimizer=probe_optimizer(learning_rate=0.05),
+                log_dir=str(tmp_path / "logs"))
+    assert len((tmp_path / "logs" / "epochs.csv").read_text().splitlines()) == 1 + 2
 
 
 def read_scalars(directory) -> dict[str, list[tuple[int, float]]]:

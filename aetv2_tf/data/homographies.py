@@ -137,6 +137,12 @@ def sample_homography_components(
     homographies) go through `aetv2_tf.data.device.components_from_uniform`, the mathematics the
     device sampler uses with ``keras.random`` draws.
     """
+    import keras
+
+    if keras.backend.backend() != "tensorflow":
+        raise RuntimeError("aetv2_tf.data.homographies samples with keras.ops, which are "
+                           "TensorFlow ops only under KERAS_BACKEND=tensorflow; on another "
+                           "backend use aetv2_tf.data.device (the same sampler).")
     u = tf.random.stateless_uniform(tf.stack([tf.cast(batch_size, tf.int32), 10]),
                                     stateless_seed(seed), dtype=tf.float32)
     return device.components_from_uniform(u, height, width, shift, scale_range, shift_fraction)

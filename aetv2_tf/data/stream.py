@@ -64,35 +64,47 @@ class ImageBatches(keras.utils.PyDataset):
 
 
 class LabelledBatches(keras.utils.PyDataset):
-    """One epoch of `(images (B, H, W, 3) uint8, labels (B,) int64)` batches; the last may be short.
+    """One epoch of `(images (B, H, W, 3) uint8, labels (B,) int64)` batches.
 
-    `shuffle`: `fit` epoch `e` (counted by `on_epoch_end`, which Keras calls) visits
-    `epoch_order(seed, e, N)`; otherwise the images keep their order (evaluation).
+    `shuffle`: `fit` epoch `e` visits `epoch_order(seed, e, N)` (epochs are counted by
+    `on_epoch_begin`, which Keras calls at the start of each; a batch read before the first,
+    as Keras's symbolic build does, comes from epoch 0's order); otherwise the images keep their
+    order (evaluation). The last batch is short, unless `full_batches` (several devices, which
+    split every batch evenly): then a training epoch's last batch is filled up with the first
+    images of the epoch's order, and every evaluation batch carries sample weights `(B,)`, 0 for
+    the copies of the last image that fill the last one (they count in no metric).
     """
 
     def __init__(self, images: np.ndarray, labels: np.ndarray, batch_size: int, seed: int,
-                 shuffle: bool, **kwargs):
+                 shuffle: bool, full_batches: bool = False, **kwargs):
         super().__init__(**kwargs)
         if len(images) != len(labels) or not len(images):
             raise ValueError(f"{len(images)} images and {len(labels)} labels: need as many, "
                              "and at least one")
         self.images, self.labels = images, np.asarray(labels, np.int64)
         self.batch_size, self.seed, self.shuffle = int(batch_size), int(seed), bool(shuffle)
-        self.epoch, self._order = 0, (None, None)
+        self.full_batches = bool(full_batches)
+        self.epoch, self._next_epoch, self._order = 0, 0, (None, None)
 
     def __len__(self) -> int:
         return -(-len(self.images) // self.batch_size)
 
-    def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+    def __getitem__(self, index: int):
         if not 0 <= index < len(self):
             raise IndexError(index)
-        rows = np.arange(index * self.batch_size,
-                         min((index + 1) * self.batch_size, len(self.images)))
+        n = len(self.images)
+        rows = np.arange(index * self.batch_size, (index + 1) * self.batch_size)
+        real = rows < n
+        if not self.full_batches:
+            rows = rows[real]
+        rows = rows % n if self.shuffle else np.minimum(rows, n - 1)
         if self.shuffle:
             if self._order[0] != self.epoch:
-                self._order = (self.epoch, epoch_order(self.seed, self.epoch, len(self.images)))
+                self._order = (self.epoch, epoch_order(self.seed, self.epoch, n))
             rows = self._order[1][rows]
+        if self.full_batches and not self.shuffle:
+            return self.images[rows], self.labels[rows], real.astype(np.float32)
         return self.images[rows], self.labels[rows]
 
-    def on_epoch_end(self) -> None:
-        self.epoch += 1
+    def on_epoch_begin(self) -> None:
+        self.epoch, self._next_epoch = self._next_epoch, self._next_epoch + 1

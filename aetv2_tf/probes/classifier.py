@@ -196,7 +196,8 @@ class EpochScalars(keras.callbacks.Callback):
 
     def __init__(self, log_dir: str):
         super().__init__()
-        self.csv = summaries.CsvLog(os.path.join(log_dir, "epochs.csv"), self.COLUMNS, "epoch")
+        self.csv = summaries.CsvLog(os.path.join(log_dir, "epochs.csv"), self.COLUMNS, "epoch",
+                                    fresh=True)  # probes never resume: one run's epochs
         self.writers = {split: summaries.tensorboard_writer(os.path.join(log_dir, split))
                         for split in ("train", "validation")}
 
@@ -292,7 +293,8 @@ def train_probe(
     model.compile(
         optimizer=optimizer,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=[keras.metrics.SparseCategoricalAccuracy(name="top1")],
+        # weighted: batches padded to a whole batch (several devices) weight the copies 0
+        weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="top1")],
     )
     snapshot = BestValidationSnapshot("val_top1", model_dir)
     all_callbacks: list[keras.callbacks.Callback] = [snapshot, *callbacks]

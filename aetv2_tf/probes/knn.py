@@ -111,7 +111,10 @@ def pooled_features(encoder: keras.Model, feature: str, images: np.ndarray,
     pooled = keras.layers.GlobalAveragePooling2D(dtype="float32")(maps) if len(maps.shape) == 4 \
         else keras.layers.Flatten(dtype="float32")(maps)
     model = keras.Model(inputs, pooled)
-    return np.asarray(model.predict(images, batch_size=batch_size, verbose=0), np.float32)
+    # Whole batches only (several devices split each evenly): pad with copies, drop them after.
+    padded = np.concatenate([images, np.repeat(images[-1:], -len(images) % batch_size, 0)])
+    features = model.predict(padded, batch_size=batch_size, verbose=0)[:len(images)]
+    return np.asarray(features, np.float32)
 
 
 def _l2_normalise(x: np.ndarray) -> np.ndarray:

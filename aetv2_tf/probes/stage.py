@@ -74,8 +74,15 @@ def backend_inputs(data: ProbeData, mean, std, image_size: int) -> Inputs:
     importable, the flag-support table checked it); NumPy batches and on-device preprocessing
     for CIFAR-10's arrays elsewhere."""
     F = FLAGS
+    several = keras.distribution.distribution() is not None  # devices split every batch evenly
     if keras.backend.backend() == "tensorflow" or not isinstance(data.train, np.ndarray):
         from aetv2_tf.data.pipelines import classification_dataset
+
+        if several and keras.backend.backend() != "tensorflow":
+            raise UsageError(f"--dataset={F.dataset} is read by tf.data, whose last batches are "
+                             f"short, and {len(keras.distribution.list_devices())} devices "
+                             "split every batch evenly: run it on one device (e.g. "
+                             "CUDA_VISIBLE_DEVICES=0) or with KERAS_BACKEND=tensorflow.")
 
         def tf_batches(images, labels, training: bool):
             return classification_dataset(images, labels, F.batch_size, F.seed,
@@ -87,7 +94,8 @@ def backend_inputs(data: ProbeData, mean, std, image_size: int) -> Inputs:
     from aetv2_tf.data.stream import LabelledBatches
 
     def array_batches(images, labels, training: bool):
-        return LabelledBatches(images, labels, F.batch_size, F.seed, shuffle=training)
+        return LabelledBatches(images, labels, F.batch_size, F.seed, shuffle=training,
+                               full_batches=several)
 
     return Inputs(array_batches, lambda: ClassifierInputs(F.seed, F.augment, mean, std,
                                                           name="inputs"))
