@@ -190,7 +190,8 @@ class Result:
 
 
 def measure(specs: list[Spec], batch_size: int, steps: int, repeats: int, warmup: int = 2,
-            matmul_n: int = 4096) -> tuple[dict[str, Result], dict[str, Result], dict]:
+            matmul_n: int = 4096, matmul_dtypes: tuple[str, ...] = ("float32", "bfloat16"),
+            ) -> tuple[dict[str, Result], dict[str, Result], dict]:
     """Builds, warms up and times every spec and the two matmuls, interleaved.
 
     Returns ({config: Result in pairs}, {"float32"|"bfloat16": matmul Result in GFLOP},
@@ -214,7 +215,7 @@ def measure(specs: list[Spec], batch_size: int, steps: int, repeats: int, warmup
     runs = {name: (lambda r=r: r.run(steps)) for name, r in runners.items()}
     matmuls = {}
     if matmul_n:
-        matmuls = {f"matmul/{d}": common.make_matmul(d, matmul_n) for d in ("float32", "bfloat16")}
+        matmuls = {f"matmul/{d}": common.make_matmul(d, matmul_n) for d in matmul_dtypes}
     timings = common.interleave({**runs, **matmuls}, repeats)
     results = {name: Result.of(timings[name], runners[name].round_steps(steps) * batch_size)
                for name in runners}
@@ -316,12 +317,17 @@ def main() -> None:
                    help="Comma-separated [BACKEND:]BN/PRECISION/LOSS[/spe<N>][/xla] configs.")
     p.add_argument("--matmul_n", type=int, default=4096,
                    help="Size of the peak matmuls (0: skip them).")
+    p.add_argument("--fp32_only", action="store_true",
+                   help="Only the float32 peak matmul and no --mixed_precision=auto probe (for "
+                        "runs where bfloat16 kernels are unavailable, e.g. oneDNN capped with "
+                        "ONEDNN_MAX_CPU_ISA=AVX2).")
     args = p.parse_args()
     common.configure_threads(args)
     load = common.load_average()
     specs = [Spec.parse(c.strip(), args.steps_per_execution) for c in args.configs.split(",")]
     results, peaks, runners = measure(specs, args.batch_size, args.steps, args.repeats,
-                                      args.warmup, args.matmul_n)
+                                      args.warmup, args.matmul_n,
+                                      ("float32",) if args.fp32_only else ("float32", "bfloat16"))
     flops = next(iter(runners.values())).flops_per_pair()
     notes = [f"NIN Siamese pretext step, batch {args.batch_size} pairs, {args.steps} step(s) x "
              f"{args.repeats} interleaved rounds per configuration; medians. Step arithmetic "
@@ -331,8 +337,9 @@ def main() -> None:
              "rate of an unloaded machine if the step scaled perfectly. % of peak: GFLOP/CPU-s "
              "of the step over that of the matmul (both measured in the same rounds). round "
              "spread: slowest/fastest round against the median.",
-             *(f"Target: {t}" for t in targets(results, peaks, flops)),
-             auto_precision_note(results)]
+             *(f"Target: {t}" for t in targets(results, peaks, flops))]
+    if not args.fp32_only:
+        notes.append(auto_precision_note(results))
     common.report("Training step (benchmarks.step)", table(results, peaks, flops, args.matmul_n),
                   args, notes, load_before=load)
 
