@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -54,15 +55,20 @@ def tensorboard_writer(log_dir: str) -> Any | None:
     return tf.summary.create_file_writer(log_dir)
 
 
+@functools.cache
+def _scalar_metadata():
+    from tensorflow.core.framework import summary_pb2
+
+    return summary_pb2.SummaryMetadata(
+        plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
+
+
 def write_scalar(name: str, value: float, step: int) -> None:
     """A float32 scalar tagged for TensorBoard's "scalars" plugin, into the default writer."""
     import tensorflow as tf
-    from tensorflow.core.framework import summary_pb2
 
-    metadata = summary_pb2.SummaryMetadata(
-        plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
     tf.summary.write(name, tf.constant(float(value), tf.float32), step=int(step),
-                     metadata=metadata)
+                     metadata=_scalar_metadata())
 
 
 def write_scalars(writer: Any | None, step: int, row: dict[str, float]) -> None:

@@ -111,10 +111,15 @@ def pooled_features(encoder: keras.Model, feature: str, images: np.ndarray,
     pooled = keras.layers.GlobalAveragePooling2D(dtype="float32")(maps) if len(maps.shape) == 4 \
         else keras.layers.Flatten(dtype="float32")(maps)
     model = keras.Model(inputs, pooled)
-    # Whole batches only (several devices split each evenly): pad with copies, drop them after.
-    padded = np.concatenate([images, np.repeat(images[-1:], -len(images) % batch_size, 0)])
-    features = model.predict(padded, batch_size=batch_size, verbose=0)[:len(images)]
-    return np.asarray(features, np.float32)
+    # Whole batches only (several devices split each evenly): the last one is padded with
+    # copies, dropped after; the others are read in place (no copy of the whole set).
+    whole = len(images) - len(images) % batch_size
+    parts = [model.predict(images[:whole], batch_size=batch_size, verbose=0)] if whole else []
+    if whole < len(images):
+        last = images[whole:]
+        padded = np.concatenate([last, np.repeat(last[-1:], batch_size - len(last), 0)])
+        parts.append(model.predict(padded, batch_size=batch_size, verbose=0)[:len(last)])
+    return np.asarray(np.concatenate(parts), np.float32)
 
 
 def _l2_normalise(x: np.ndarray) -> np.ndarray:
