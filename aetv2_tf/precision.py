@@ -5,9 +5,10 @@ tiles it is several times faster, with AVX512_BF16 alone it was 0.7x on one Inte
 1.74x on an AMD EPYC (BENCHMARKS.md). So on a CPU, `auto` TIMES both: a short probe runs the
 convolutions of a NIN block forward and backward (the layers that dominate the pretext step) in
 float32 and in bfloat16, interleaved, and picks bfloat16 only when it is at least `MARGIN`
-times faster. The decision is cached per machine (CPU model, core count, TensorFlow version) in
-`$AETV2_CACHE_DIR` (default `$XDG_CACHE_HOME/aetv2_tf` or `~/.cache/aetv2_tf`), so later runs
-skip the probe. Accelerators keep fixed rules: bfloat16 on TPUs, float16 on GPUs.
+times faster. The decision is cached per machine (CPU model, core count, TensorFlow version,
+oneDNN on or off) in `$AETV2_CACHE_DIR` (default `$XDG_CACHE_HOME/aetv2_tf` or
+`~/.cache/aetv2_tf`), so later runs skip the probe. Accelerators keep fixed rules: bfloat16 on
+TPUs, float16 on GPUs.
 """
 
 from __future__ import annotations
@@ -53,13 +54,26 @@ def cpu_model() -> tuple[str, str]:
     return name, hashlib.sha1(flags.encode()).hexdigest()[:10]
 
 
+def onednn_state() -> str:
+    """"on" or "off": whether TensorFlow runs its oneDNN CPU kernels in this process (decided
+    once, when TensorFlow is imported: `TF_ENABLE_ONEDNN_OPTS`, which `aetv2_tf` sets to 1 unless
+    the user set it), or "unknown" where this TensorFlow build does not say."""
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+    except ImportError:
+        return "unknown"
+    return "on" if _pywrap_util_port.IsMklEnabled() else "off"
+
+
 def machine_key() -> str:
-    """What the cached decision depends on: CPU model and flags, visible cores, TF version."""
+    """What the cached decision depends on: CPU model and flags, visible cores, TF version and
+    whether its oneDNN kernels are on (bfloat16 runs on them)."""
     import tensorflow as tf
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     name, flags = cpu_model()
-    return f"{name} (flags {flags}) | {cores} cores | tensorflow {tf.__version__}"
+    return (f"{name} (flags {flags}) | {cores} cores | tensorflow {tf.__version__} | "
+            f"oneDNN {onednn_state()}")
 
 
 def cache_file() -> str:
@@ -106,9 +120,14 @@ def probe_rates(batch: int = 16, steps: int = 4, rounds: int = 3) -> dict[str, f
         return step
 
     fns = {"float32": make_step(tf.float32), "mixed_bfloat16": make_step(tf.bfloat16)}
-    for fn in fns.values():  # trace and warm up
-        tf.nest.map_structure(lambda g: g.numpy(), fn())
     best = dict.fromkeys(fns, float("inf"))
+    for name, fn in list(fns.items()):  # trace and warm up
+        try:
+            tf.nest.map_structure(lambda g: g.numpy(), fn())
+        except tf.errors.OpError:  # no bfloat16 kernel here (seen: oneDNN capped to AVX2 by
+            if name == "float32":  # ONEDNN_MAX_CPU_ISA on an AVX-512 CPU): rate 0
+                raise
+            del fns[name]
     for _ in range(rounds):
         for name, fn in fns.items():
             t0 = time.perf_counter()
@@ -116,7 +135,7 @@ def probe_rates(batch: int = 16, steps: int = 4, rounds: int = 3) -> dict[str, f
                 out = fn()
             out[0].numpy()
             best[name] = min(best[name], (time.perf_counter() - t0) / steps)
-    return {name: round(1.0 / t, 2) for name, t in best.items()}
+    return {name: round(1.0 / t, 2) for name, t in best.items()}  # 1/inf = 0.0 where it failed
 
 
 def _load_cache(path: str) -> dict:
@@ -159,6 +178,8 @@ def auto_cpu_policy(path: str | None = None,
 def _rates_text(rates: dict | None) -> str:
     if not rates:
         return "no rates"
+    if not rates["mixed_bfloat16"]:
+        return "bfloat16 convolutions failed in a NIN-block probe"
     ratio = rates["mixed_bfloat16"] / rates["float32"]
     return f"bfloat16 {ratio:.2f}x float32 in a NIN-block probe"
 

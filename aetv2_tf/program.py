@@ -303,8 +303,9 @@ class StopAtStep(keras.callbacks.Callback):
             self.model.stop_training = True
 
 
-def start_line(distribution: str, replicas: int, precision: Choice, data) -> str:
-    """One line: what runs, on which data, distribution and precision (and why)."""
+def start_line(distribution: str, replicas: int, precision: Choice, data, kernels: str = "") -> str:
+    """One line: what runs, on which data, distribution, precision (and why) and, where given,
+    the CPU kernels (`kernels`, e.g. "oneDNN on")."""
     F = FLAGS
     if F.stage == "pretext":
         what = "RotNet" if F.pretext == "rotation" else \
@@ -314,7 +315,8 @@ def start_line(distribution: str, replicas: int, precision: Choice, data) -> str
     images = f", {data[2]} training images" if data and data[2] else ""
     return (f"aetv2_tf {F.stage}: {what} | {F.dataset}{images} | "
             f"{distribution} x{replicas} | "
-            f"{precision.policy} ({precision.reason}) | {F.model_dir}")
+            f"{precision.policy} ({precision.reason}) | {kernels + ' | ' if kernels else ''}"
+            f"{F.model_dir}")
 
 
 def quick_knn_summary(encoder: keras.Model, images, labels) -> dict:

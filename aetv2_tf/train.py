@@ -41,7 +41,7 @@ from absl import app, logging
 from aetv2_tf import pretext, program, rundir
 from aetv2_tf.data.sources import DataError
 from aetv2_tf.flags import ESSENTIAL, FLAGS, flagfile_text, run_flags
-from aetv2_tf.precision import choose_precision
+from aetv2_tf.precision import choose_precision, onednn_state
 from aetv2_tf.rundir import UsageError
 
 
@@ -199,8 +199,9 @@ def run() -> dict:
     data = program.load_train_images() if F.stage == "pretext" else None
     recorded = dict(run_flags(), precision=precision._asdict())
     rundir.prepare(F.model_dir, recorded, flagfile_text(), ESSENTIAL, F.overwrite, chief)
+    kernels = "" if accelerator else f"oneDNN {onednn_state()}"
     print(program.start_line(type(strategy).__name__.lstrip("_"), strategy.num_replicas_in_sync,
-                     precision, data), flush=True)
+                     precision, data, kernels), flush=True)
     if F.stage == "pretext":
         return pretext.run(TensorFlowPretext(strategy, chief, data[0]), *data)
     from aetv2_tf.probes import stage as probe_stage

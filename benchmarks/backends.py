@@ -1,14 +1,16 @@
-"""Step configurations of another Keras backend, timed by a worker process of that backend.
+"""Step configurations of another Keras backend (or of TensorFlow with its oneDNN kernels set
+otherwise than in this process: `/eigen`), timed by a worker process of that kind.
 
 A process has one Keras backend, so `benchmarks.step` (TensorFlow) hands a configuration such as
 `jax:keras/fp32/geodesic` to a worker, `KERAS_BACKEND=jax python -m benchmarks.backends ...`,
 which builds and warms up the same `StepRunner` there and then times one round whenever asked.
 The parent calls it inside its interleaved rounds like a local configuration, so both backends are
-measured in the same rounds, under the same load. One worker per backend; its protocol, one line
+measured in the same rounds, under the same load. One worker per kind; its protocol, one line
 each way (other output of the worker is library chatter, kept for error messages):
 
     parent -> worker:  `run NAME STEPS`              worker -> parent: `@@timing WALL CPU`
-                       (end of input: exit)                            `@@built NAME SECONDS`
+                       (end of input: exit)                            `@@built NAME SECONDS POLICY
+                                                                        [oneDNN=on|off]`
                                                                        `@@ready FLOPS_PER_PAIR`
 
 WALL and CPU are the worker's own seconds (`time.perf_counter`, `time.process_time`: all its
@@ -29,17 +31,22 @@ from benchmarks import common
 
 
 class Worker:
-    """A worker process of one backend for some configurations (`Spec`s of that backend)."""
+    """A worker process of one kind (`Spec.worker`: a backend, or TensorFlow with oneDNN off) for
+    some configurations (`Spec`s of that kind)."""
 
-    def __init__(self, backend: str, specs: list, batch_size: int, warmup: int):
-        self.backend, self.names = backend, [s.name for s in specs]
+    def __init__(self, kind: str, specs: list, batch_size: int, warmup: int):
+        backend, _, eigen = kind.partition("-")
+        self.backend, self.names = kind, [s.name for s in specs]
+        env = dict(os.environ, KERAS_BACKEND=backend)
+        if backend == "tensorflow":  # before TensorFlow is imported there
+            env["TF_ENABLE_ONEDNN_OPTS"] = "0" if eigen else "1"
         self.log = tempfile.TemporaryFile("w+")  # the worker's stderr, for error messages
         module = "benchmarks.torch_step" if backend == "torch" else "benchmarks.backends"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", module, f"--configs={','.join(self.names)}",
              "--steps_per_execution=" + ",".join(str(s.steps_per_execution) for s in specs),
              f"--batch_size={batch_size}", f"--warmup={warmup}"],
-            cwd=common.REPO, env=dict(os.environ, KERAS_BACKEND=backend), text=True, bufsize=1,
+            cwd=common.REPO, env=env, text=True, bufsize=1,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log)
         atexit.register(self.close)
         self.flops = 0.0
@@ -55,9 +62,9 @@ class Worker:
 
     def wait_ready(self) -> None:
         for _ in self.names:
-            name, seconds, policy = self.expect("built")
+            name, seconds, policy, *kernels = self.expect("built")
             print(f"built and warmed up {name} in {float(seconds):.1f}s ({self.backend} worker, "
-                  f"{policy})", flush=True)
+                  f"{', '.join([policy, *kernels])})", flush=True)
         self.flops = float(self.expect("ready")[0])
 
     def run(self, name: str, steps: int) -> common.Timing:
@@ -92,12 +99,13 @@ class RemoteRunner:
 
 
 def start_workers(specs: list, batch_size: int, warmup: int) -> dict[str, RemoteRunner]:
-    """Starts one worker per backend of `specs` (they build while the caller builds its own)."""
-    by_backend: dict[str, list] = {}
+    """Starts one worker per kind (`Spec.worker`) of `specs` (they build while the caller builds
+    its own)."""
+    by_kind: dict[str, list] = {}
     for spec in specs:
-        by_backend.setdefault(spec.backend, []).append(spec)
-    workers = {b: Worker(b, group, batch_size, warmup) for b, group in by_backend.items()}
-    return {s.name: RemoteRunner(s, workers[s.backend]) for s in specs}
+        by_kind.setdefault(spec.worker, []).append(spec)
+    workers = {k: Worker(k, group, batch_size, warmup) for k, group in by_kind.items()}
+    return {s.name: RemoteRunner(s, workers[s.worker]) for s in specs}
 
 
 def wait_ready(runners: dict[str, RemoteRunner]) -> dict[str, RemoteRunner]:
@@ -109,6 +117,9 @@ def wait_ready(runners: dict[str, RemoteRunner]) -> dict[str, RemoteRunner]:
 
 def main() -> None:
     """The worker (module docstring): this process's backend is KERAS_BACKEND."""
+    import keras
+
+    from aetv2_tf.precision import onednn_state
     from benchmarks.step import Spec, StepRunner, example_batch
 
     p = argparse.ArgumentParser(description="A benchmarks.step worker of one Keras backend.")
@@ -118,6 +129,7 @@ def main() -> None:
     p.add_argument("--steps_per_execution", required=True, help="One per config, comma-separated.")
     args = p.parse_args()
     batch = example_batch(args.batch_size)
+    kernels = f" oneDNN={onednn_state()}" if keras.backend.backend() == "tensorflow" else ""
     runners = {}
     for config, spe in zip(args.configs.split(","), args.steps_per_execution.split(","),
                            strict=True):
@@ -125,7 +137,8 @@ def main() -> None:
         t0 = time.perf_counter()
         runners[spec.name] = StepRunner(spec, batch)
         runners[spec.name].run(args.warmup)
-        print(f"@@built {spec.name} {time.perf_counter() - t0:.3f} {spec.precision}", flush=True)
+        print(f"@@built {spec.name} {time.perf_counter() - t0:.3f} {spec.precision}{kernels}",
+              flush=True)
     serve(runners)
 
 

@@ -31,6 +31,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
+import aetv2_tf  # noqa: F401  (first: it asks for oneDNN before TensorFlow is imported)
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 BENCHMARKS_MD = REPO / "BENCHMARKS.md"
 DEFAULT_CIFAR10 = REPO.parent / "shared" / "data" / "cifar10" / "cifar-10-batches-py"
@@ -211,9 +213,13 @@ def machine_line() -> str:
     import keras
     import tensorflow as tf
 
+    from aetv2_tf.precision import onednn_state
+
     flags = cpu_flags()
     marks = ", ".join(f"{f} {'yes' if f in flags else 'no'}" for f in CPU_FLAGS)
-    return (f"{cpu_model()}; {marks}; {cores()} cores; TensorFlow {tf.__version__}, "
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA")
+    kernels = f"oneDNN {onednn_state()}" + (f", ONEDNN_MAX_CPU_ISA={cap}" if cap else "")
+    return (f"{cpu_model()}; {marks}; {cores()} cores; TensorFlow {tf.__version__} ({kernels}), "
             f"Keras {keras.__version__}, Python {platform.python_version()}")
 
 

@@ -3,7 +3,8 @@
 Times the compiled AET training step that `python -m aetv2_tf.train` runs (NIN Siamese encoder,
 decoder, the real loss, metrics, Adam wrapped in the non-finite-step guard, L2 decay) through
 `model.fit` on one in-memory batch repeated, so the input pipeline costs nothing here (see
-`benchmarks.pipeline` for it). A configuration is `[BACKEND:]BN/PRECISION/LOSS[/spe<N>][/xla]`:
+`benchmarks.pipeline` for it). A configuration is
+`[BACKEND:]BN/PRECISION/LOSS[/spe<N>][/xla][/eigen]`:
 
 * BACKEND: the Keras backend, `tensorflow` (the default) or `jax`. Configurations of another
   backend than this process's run in a worker process of that backend (`benchmarks.backends`),
@@ -14,7 +15,11 @@ decoder, the real loss, metrics, Adam wrapped in the non-finite-step guard, L2 d
 * PRECISION: `fp32`, `bf16` (mixed_bfloat16) or `auto` (what `--mixed_precision=auto` picks here
   on that backend);
 * LOSS: `geodesic` (AETv2) or `mse` (AETv1);
-* `spe<N>`: `steps_per_execution=N` (default `--steps_per_execution`), `xla`: `jit_compile=True`.
+* `spe<N>`: `steps_per_execution=N` (default `--steps_per_execution`), `xla`: `jit_compile=True`;
+* `eigen`: TensorFlow with its oneDNN kernels off (`TF_ENABLE_ONEDNN_OPTS=0`, its Eigen kernels:
+  TensorFlow's own default on x86 CPUs without AVX512_VNNI, AVX512_BF16, AVX_VNNI or AMX, which
+  `aetv2_tf` overrides). A configuration whose oneDNN setting is not this process's runs in a
+  TensorFlow worker process with that setting, timed in the same rounds.
 
 Every configuration and two 4096^3 matmuls (float32 and bfloat16: the machine's peaks under the
 same load) are built and warmed up first, then timed in interleaved rounds; the table gives
@@ -52,6 +57,7 @@ class Spec:
     steps_per_execution: int
     xla: bool
     backend: str = "tensorflow"
+    onednn: bool = True  # TensorFlow's oneDNN kernels (False: `/eigen`)
 
     @classmethod
     def parse(cls, name: str, steps_per_execution: int = 1) -> Spec:
@@ -69,14 +75,17 @@ class Spec:
                              f"with BACKEND tensorflow|jax|torch, BN fused|keras (jax: keras; "
                              f"torch: torch), PRECISION fp32|bf16|auto (torch: fp32|bf16), LOSS "
                              f"geodesic|mse (torch: mse, the AETv1 code's)")
-        spe, xla = steps_per_execution, False
+        spe, xla, onednn = steps_per_execution, False, True
         for extra in parts[3:]:
             if extra == "xla":
                 xla = True
+            elif extra == "eigen" and backend == "tensorflow":
+                onednn = False
             elif extra.startswith("spe") and extra[3:].isdigit() and int(extra[3:]) > 0:
                 spe = int(extra[3:])
             else:
-                raise ValueError(f"bad config suffix {extra!r} in {name!r}: spe<N> or xla")
+                raise ValueError(f"bad config suffix {extra!r} in {name!r}: spe<N>, xla or "
+                                 f"(TensorFlow only) eigen")
         if parts[1] != "auto":
             precision = PRECISIONS[parts[1]]
         elif backend != keras.backend.backend():
@@ -85,7 +94,13 @@ class Spec:
             from aetv2_tf.precision import choose_precision
 
             precision = choose_precision("auto", backend).policy
-        return cls(name, parts[0], precision, parts[2], spe, xla, backend)
+        return cls(name, parts[0], precision, parts[2], spe, xla, backend, onednn)
+
+    @property
+    def worker(self) -> str:
+        """The process kind that runs this configuration: its backend, `tensorflow-eigen` for
+        TensorFlow with oneDNN off."""
+        return self.backend if self.onednn else f"{self.backend}-eigen"
 
     def round_steps(self, steps: int) -> int:
         """`steps` rounded up to whole executions of `steps_per_execution`."""
@@ -197,11 +212,12 @@ def measure(specs: list[Spec], batch_size: int, steps: int, repeats: int, warmup
     Returns ({config: Result in pairs}, {"float32"|"bfloat16": matmul Result in GFLOP},
     {config: StepRunner}).
     """
+    from aetv2_tf.precision import onednn_state
     from benchmarks import backends
 
-    local = [s for s in specs if s.backend == "tensorflow"]
-    remote = backends.start_workers([s for s in specs if s.backend != "tensorflow"], batch_size,
-                                    warmup)
+    here = "tensorflow" if onednn_state() != "off" else "tensorflow-eigen"
+    local = [s for s in specs if s.worker == here]
+    remote = backends.start_workers([s for s in specs if s.worker != here], batch_size, warmup)
     batch = example_batch(batch_size)
     runners = {}
     for spec in local:
@@ -314,7 +330,8 @@ def main() -> None:
     p = common.parser(__doc__)
     add_step_flags(p)
     p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
-                   help="Comma-separated [BACKEND:]BN/PRECISION/LOSS[/spe<N>][/xla] configs.")
+                   help="Comma-separated [BACKEND:]BN/PRECISION/LOSS[/spe<N>][/xla][/eigen] "
+                        "configs.")
     p.add_argument("--matmul_n", type=int, default=4096,
                    help="Size of the peak matmuls (0: skip them).")
     p.add_argument("--fp32_only", action="store_true",

@@ -53,9 +53,13 @@ def test_spec_parsing():
     torch = Spec.parse("torch:torch/bf16/mse")
     assert (torch.backend, torch.batch_norm, torch.precision) == ("torch", "torch",
                                                                   "mixed_bfloat16")
+    eigen = Spec.parse("fused/fp32/mse/spe2/eigen")
+    assert (eigen.onednn, eigen.worker, eigen.steps_per_execution) == (False, "tensorflow-eigen", 2)
+    assert (Spec.parse("fused/fp32/mse").worker, jax.worker) == ("tensorflow", "jax")
     for bad in ("fused/fp32", "fused/fp16/geodesic", "other/fp32/mse", "fused/fp32/mse/spe0",
                 "jax:fused/fp32/mse", "torch:keras/fp32/mse", "torch:torch/fp32/geodesic",
-                "torch:torch/auto/mse", "keras:torch/fp32/mse", "torch/fp32/mse"):
+                "torch:torch/auto/mse", "keras:torch/fp32/mse", "torch/fp32/mse",
+                "jax:keras/fp32/mse/eigen", "torch:torch/fp32/mse/eigen"):
         with pytest.raises(ValueError, match="bad config"):
             Spec.parse(bad)
 
@@ -82,13 +86,16 @@ def test_helpers():
 
 
 def test_step_module(tmp_path, benchmarks_md_untouched):
-    """Both backends in one run: the JAX configuration is timed by a worker process."""
+    """Both backends, and TensorFlow with oneDNN off, in one run: the JAX and the `/eigen`
+    configurations are timed by worker processes of their kind."""
     output = tmp_path / "bench.md"
     proc = run_module("benchmarks.step", "--batch_size=4", "--steps=1", "--repeats=2",
                       "--warmup=1", "--matmul_n=64",
-                      "--configs=fused/fp32/geodesic,jax:keras/auto/mse", f"--output={output}",
-                      timeout=300)
+                      "--configs=fused/fp32/geodesic,jax:keras/auto/mse,fused/fp32/mse/eigen",
+                      f"--output={output}", timeout=300)
     assert "| fused/fp32/geodesic | tensorflow |" in proc.stdout
+    assert "(tensorflow-eigen worker, float32, oneDNN=off)" in proc.stdout
+    assert "| fused/fp32/mse/eigen | tensorflow |" in proc.stdout
     assert "matmul 64^3 bfloat16" in proc.stdout
     assert "built and warmed up jax:keras/auto/mse in" in proc.stdout
     assert "(jax worker, float32)" in proc.stdout  # auto on a CPU under JAX
@@ -97,6 +104,7 @@ def test_step_module(tmp_path, benchmarks_md_untouched):
     text = output.read_text()
     assert text.startswith("# Benchmarks") and "## Training step (benchmarks.step)" in text
     assert "avx512_bf16" in text and "python -m benchmarks.step --batch_size=4" in text
+    assert "(oneDNN on)" in text  # this process: aetv2_tf asks for oneDNN
 
 
 def test_pipeline_module(cifar10_dir, benchmarks_md_untouched):

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -44,6 +47,43 @@ def test_auto_on_a_cpu_follows_the_probe_and_caches_it(tmp_path, rates, expected
     assert len(calls) == 1, "the second run must reuse the cached decision"
     saved = json.loads(open(cache).read())
     assert saved[precision.machine_key()]["rates"] == rates
+
+
+def test_onednn_is_asked_for_unless_the_user_chose():
+    """TensorFlow turns its oneDNN kernels on by default only on CPUs with AVX512_VNNI,
+    AVX512_BF16, AVX_VNNI or AMX; `import aetv2_tf` asks for them on every CPU (1.6x on AVX2,
+    BENCHMARKS.md) and keeps a user's TF_ENABLE_ONEDNN_OPTS=0. The cached `auto` decision is
+    keyed by it (bfloat16 runs on oneDNN)."""
+    code = ("import os, aetv2_tf, tensorflow; from aetv2_tf.precision import onednn_state, "
+            "machine_key; print(os.environ['TF_ENABLE_ONEDNN_OPTS'], onednn_state(), "
+            "machine_key().endswith('| oneDNN ' + onednn_state()))")
+    env = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
+    for chosen, expected in ((None, "1 on True"), ("0", "0 off True")):
+        if chosen:
+            env["TF_ENABLE_ONEDNN_OPTS"] = chosen
+        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.stdout.strip().splitlines()[-1] == expected
+
+
+def test_the_probe_takes_float32_where_bfloat16_kernels_fail(monkeypatch):
+    """A CPU build without bfloat16 convolutions (seen: oneDNN capped with ONEDNN_MAX_CPU_ISA=AVX2
+    on an AVX-512 CPU) makes `auto` pick float32 and say why, instead of crashing the run."""
+    import tensorflow as tf
+
+    conv2d = tf.nn.conv2d
+
+    def float32_only(x, *args, **kwargs):
+        if x.dtype == tf.bfloat16:
+            raise tf.errors.InternalError(None, None, "could not create a primitive descriptor")
+        return conv2d(x, *args, **kwargs)
+
+    monkeypatch.setattr(tf.nn, "conv2d", float32_only)
+    rates = precision.probe_rates(batch=2, steps=1, rounds=1)
+    assert rates["mixed_bfloat16"] == 0.0 and rates["float32"] > 0
+    assert precision.decide(rates) == "float32"
+    assert "bfloat16 convolutions failed" in precision._rates_text(rates)
 
 
 def test_auto_probes_again_when_the_cache_is_corrupt_or_unwritable(tmp_path):

@@ -137,3 +137,4 @@ def test_mirrored_training_through_the_cli(tmp_path, cifar10_dir):
                  "--cpu_devices=2", "--export=false")
     assert "steps=2" in proc.stdout
     assert "MirroredStrategy x2" in proc.stdout
+    assert "| oneDNN on |" in proc.stdout  # the CPU kernels, on every CPU (aetv2_tf asks)
