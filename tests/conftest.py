@@ -11,6 +11,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # `--mixed_precision=auto` caches its CPU measurement: one probe per test session, not ~/.cache.
 os.environ.setdefault("AETV2_CACHE_DIR", tempfile.mkdtemp(prefix="aetv2-test-cache-"))
 
+import aetv2_tf  # noqa: E402,F401  (before any TensorFlow import: it asks for oneDNN on every CPU)
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_CIFAR10 = REPO.parent / "shared" / "data" / "cifar10" / "cifar-10-batches-py"
 
