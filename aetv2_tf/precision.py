@@ -60,20 +60,22 @@ def onednn_state() -> str:
     the user set it), or "unknown" where this TensorFlow build does not say."""
     try:
         from tensorflow.python.util import _pywrap_util_port
-    except ImportError:
+
+        return "on" if _pywrap_util_port.IsMklEnabled() else "off"
+    except (ImportError, AttributeError):  # a private module of TensorFlow's
         return "unknown"
-    return "on" if _pywrap_util_port.IsMklEnabled() else "off"
 
 
 def machine_key() -> str:
     """What the cached decision depends on: CPU model and flags, visible cores, TF version and
-    whether its oneDNN kernels are on (bfloat16 runs on them)."""
+    whether its oneDNN kernels are on (bfloat16 runs on them), and their ISA cap if one is set."""
     import tensorflow as tf
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     name, flags = cpu_model()
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA")
     return (f"{name} (flags {flags}) | {cores} cores | tensorflow {tf.__version__} | "
-            f"oneDNN {onednn_state()}")
+            f"oneDNN {onednn_state()}" + (f" | ONEDNN_MAX_CPU_ISA={cap}" if cap else ""))
 
 
 def cache_file() -> str:
@@ -124,9 +126,13 @@ def probe_rates(batch: int = 16, steps: int = 4, rounds: int = 3) -> dict[str, f
     for name, fn in list(fns.items()):  # trace and warm up
         try:
             tf.nest.map_structure(lambda g: g.numpy(), fn())
-        except tf.errors.OpError:  # no bfloat16 kernel here (seen: oneDNN capped to AVX2 by
-            if name == "float32":  # ONEDNN_MAX_CPU_ISA on an AVX-512 CPU): rate 0
+        except tf.errors.OpError as e:  # no bfloat16 kernel here (seen: oneDNN capped to AVX2
+            if name == "float32":  # by ONEDNN_MAX_CPU_ISA on an AVX-512 CPU): rate 0
                 raise
+            from absl import logging
+
+            logging.warning("--mixed_precision=auto: the bfloat16 probe step failed, so float32 "
+                            "(%s)", (e.message or str(e)).strip().splitlines()[0][:300])
             del fns[name]
     for _ in range(rounds):
         for name, fn in fns.items():
@@ -151,7 +157,8 @@ def auto_cpu_policy(path: str | None = None,
                     probe: Callable[[], dict[str, float]] = probe_rates) -> Choice:
     """`auto` on a CPU: the cached decision for this machine, else `probe()` and cache it.
 
-    A cache that cannot be read or written is not an error: the probe then runs every time.
+    A cache that cannot be read or written is not an error: the probe then runs every time. A
+    probe whose bfloat16 step failed is not cached (it may have been a passing condition).
     """
     path = path or cache_file()
     key = machine_key()
@@ -161,6 +168,8 @@ def auto_cpu_policy(path: str | None = None,
                       f"({_rates_text(cached.get('rates'))}; {path})", cached.get("rates"))
     rates = probe()
     policy = decide(rates)
+    if not rates["mixed_bfloat16"]:
+        return Choice(policy, f"auto: measured on this CPU ({_rates_text(rates)})", rates)
     data = _load_cache(path)
     data[key] = dict(policy=policy, rates=rates, margin=MARGIN,
                      measured=time.strftime("%Y-%m-%d %H:%M:%S"))

@@ -34,7 +34,8 @@ class Worker:
     """A worker process of one kind (`Spec.worker`: a backend, or TensorFlow with oneDNN off) for
     some configurations (`Spec`s of that kind)."""
 
-    def __init__(self, kind: str, specs: list, batch_size: int, warmup: int):
+    def __init__(self, kind: str, specs: list, batch_size: int, warmup: int,
+                 threads: tuple[int, int] = (0, 0)):
         backend, _, eigen = kind.partition("-")
         self.backend, self.names = kind, [s.name for s in specs]
         env = dict(os.environ, KERAS_BACKEND=backend)
@@ -45,7 +46,9 @@ class Worker:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", module, f"--configs={','.join(self.names)}",
              "--steps_per_execution=" + ",".join(str(s.steps_per_execution) for s in specs),
-             f"--batch_size={batch_size}", f"--warmup={warmup}"],
+             f"--batch_size={batch_size}", f"--warmup={warmup}",
+             *([f"--intra_op={threads[0]}", f"--inter_op={threads[1]}"]
+               if backend == "tensorflow" else [])],
             cwd=common.REPO, env=env, text=True, bufsize=1,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log)
         atexit.register(self.close)
@@ -98,13 +101,14 @@ class RemoteRunner:
         return self.worker.flops
 
 
-def start_workers(specs: list, batch_size: int, warmup: int) -> dict[str, RemoteRunner]:
+def start_workers(specs: list, batch_size: int, warmup: int,
+                  threads: tuple[int, int] = (0, 0)) -> dict[str, RemoteRunner]:
     """Starts one worker per kind (`Spec.worker`) of `specs` (they build while the caller builds
     its own)."""
     by_kind: dict[str, list] = {}
     for spec in specs:
         by_kind.setdefault(spec.worker, []).append(spec)
-    workers = {k: Worker(k, group, batch_size, warmup) for k, group in by_kind.items()}
+    workers = {k: Worker(k, group, batch_size, warmup, threads) for k, group in by_kind.items()}
     return {s.name: RemoteRunner(s, workers[s.worker]) for s in specs}
 
 
@@ -127,7 +131,11 @@ def main() -> None:
     p.add_argument("--batch_size", type=int, required=True)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps_per_execution", required=True, help="One per config, comma-separated.")
+    p.add_argument("--intra_op", type=int, default=0, help="TensorFlow workers: intra-op threads.")
+    p.add_argument("--inter_op", type=int, default=0, help="TensorFlow workers: inter-op threads.")
     args = p.parse_args()
+    if keras.backend.backend() == "tensorflow":
+        common.configure_threads(args)
     batch = example_batch(args.batch_size)
     kernels = f" oneDNN={onednn_state()}" if keras.backend.backend() == "tensorflow" else ""
     runners = {}

@@ -17,6 +17,8 @@ import os
 
 import numpy as np
 
+import aetv2_tf  # noqa: F401  (before TensorFlow: the package asks for oneDNN)
+
 
 def evaluate(model_dir: str, data_dir: str, pairs: int = 2048) -> dict:
     import keras

@@ -88,8 +88,8 @@ class Spec:
                                  f"(TensorFlow only) eigen")
         if parts[1] != "auto":
             precision = PRECISIONS[parts[1]]
-        elif backend != keras.backend.backend():
-            precision = "auto"
+        elif backend != keras.backend.backend() or onednn != _here_onednn():
+            precision = "auto"  # its worker decides
         else:  # the benchmark machine is a CPU
             from aetv2_tf.precision import choose_precision
 
@@ -105,6 +105,13 @@ class Spec:
     def round_steps(self, steps: int) -> int:
         """`steps` rounded up to whole executions of `steps_per_execution`."""
         return -(-steps // self.steps_per_execution) * self.steps_per_execution
+
+
+def _here_onednn() -> bool:
+    """Whether this process runs TensorFlow's oneDNN kernels ("unknown" counts as on)."""
+    from aetv2_tf.precision import onednn_state
+
+    return onednn_state() != "off"
 
 
 def example_batch(batch_size: int, seed: int = 0):
@@ -206,18 +213,20 @@ class Result:
 
 def measure(specs: list[Spec], batch_size: int, steps: int, repeats: int, warmup: int = 2,
             matmul_n: int = 4096, matmul_dtypes: tuple[str, ...] = ("float32", "bfloat16"),
+            threads: tuple[int, int] = (0, 0),
             ) -> tuple[dict[str, Result], dict[str, Result], dict]:
-    """Builds, warms up and times every spec and the two matmuls, interleaved.
+    """Builds, warms up and times every spec and the two matmuls, interleaved (`threads`: the
+    intra-op and inter-op thread counts for TensorFlow workers, 0 = TensorFlow's default).
 
     Returns ({config: Result in pairs}, {"float32"|"bfloat16": matmul Result in GFLOP},
     {config: StepRunner}).
     """
-    from aetv2_tf.precision import onednn_state
     from benchmarks import backends
 
-    here = "tensorflow" if onednn_state() != "off" else "tensorflow-eigen"
+    here = "tensorflow" if _here_onednn() else "tensorflow-eigen"
     local = [s for s in specs if s.worker == here]
-    remote = backends.start_workers([s for s in specs if s.worker != here], batch_size, warmup)
+    remote = backends.start_workers([s for s in specs if s.worker != here], batch_size, warmup,
+                                    threads)
     batch = example_batch(batch_size)
     runners = {}
     for spec in local:
@@ -299,12 +308,10 @@ def targets(results: dict[str, Result], peaks: dict[str, Result], flops: float) 
 def auto_precision_note(results: dict[str, Result]) -> str:
     """What `--mixed_precision=auto` picks here (its own probe, run afresh), next to the step's
     measured bfloat16/float32 ratio when both were measured: do they rank the same way?"""
-    from aetv2_tf.precision import decide, probe_rates
+    from aetv2_tf.precision import _rates_text, decide, probe_rates
 
     rates = probe_rates()
-    probe_ratio = rates["mixed_bfloat16"] / rates["float32"]
-    line = (f"--mixed_precision=auto: its probe measures bfloat16 at {probe_ratio:.2f}x float32 "
-            f"and picks {decide(rates)}")
+    line = f"--mixed_precision=auto: its probe ({_rates_text(rates)}) picks {decide(rates)}"
     fp32 = results.get("fused/fp32/geodesic")
     bf16 = results.get("fused/bf16/geodesic") or results.get("fused/auto/geodesic")
     if fp32 and bf16:
@@ -344,7 +351,8 @@ def main() -> None:
     specs = [Spec.parse(c.strip(), args.steps_per_execution) for c in args.configs.split(",")]
     results, peaks, runners = measure(specs, args.batch_size, args.steps, args.repeats,
                                       args.warmup, args.matmul_n,
-                                      ("float32",) if args.fp32_only else ("float32", "bfloat16"))
+                                      ("float32",) if args.fp32_only else ("float32", "bfloat16"),
+                                      (args.intra_op, args.inter_op))
     flops = next(iter(runners.values())).flops_per_pair()
     notes = [f"NIN Siamese pretext step, batch {args.batch_size} pairs, {args.steps} step(s) x "
              f"{args.repeats} interleaved rounds per configuration; medians. Step arithmetic "
@@ -354,6 +362,9 @@ def main() -> None:
              "rate of an unloaded machine if the step scaled perfectly. % of peak: GFLOP/CPU-s "
              "of the step over that of the matmul (both measured in the same rounds). round "
              "spread: slowest/fastest round against the median.",
+             f"TensorFlow kernels: oneDNN {'on' if _here_onednn() else 'off'} in this process "
+             f"(the matmul peaks and the configurations run here); `/eigen` configurations ran "
+             f"with it off, the others with it on.",
              *(f"Target: {t}" for t in targets(results, peaks, flops))]
     if not args.fp32_only:
         notes.append(auto_precision_note(results))

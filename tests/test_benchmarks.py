@@ -90,7 +90,7 @@ def test_step_module(tmp_path, benchmarks_md_untouched):
     configurations are timed by worker processes of their kind."""
     output = tmp_path / "bench.md"
     proc = run_module("benchmarks.step", "--batch_size=4", "--steps=1", "--repeats=2",
-                      "--warmup=1", "--matmul_n=64",
+                      "--warmup=1", "--matmul_n=64", "--intra_op=2", "--inter_op=2",
                       "--configs=fused/fp32/geodesic,jax:keras/auto/mse,fused/fp32/mse/eigen",
                       f"--output={output}", timeout=300)
     assert "| fused/fp32/geodesic | tensorflow |" in proc.stdout
@@ -105,6 +105,7 @@ def test_step_module(tmp_path, benchmarks_md_untouched):
     assert text.startswith("# Benchmarks") and "## Training step (benchmarks.step)" in text
     assert "avx512_bf16" in text and "python -m benchmarks.step --batch_size=4" in text
     assert "(oneDNN on)" in text  # this process: aetv2_tf asks for oneDNN
+    assert "TensorFlow kernels: oneDNN on in this process" in text
 
 
 def test_pipeline_module(cifar10_dir, benchmarks_md_untouched):

@@ -86,6 +86,26 @@ def test_the_probe_takes_float32_where_bfloat16_kernels_fail(monkeypatch):
     assert "bfloat16 convolutions failed" in precision._rates_text(rates)
 
 
+def test_a_failed_bfloat16_probe_is_not_cached_and_an_isa_cap_is_part_of_the_key(tmp_path,
+                                                                               monkeypatch):
+    """A bfloat16 failure may be passing (a memory shortage, an emulation's ISA cap): `auto`
+    takes float32 for this run and probes again next time; a capped run has its own key."""
+    cache = str(tmp_path / "precision.json")
+    calls = []
+
+    def probe():
+        calls.append(1)
+        return {"float32": 10.0, "mixed_bfloat16": 0.0}
+
+    for _ in range(2):
+        choice = precision.auto_cpu_policy(cache, probe=probe)
+        assert choice.policy == "float32" and "failed" in choice.reason
+    assert len(calls) == 2 and not os.path.exists(cache)
+    plain = precision.machine_key()
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert precision.machine_key() == plain + " | ONEDNN_MAX_CPU_ISA=AVX2"
+
+
 def test_auto_probes_again_when_the_cache_is_corrupt_or_unwritable(tmp_path):
     cache = tmp_path / "precision.json"
     cache.write_text("{not json")
