@@ -167,6 +167,9 @@ def total_steps(num_examples: int | None, images_per_step: int,
 
 
 BUDGET_FILE = "budget.json"
+#: Pairs after which the quickstart's quick KNN showed learning: 400 x 64 gained +4.4 to +5.5
+#: points over the random init, 68 x 64 about +1 (docs/reproduction.md, "The quickstart").
+LEARNING_VISIBLE_PAIRS = 25_600
 
 
 def recorded_budget() -> dict | None:
@@ -238,6 +241,12 @@ def budget_steps(fit_first_steps: Callable[[int, keras.callbacks.Callback], None
     print(f"Time budget --train_seconds={F.train_seconds:g}: {record['pairs_per_sec']} pairs/s "
           f"measured here -> --train_steps={steps} of {F.batch_size} pairs, about "
           f"{_duration(steps / rate)} of training (recorded in {path}).", flush=True)
+    if F.quick_knn_train and steps * F.batch_size < LEARNING_VISIBLE_PAIRS:
+        enough = 10 * -(-LEARNING_VISIBLE_PAIRS // (10 * record["pairs_per_sec"]))
+        print(f"Note: {steps * F.batch_size:,} pairs are few for the quick KNN to show learning "
+              f"(the quickstart gained about +1 point over the random init at 4,352 pairs, +4.4 "
+              f"to +5.5 at {LEARNING_VISIBLE_PAIRS:,}: docs/reproduction.md); on this machine "
+              f"--train_seconds={enough:.0f} trains {LEARNING_VISIBLE_PAIRS:,}.", flush=True)
     return steps
 
 

@@ -31,7 +31,8 @@ def parsed_flags(tmp_path):
     """The program's FLAGS, parsed, with --model_dir=tmp_path; values restored afterwards."""
     if not flags.FLAGS.is_parsed():
         flags.FLAGS(["test", f"--model_dir={tmp_path}"])
-    names = ("model_dir", "train_seconds", "batch_size", "steps_per_execution", "stage")
+    names = ("model_dir", "train_seconds", "batch_size", "steps_per_execution", "stage",
+             "quick_knn_train")
     saved = {name: flags.FLAGS[name].value for name in names}
     flags.FLAGS["model_dir"].value = str(tmp_path)
     yield flags.FLAGS
@@ -42,7 +43,8 @@ def parsed_flags(tmp_path):
 def test_budget_steps_from_the_measured_rate_then_from_the_record(parsed_flags, monkeypatch,
                                                                   capsys, tmp_path):
     F = parsed_flags
-    for name, value in (("train_seconds", 30.0), ("batch_size", 64), ("steps_per_execution", 2)):
+    for name, value in (("train_seconds", 30.0), ("batch_size", 64), ("steps_per_execution", 2),
+                        ("quick_knn_train", 0)):
         F[name].value = value
     monkeypatch.setattr(program.time, "perf_counter", FakeClock(0.5))  # 2 steps/s per execution
     calls = []
@@ -56,8 +58,34 @@ def test_budget_steps_from_the_measured_rate_then_from_the_record(parsed_flags, 
     assert program.budget_steps(fit_first_steps) == 120 and calls == [10]
     record = json.loads((tmp_path / "budget.json").read_text())
     assert record["train_steps"] == 120 and record["pairs_per_sec"] == 4 * 64
-    assert "--train_steps=120 of 64 pairs, about 30 s of training" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "--train_steps=120 of 64 pairs, about 30 s of training" in out
+    assert "Note:" not in out  # no quick KNN, nothing to promise
     assert program.budget_steps(fit_first_steps) == 120 and calls == [10]  # read, not measured
+
+
+def test_a_budget_too_small_for_the_quick_knn_says_what_would_suffice(parsed_flags, monkeypatch,
+                                                                      capsys, tmp_path):
+    """A slow CPU's 150 s buy too few pairs for the quick KNN to show learning: the run says so
+    and gives the --train_seconds that trains `LEARNING_VISIBLE_PAIRS` at the measured rate."""
+    F = parsed_flags
+    for name, value in (("train_seconds", 30.0), ("batch_size", 64), ("steps_per_execution", 2),
+                        ("quick_knn_train", 5000)):
+        F[name].value = value
+
+    def fit_first_steps(n, timer):
+        for execution in range(n // 2):
+            timer.on_train_batch_end(2 * execution + 1)
+
+    monkeypatch.setattr(program.time, "perf_counter", FakeClock(0.5))  # 256 pairs/s
+    assert program.budget_steps(fit_first_steps) == 120
+    # 25,600 pairs at 256 pairs/s: 100 s.
+    out = capsys.readouterr().out
+    assert "Note: 7,680 pairs are few" in out and "--train_seconds=100 trains 25,600" in out
+    (tmp_path / "more").mkdir()
+    F["train_seconds"].value, F["model_dir"].value = 100.0, str(tmp_path / "more")
+    assert program.budget_steps(fit_first_steps) == 400
+    assert "Note:" not in capsys.readouterr().out
 
 
 def test_a_budgeted_cli_run_records_its_size_and_resumes_with_it(tmp_path, cifar10_dir):
