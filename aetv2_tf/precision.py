@@ -168,11 +168,16 @@ def auto_cpu_policy(path: str | None = None,
                       f"({_rates_text(cached.get('rates'))}; {path})", cached.get("rates"))
     rates = probe()
     policy = decide(rates)
-    if not rates["mixed_bfloat16"]:
-        return Choice(policy, f"auto: measured on this CPU ({_rates_text(rates)})", rates)
+    if rates["mixed_bfloat16"]:
+        _store(path, key, dict(policy=policy, rates=rates, margin=MARGIN,
+                               measured=time.strftime("%Y-%m-%d %H:%M:%S")))
+    return Choice(policy, f"auto: measured on this CPU ({_rates_text(rates)})", rates)
+
+
+def _store(path: str, key: str, entry: dict) -> None:
+    """Adds `entry` under `key` to the cache file (atomically); an unwritable cache is no error."""
     data = _load_cache(path)
-    data[key] = dict(policy=policy, rates=rates, margin=MARGIN,
-                     measured=time.strftime("%Y-%m-%d %H:%M:%S"))
+    data[key] = entry
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
@@ -181,7 +186,6 @@ def auto_cpu_policy(path: str | None = None,
         os.replace(tmp, path)
     except OSError:
         pass
-    return Choice(policy, f"auto: measured on this CPU ({_rates_text(rates)})", rates)
 
 
 def _rates_text(rates: dict | None) -> str:
