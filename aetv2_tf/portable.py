@@ -110,10 +110,7 @@ class KerasPretext(pretext.PretextAdapter):
 
     def __init__(self, images):
         F = FLAGS
-        self.images = images
-        self.size = program.IMAGE_SIZE[F.backbone]
-        self.rotation = F.pretext == "rotation"
-        self.images_per_step = F.batch_size // 4 if self.rotation else F.batch_size
+        super().__init__(images)
         self.param_std = None if self.rotation else parameter_std(self.size, F.shift)
         # Reading the skip counter waits for the device: every step only with --on_nonfinite=stop.
         self.skip_check_every = 1 if F.on_nonfinite == "stop" else F.summary_every_steps
@@ -135,10 +132,9 @@ class KerasPretext(pretext.PretextAdapter):
             model = build_rotations_model(encoder, F.seed, augment=F.augment,
                                           mean=CIFAR10_MEAN, std=CIFAR10_STD)
         else:
-            decoder_scale = F.loss == "mse" if F.decoder_scale is None else F.decoder_scale
             model = build_pairs_model(encoder, F.seed, shift=F.shift, augment=F.augment,
                                       mean=CIFAR10_MEAN, std=CIFAR10_STD,
-                                      param_scale=self.param_std if decoder_scale else None,
+                                      param_scale=self.param_std if self.decoder_scaled else None,
                                       init_rotation_deg=F.decoder_init_rotation,
                                       count_steps=F.mse_decay_steps > 0)
         schedule, optimizer = program.schedule_and_optimizer(model, steps)

@@ -39,9 +39,19 @@ class PretextAdapter:
     the device)."""
 
     chief: bool = True
-    images_per_step: int
     fit_kwargs: dict[str, Any] = {}
     skip_check_every: int = 1
+
+    def __init__(self, images):
+        """What both backends derive from the flags alike: `size` (the backbone's input side),
+        `rotation` (RotNet), `images_per_step`, `decoder_scaled` (the decoder regresses
+        std-normalised parameters: AETv1's default, or `--decoder_scale`)."""
+        F = FLAGS
+        self.images = images
+        self.size = program.IMAGE_SIZE[F.backbone]
+        self.rotation = F.pretext == "rotation"
+        self.images_per_step = F.batch_size // 4 if self.rotation else F.batch_size
+        self.decoder_scaled = F.loss == "mse" if F.decoder_scale is None else F.decoder_scale
 
     def build(self, steps: int) -> tuple[keras.Model, keras.Model, Any, Any]:
         """`(encoder, compiled pretext model, schedule, optimizer)` of a `steps`-step run, the

@@ -81,19 +81,14 @@ class TensorFlowPretext(pretext.PretextAdapter):
     chief's checkpoints: a shared filesystem, BUILD.md), TensorBoard summaries with the image
     pairs (chief), the SavedModel export."""
 
-    fit_kwargs: dict = {}
-    skip_check_every = 1
-
     def __init__(self, strategy: tf.distribute.Strategy, chief: bool, images):
         from aetv2_tf import distribute
         from aetv2_tf.data import pipelines
         from aetv2_tf.data.homographies import parameter_statistics
 
         F = FLAGS
-        self.strategy, self.chief, self.images = strategy, chief, images
-        self.size = program.IMAGE_SIZE[F.backbone]
-        self.rotation = F.pretext == "rotation"
-        self.images_per_step = F.batch_size // 4 if self.rotation else F.batch_size
+        super().__init__(images)
+        self.strategy, self.chief = strategy, chief
         # AETv1: the decoder regresses std-normalised parameters, as the AETv1 code does.
         self.param_std = parameter_statistics(self.size, self.size, F.shift)[1]
         self.make_data = pipelines.rotation_dataset if self.rotation else \
@@ -118,9 +113,9 @@ class TensorFlowPretext(pretext.PretextAdapter):
         with self.strategy.scope():
             encoder = build_backbone(F.backbone, (self.size, self.size, 3),
                                      batch_norm=F.batch_norm)
-            decoder_scale = F.loss == "mse" if F.decoder_scale is None else F.decoder_scale
+            scale = self.param_std if self.decoder_scaled else None
             model = build_rotation_model(encoder) if self.rotation else \
-                build_aet_model(encoder, param_scale=self.param_std if decoder_scale else None,
+                build_aet_model(encoder, param_scale=scale,
                                 init_rotation_deg=F.decoder_init_rotation)
             schedule, optimizer = program.schedule_and_optimizer(model, steps)
             loss, compiled_metrics = program.pretext_loss(self.param_std, self.size,
