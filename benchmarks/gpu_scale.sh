@@ -20,17 +20,21 @@
 # (SIGTERM: no encoder, skipped) at LIMIT_S = 585 s, inside the tool's 600 s.
 # --steps_per_execution=10 divides 8,000 (exact step counts), as do the summary (200) and the one
 # checkpoint (at the end).
+# Then, with >= 90 s left before LIMIT_S: `benchmarks.alexnet_step` (AlexNet 224x224 pairs/s at
+# batch ALEX_BATCH=256 in bfloat16, the device warp included) in console.txt.
 # Back (8 files at most): $OUT/<name>/encoder.weights.h5 + flags.json (what --pretrained takes;
 # copy each to results/scale/<name>/) for each finished run, $OUT/logs.tar (<name>/train/log.csv,
 # <name>/flags.cfg: `tar xf logs.tar -C results/scale`) and $OUT/console.txt.
 # CPU test (tiny, ~40 s, 8 files; the exact commands: docs/reproduction.md): PY=.venv/bin/python
 #   WHL=<wheels for the CPU's Python> SITE=/tmp/scale_site RUNS=/tmp/scale_runs STEPS=6 SPE=3
-#   SUMMARY=3 BATCH=8 DEADLINE_S=3000 LIMIT_S=3000 OUT=/tmp/scale_out bash benchmarks/gpu_scale.sh
+#   SUMMARY=3 BATCH=8 DEADLINE_S=3000 LIMIT_S=3000 ALEX_BATCH=2 ALEX_STEPS=2 OUT=/tmp/scale_out
+#   bash benchmarks/gpu_scale.sh
 set -u -o pipefail
 : "${OUT:?set OUT}"
 STEPS=${STEPS:-8000} SPE=${SPE:-10} BATCH=${BATCH:-512} SUMMARY=${SUMMARY:-200}
 DEADLINE_S=${DEADLINE_S:-540} LIMIT_S=${LIMIT_S:-585} PY=${PY:-python3}
 WHL=${WHL:-.whl} SITE=${SITE:-/tmp/site} RUNS=${RUNS:-/tmp/scale} D=.devdata/cifar-10-batches-py
+ALEX_BATCH=${ALEX_BATCH:-256} ALEX_STEPS=${ALEX_STEPS:-100}
 T0=$(date +%s) longest=0
 
 train() {  # NAME FLAGFILE [flags...]: one run, then its files to $OUT
@@ -55,6 +59,15 @@ train() {  # NAME FLAGFILE [flags...]: one run, then its files to $OUT
   (cd "$RUNS" && tar -cf "$OUT/logs.tar" $(ls -d */train/log.csv */flags.cfg 2>/dev/null))
 }
 
+alexnet_rate() {  # issue "ImageNet input": the AlexNet 224 pair-step rate, if >= 90 s are left
+  local left=$((T0 + LIMIT_S - $(date +%s)))
+  if [ "$left" -lt 90 ]; then echo "== alexnet_step SKIPPED: $left s left"; return; fi
+  echo "== alexnet_step at +$(( $(date +%s) - T0 )) s, $left s left"
+  timeout -s TERM -k 5 $((left - 5)) "$PY" -m benchmarks.alexnet_step --batch="$ALEX_BATCH" \
+    --steps="$ALEX_STEPS" --repeats=3
+  echo "== alexnet_step exit $?"
+}
+
 main() {
   nvidia-smi -L 2>/dev/null || echo "no nvidia-smi"
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -65,6 +78,7 @@ main() {
   train aetv1_lr1e-4 configs/cifar10_aetv1.cfg --optimizer=adam --learning_rate=1e-4 \
     --lr_schedule=cosine --warmup_steps=1000 --adam_beta1=0.9 --adam_beta2=0.999
   train aetv2_paper configs/cifar10_aetv2_paper.cfg
+  alexnet_rate
   echo "== done at +$(( $(date +%s) - T0 )) s"; ls -l "$OUT" "$OUT"/*/
 }
 

@@ -133,3 +133,17 @@ def test_budget_module(tmp_path, cifar10_dir, benchmarks_md_untouched):
     assert "| AETv2 | 1 | 8 |" in proc.stdout and "| random | 0 | 0 |" in proc.stdout
     results = json.loads((tmp_path / "aetv2_knn" / "results.json").read_text())
     assert results["test_examples"] == 50 and results["train_examples"] == 100
+
+
+def test_alexnet_step_module(benchmarks_md_untouched):
+    """The AlexNet 224 pair step (on the device under JAX; here the TensorFlow backend) runs and
+    reports a positive median rate; a step count that `steps_per_execution` does not divide is
+    refused by name."""
+    proc = run_module("benchmarks.alexnet_step", "--batch=2", "--steps=2", "--repeats=1",
+                      "--steps_per_execution=2", "--precision=float32", timeout=300)
+    result = [r for r in proc.stdout.splitlines() if r.startswith("RESULT ")]
+    assert len(result) == 1 and "batch=2 size=224 precision=float32" in result[0], proc.stdout
+    assert float(result[0].split()[1].split("=")[1]) > 0
+    bad = run_module("benchmarks.alexnet_step", "--steps=5", "--steps_per_execution=2",
+                     check=False, timeout=120)
+    assert bad.returncode == 2 and "--steps=5 must be a multiple" in bad.stderr

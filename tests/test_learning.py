@@ -29,7 +29,7 @@ def small_encoder() -> keras.Model:
 def test_short_training_beats_step_zero_and_chance(cifar10_dir):
     images, _ = load_cifar10(cifar10_dir, "train")
     keras.utils.set_random_seed(0)
-    model = build_aet_model(small_encoder())
+    model = build_aet_model(small_encoder(), feature="block4")
     model.compile(keras.optimizers.Adam(3e-3), GeodesicLoss(), metrics=pretext_metrics(),
                   jit_compile=False)
     # 1024 held-out pairs: images the training never sees, fresh homographies.

@@ -14,6 +14,7 @@ from aetv2_tf.models import (
     build_backbone,
     build_nin,
     build_rotation_model,
+    default_feature,
     identity_params,
 )
 from aetv2_tf.models.nin import NIN_BLOCK_SPECS, torch_pool
@@ -194,11 +195,25 @@ def test_aet_save_load_roundtrip(small_aet, tmp_path):
 
 
 def test_aet_on_alexnet_concatenates_fc7():
+    """The one feature rule (`default_feature`): with no `feature=`, AlexNet's AET model
+    regresses from fc7 (4096 + 4096) and its RotNet model classifies fc7; NIN's from block4."""
     encoder = build_backbone("alexnet", batch_norm="keras")
-    model = build_aet_model(encoder, feature="fc7")
+    model = build_aet_model(encoder)
     assert model.get_layer("decoder").kernel.shape == (8192, 8)
     params = model([_images(1, 224), _images(1, 224)], training=False)
     assert params.shape == (1, 8)
+    assert build_rotation_model(encoder).get_layer("rotation_logits").kernel.shape == (4096, 4)
+    nin = build_backbone("nin", (32, 32, 3), batch_norm="keras")
+    assert default_feature(nin) == "block4" and default_feature(encoder) == "fc7"
+    assert build_aet_model(nin).get_layer("decoder").kernel.shape == (384, 8)
+
+
+def test_default_feature_refuses_an_unknown_encoder():
+    image = keras.Input((8, 8, 3))
+    other = keras.Model(image, {"block4": keras.layers.Conv2D(4, 3)(image)}, name="other")
+    with pytest.raises(ValueError, match="no default feature.*'other'.*pass feature="):
+        build_aet_model(other)
+    assert build_aet_model(other, feature="block4").get_layer("decoder").kernel.shape == (8, 8)
 
 
 def test_rotation_model_fits():

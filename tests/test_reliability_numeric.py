@@ -42,7 +42,7 @@ def tiny_aet_model() -> keras.Model:
     image = keras.Input((SIZE, SIZE, 3))
     x = keras.layers.Conv2D(8, 3, padding="same")(image)
     x = keras.layers.ReLU()(FusedBatchNormalization()(x))
-    return build_aet_model(keras.Model(image, {"block4": x}))
+    return build_aet_model(keras.Model(image, {"block4": x}), feature="block4")
 
 
 def batch(seed: int, *, nan_images: bool = False, nan_param: bool = False,

@@ -8,6 +8,7 @@ from aetv2_tf.models.aet import (
     build_aet_model,
     build_backbone,
     build_rotation_model,
+    default_feature,
     identity_params,
 )
 from aetv2_tf.models.alexnet import build_alexnet
@@ -38,6 +39,7 @@ __all__ = [
     "build_head",
     "build_nin",
     "build_rotation_model",
+    "default_feature",
     "conv_bn_relu",
     "dense_bn_relu",
     "identity_params",

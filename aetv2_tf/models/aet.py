@@ -60,6 +60,15 @@ class PairConcat(keras.layers.Layer):
         return (batch, 2 * input_shape[-1])
 
 
+def default_feature(encoder: keras.Model) -> str:
+    """The ONE rule for the feature an AET or RotNet model regresses from: `DEFAULT_FEATURES` of
+    the backbone, named by the encoder (`build_backbone` names it "nin" or "alexnet")."""
+    if encoder.name not in DEFAULT_FEATURES:
+        raise ValueError(f"no default feature for an encoder named {encoder.name!r} (known: "
+                         f"{sorted(DEFAULT_FEATURES)}); pass feature= explicitly")
+    return DEFAULT_FEATURES[encoder.name]
+
+
 def _vector_feature(features, feature: str, pooled: bool):
     """Pick `features[feature]`; reduce a map `(N, h, w, C)` to `(N, C)` (GAP) or flatten it."""
     if feature not in features:
@@ -73,7 +82,7 @@ def _vector_feature(features, feature: str, pooled: bool):
 
 def build_aet_model(
     encoder: keras.Model,
-    feature: str = "block4",
+    feature: str | None = None,
     pooled: bool = True,
     num_params: int = 8,
     name: str = "aet",
@@ -84,7 +93,8 @@ def build_aet_model(
 
     Args:
         encoder: a backbone from `build_nin`/`build_alexnet` (dict outputs), shared by x and tx.
-        feature: which encoder output feeds the decoder ("block4" for NIN, "fc7" for AlexNet).
+        feature: which encoder output feeds the decoder; None: `default_feature(encoder)`
+            ("block4" for NIN, "fc7" for AlexNet).
         pooled: global-average-pool a feature map (NIN: 192 + 192 inputs to the decoder);
             if False the map is flattened. Vector features (fc7: 4096 + 4096) are used as they are.
         num_params: number of regressed parameters (8 for a homography).
@@ -104,6 +114,7 @@ def build_aet_model(
         A `keras.Model` mapping `[x, tx]` to float32 parameters; the decoder layer is "decoder"
         and the pair features `(B, 2D)` are the output of the layer "pair_features".
     """
+    feature = feature or default_feature(encoder)
     input_shape = tuple(encoder.inputs[0].shape[1:])
     x = keras.Input(shape=input_shape, name="x")
     tx = keras.Input(shape=input_shape, name="tx")
@@ -127,14 +138,16 @@ def build_aet_model(
 
 def build_rotation_model(
     encoder: keras.Model,
-    feature: str = "block4",
+    feature: str | None = None,
     num_classes: int = 4,
     name: str = "rotnet",
 ) -> keras.Model:
     """The RotNet pretext model: image `(B, H, W, 3)` -> rotation logits `(B, 4)` float32.
 
-    The feature map is global-average-pooled (vector features are used as they are).
+    `feature`: as `build_aet_model` (None: `default_feature(encoder)`); a feature map is
+    global-average-pooled (vector features are used as they are).
     """
+    feature = feature or default_feature(encoder)
     inputs = keras.Input(shape=tuple(encoder.inputs[0].shape[1:]), name="image")
     features = _vector_feature(encoder(inputs), feature, pooled=True)
     logits = keras.layers.Dense(num_classes, dtype="float32", name="rotation_logits")(features)
