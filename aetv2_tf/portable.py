@@ -121,7 +121,6 @@ class KerasPretext(pretext.PretextAdapter):
         return ImageBatches(self.images, self.images_per_step, FLAGS.seed, start, stop)
 
     def build(self, steps: int):
-        from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD
         from aetv2_tf.models import build_backbone
         from aetv2_tf.models.pairs import build_pairs_model, build_rotations_model
 
@@ -130,10 +129,10 @@ class KerasPretext(pretext.PretextAdapter):
         encoder = build_backbone(F.backbone, (self.size, self.size, 3), batch_norm="keras")
         if self.rotation:
             model = build_rotations_model(encoder, F.seed, augment=F.augment,
-                                          mean=CIFAR10_MEAN, std=CIFAR10_STD)
+                                          mean=self.mean, std=self.std)
         else:
             model = build_pairs_model(encoder, F.seed, shift=F.shift, augment=F.augment,
-                                      mean=CIFAR10_MEAN, std=CIFAR10_STD,
+                                      mean=self.mean, std=self.std,
                                       param_scale=self.param_std if self.decoder_scaled else None,
                                       init_rotation_deg=F.decoder_init_rotation,
                                       count_steps=F.mse_decay_steps > 0)
@@ -153,7 +152,7 @@ class KerasPretext(pretext.PretextAdapter):
             restore_checkpoint(model, directory)
 
     def summaries(self, counter, schedule):
-        return summary_callbacks(counter, schedule, self.images)
+        return summary_callbacks(counter, schedule, self.images, self.mean, self.std)
 
     def export(self, encoder, model) -> dict:
         return export_saved_model()
@@ -186,11 +185,11 @@ def export_saved_model() -> dict:
     return {"export": out}
 
 
-def summary_callbacks(counter, schedule, images) -> list[keras.callbacks.Callback]:
+def summary_callbacks(counter, schedule, images, mean, std) -> list[keras.callbacks.Callback]:
     """The logs of `callbacks.PretextSummaries` (interval means, learning rate, pairs/s): rows of
     train/log.csv always; where TensorFlow is importable also TensorBoard, its scalars and (AET)
     the image pairs of 4 fixed training `images` every `--image_summary_every_steps` (kept on
-    the CPU: it must not take the accelerator's memory)."""
+    the CPU: it must not take the accelerator's memory), normalised with `mean`, `std`."""
     from aetv2_tf.callbacks import PretextSummaries
     from aetv2_tf.summaries import CsvLog
 
@@ -226,12 +225,12 @@ def summary_callbacks(counter, schedule, images) -> list[keras.callbacks.Callbac
         return out
     if F.pretext == "rotation":
         return out + [PretextSummaries(*args)]
-    from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD
     from aetv2_tf.data.device import HomographyPairs
     from aetv2_tf.visualize import draw_pairs
 
-    x, tx, params = HomographyPairs(seed=F.seed + 1, shift=F.shift, augment=False)(images[:4])
+    x, tx, params = HomographyPairs(seed=F.seed + 1, shift=F.shift, augment=False, mean=mean,
+                                    std=std)(images[:4])
     sample = (np.asarray(x), np.asarray(tx)), np.asarray(params)
     return out + [Pairs(*args[:4], F.image_summary_every_steps or 10 * F.summary_every_steps,
                         F.batch_size, sample, lambda x, tx, p, q: draw_pairs(
-                            x, tx, p, q, CIFAR10_MEAN, CIFAR10_STD))]
+                            x, tx, p, q, mean, std))]

@@ -27,6 +27,7 @@ from aetv2_tf.callbacks import (
     StopOnSignal,
     StopOnSkippedStep,
 )
+from aetv2_tf.data.constants import normalization_constants
 from aetv2_tf.flags import FLAGS
 from aetv2_tf.keras_checkpoints import discard_encoder_weights, save_encoder_weights
 
@@ -45,13 +46,16 @@ class PretextAdapter:
     def __init__(self, images):
         """What both backends derive from the flags alike: `size` (the backbone's input side),
         `rotation` (RotNet), `images_per_step`, `decoder_scaled` (the decoder regresses
-        std-normalised parameters: AETv1's default, or `--decoder_scale`)."""
+        std-normalised parameters: AETv1's default, or `--decoder_scale`), and `mean`, `std`:
+        the dataset's normalisation (`normalization_constants`, the one rule that the probes
+        and the export follow too)."""
         F = FLAGS
         self.images = images
         self.size = program.IMAGE_SIZE[F.backbone]
         self.rotation = F.pretext == "rotation"
         self.images_per_step = F.batch_size // 4 if self.rotation else F.batch_size
         self.decoder_scaled = F.loss == "mse" if F.decoder_scale is None else F.decoder_scale
+        self.mean, self.std = normalization_constants(F.dataset)
 
     def build(self, steps: int) -> tuple[keras.Model, keras.Model, Any, Any]:
         """`(encoder, compiled pretext model, schedule, optimizer)` of a `steps`-step run, the

@@ -135,10 +135,17 @@ def data_dir() -> str | None:
 
 def load_train_images(split: str = "train"):
     """The stage's images: numpy (N, H, W, 3) uint8 + labels for CIFAR-10 from its python files,
-    else a tf.data source (TensorFlow): `(images, labels or None, size or None)`."""
+    the checked file list of a folder (`ImageFiles`: `--train_examples` takes a seeded random
+    subset), else a tf.data source (TensorFlow): `(images, labels or None, size or None)`."""
+    from aetv2_tf.data.files import ImageFiles
     from aetv2_tf.data.sources import load_source
 
-    source = load_source(FLAGS.dataset, data_dir(), split, download=FLAGS.download)
+    source = load_source(FLAGS.dataset, data_dir(), split, download=FLAGS.download,
+                         shuffle_seed=FLAGS.seed)
+    if isinstance(source, ImageFiles):
+        if split == "train" and FLAGS.train_examples:
+            source = source.subset(FLAGS.train_examples, FLAGS.seed)
+        return source, None, len(source.paths)
     if isinstance(source, tuple):
         images, labels = source
         if split == "train" and FLAGS.train_examples:

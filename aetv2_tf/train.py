@@ -99,6 +99,7 @@ class TensorFlowPretext(pretext.PretextAdapter):
         F = FLAGS
         options = {} if self.rotation else {"shift": F.shift, "augment": F.augment}
         return self.make_data(self.images, batch_size or F.batch_size, image_size=self.size,
+                              mean=self.mean, std=self.std,
                               **{"seed": F.seed, "start_step": step, **options, **kwargs})
 
     def batches(self, start: int, stop: int):
@@ -140,7 +141,6 @@ class TensorFlowPretext(pretext.PretextAdapter):
 
     def summaries(self, counter, schedule):
         from aetv2_tf.callbacks import PretextSummaries
-        from aetv2_tf.data.constants import normalization_constants
         from aetv2_tf.visualize import draw_pairs
 
         F = FLAGS
@@ -148,7 +148,7 @@ class TensorFlowPretext(pretext.PretextAdapter):
             return []
         sample = None if self.rotation else next(iter(self.dataset_from(
             0, batch_size=4, seed=F.seed + 1, augment=False)))
-        mean, std = normalization_constants(F.dataset)
+        mean, std = self.mean, self.std
         return [PretextSummaries(
             os.path.join(F.model_dir, "train"), counter, lambda s: schedule(s).numpy(),
             F.summary_every_steps, F.image_summary_every_steps or 10 * F.summary_every_steps,

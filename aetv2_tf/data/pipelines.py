@@ -31,6 +31,7 @@ from aetv2_tf.data.constants import (  # noqa: F401 - re-exported
     IMAGENET_STD,
     normalization_constants,
 )
+from aetv2_tf.data.files import ImageFiles, decode_image_file
 from aetv2_tf.data.homographies import sample_homographies, warp
 from aetv2_tf.geometry import matrix_to_params
 
@@ -126,21 +127,47 @@ def resize_crop(image, seed, image_size: int, random: bool) -> tf.Tensor:
 def _epoch_batches(n: int, batch_size: int, seed, start_step: int) -> tf.data.Dataset:
     """Global batch index i -> the (B,) example indices of batch i, from batch `start_step` on.
 
-    Epoch ``e = i // (n // B)`` visits a permutation seeded by ``(seed, e)``, so batch i is a pure
-    function of (seed, i): a run resumed at step i sees exactly the batches it would have seen.
+    Epoch ``e = i // (n // B)`` visits a permutation seeded by ``(seed, e)``, drawn once per
+    epoch, so batch i is a pure function of (seed, i): a run resumed at step i sees exactly the
+    batches it would have seen (the skip into the first epoch reads no data).
     """
     per_epoch = n // batch_size
     if per_epoch < 1:
         raise ValueError(f"batch_size {batch_size} exceeds the {n} training images")
     shuffle_seed = _stream_seed(seed, _SALT_SHUFFLE)
+    first = start_step // per_epoch
 
-    def indices(i):
-        epoch_seed = tf.random.experimental.stateless_fold_in(shuffle_seed, i // per_epoch)
-        order = tf.argsort(tf.random.stateless_uniform([n], epoch_seed))
-        j = (i % per_epoch) * batch_size
-        return order[j:j + batch_size]
+    def epoch(e):
+        order = tf.argsort(tf.random.stateless_uniform(
+            [n], tf.random.experimental.stateless_fold_in(shuffle_seed, e)))
+        return tf.data.Dataset.from_tensor_slices(
+            tf.reshape(order[:per_epoch * batch_size], [per_epoch, batch_size]))
 
-    return tf.data.Dataset.range(start_step, 2**62).map(indices, num_parallel_calls=AUTOTUNE)
+    return tf.data.Dataset.range(first, 2**62).flat_map(epoch).skip(
+        start_step - first * per_epoch)
+
+
+def _file_batches(files: ImageFiles, batch_size: int, seed, *, augment: bool, image_size: int,
+                  start_step: int) -> tf.data.Dataset:
+    """Enumerated training batches ``(i, (float32 [0, 1] images (B, S, S, 3), labels (B,)))`` of
+    a checked file list: the WHOLE list permuted every epoch (`_epoch_batches`, seeded, exact on
+    resume), each file decoded, resized and cropped with the seed of its global element index
+    ``i * B + j`` (224 protocol: random crop and flip if ``augment``, else the centre crop)."""
+    paths, labels = tf.constant(files.paths), tf.constant(files.labels)
+    element_seed = _stream_seed(seed, _SALT_ELEMENT)
+
+    def elements(i, idx):
+        return i * batch_size + tf.range(batch_size, dtype=tf.int64), idx
+
+    def load(g, k):
+        image, label = decode_image_file(tf.gather(paths, k), tf.gather(labels, k))
+        s = tf.random.experimental.stateless_fold_in(element_seed, g)
+        return resize_crop(image, s, image_size, augment), label
+
+    ds = tf.data.Dataset.zip(tf.data.Dataset.range(start_step, 2**62),
+                             _epoch_batches(len(files.paths), batch_size, seed, start_step))
+    ds = ds.map(elements).unbatch().map(load, num_parallel_calls=AUTOTUNE)
+    return ds.batch(batch_size, drop_remainder=True).enumerate(start_step)
 
 
 def _batches(images, labels, batch_size: int, seed, *, training: bool, augment: bool,
@@ -150,9 +177,16 @@ def _batches(images, labels, batch_size: int, seed, *, training: bool, augment: 
 
     ``training`` shuffles; ``augment`` crops and flips (variable-size images: random crop of the
     resized image if ``augment``, else its centre crop). ``i`` is the global batch index, starting
-    at ``start_step``; in-memory training streams (``training`` and ``repeat``) are pure functions
-    of it (exact resume), streamed datasets are reshuffled with a seed that folds in start_step.
+    at ``start_step``; training streams (``training`` and ``repeat``) of in-memory images and of
+    file lists (`ImageFiles`) are pure functions of it (exact resume); streamed datasets
+    (tensorflow-datasets) are reshuffled with a seed that folds in start_step.
     """
+    if isinstance(images, ImageFiles):
+        if training and repeat:
+            return _file_batches(images, batch_size, seed, augment=augment,
+                                 image_size=image_size, start_step=start_step)
+        images = tf.data.Dataset.from_tensor_slices((images.paths, images.labels)).map(
+            decode_image_file, num_parallel_calls=AUTOTUNE)
     if isinstance(images, tf.data.Dataset):
         if labels is not None:
             raise ValueError("pass labels inside the dataset, not separately")
@@ -244,7 +278,8 @@ def pretext_dataset(
     """AET training pairs: a dataset of ``((x, tx), params)``.
 
     Args:
-      images_or_dataset: uint8 images (N, S, S, 3) as numpy, or a ``tf.data.Dataset`` of
+      images_or_dataset: uint8 images (N, S, S, 3) as numpy, a checked file list
+        (`aetv2_tf.data.files.ImageFiles`, from a folder source), or a ``tf.data.Dataset`` of
         (image, label) / images of any size (variable-size images use the ImageNet protocol).
       batch_size: B. seed: an int (or a pair of ints); equal seeds give identical batches.
       training: shuffle (seeded). augment: pre-augment x (crop + flip; ImageNet: random crop of the

@@ -7,7 +7,8 @@ Nothing here downloads unless asked (``download=True``); offline, a missing data
   unpickler: only the numpy array reconstructors those files use are admitted, so a crafted file
   raises a :class:`DataError` instead of running code.
 * :func:`load_tfds` wraps a prepared tensorflow-datasets directory.
-* :func:`load_image_folder` reads ``root/split/<class>/<image>`` (ImageNet/Places-style folders).
+* :func:`list_image_folder` lists (and checks) ``root/split/<class>/<image>`` (ImageNet/Places
+  style folders); :func:`load_image_folder` decodes them in that order.
 * :func:`load_source` is the single entry point used by the programs.
 
 TensorFlow is imported only by the tensorflow-datasets and folder readers: the CIFAR-10 python
@@ -22,6 +23,8 @@ import pickle
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from aetv2_tf.data.files import ImageFiles, decode_image_file, image_files
 
 if TYPE_CHECKING:  # TensorFlow is imported lazily: the CIFAR-10 reader works without it.
     import tensorflow as tf
@@ -156,8 +159,12 @@ def load_cifar10(data_dir, split: str = "train") -> tuple[np.ndarray, np.ndarray
 
 
 # ------------------------------------------------------------------------ tensorflow-datasets
-def load_tfds(name: str, split: str, data_dir=None, download: bool = False) -> tf.data.Dataset:
+def load_tfds(name: str, split: str, data_dir=None, download: bool = False,
+              shuffle_seed: int | None = None) -> tf.data.Dataset:
     """A tensorflow-datasets split as a ``tf.data.Dataset`` of (image uint8 (H, W, 3), label int64).
+
+    With ``shuffle_seed`` (training streams) the split's files are read in a seeded order,
+    reshuffled every iteration (``shuffle_files=True``); without it, in their stored order.
 
     With ``download=False`` (the default) the prepared data must already be in ``data_dir``
     (default: ``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``); this is checked on disk before
@@ -181,15 +188,20 @@ def load_tfds(name: str, split: str, data_dir=None, download: bool = False) -> t
                 f"their archives in DIR/downloads/manual) and pass data_dir=DIR"
             )
         builder.download_and_prepare()
-    return builder.as_dataset(split=split, as_supervised=True, shuffle_files=False)
+    if shuffle_seed is None:
+        return builder.as_dataset(split=split, as_supervised=True, shuffle_files=False)
+    config = tfds.ReadConfig(shuffle_seed=shuffle_seed, shuffle_reshuffle_each_iteration=True)
+    return builder.as_dataset(split=split, as_supervised=True, shuffle_files=True,
+                              read_config=config)
 
 
 # ------------------------------------------------------------------------- folders of images
-def list_image_folder(root, split: str | None = None) -> tuple[list[str], np.ndarray, list[str]]:
-    """Files of ``root/split/<class>/*`` in sorted order: (paths, labels int64 (N,), class_names).
+def list_image_folder(root, split: str | None = None) -> ImageFiles:
+    """The checked files of ``root/split/<class>/*``, in sorted (class, file name) order.
 
     Class names are the sorted sub-directory names; label ``i`` is ``class_names[i]``. Files are
-    the images with extensions in ``IMAGE_EXTENSIONS`` (case-insensitive), sorted within a class.
+    those with extensions in ``IMAGE_EXTENSIONS`` (case-insensitive); the undecodable ones are
+    left out, named in the log and in ``skipped`` (`aetv2_tf.data.files`).
     """
     base = pathlib.Path(root).expanduser()
     folder = base / split if split else base
@@ -209,28 +221,25 @@ def list_image_folder(root, split: str | None = None) -> tuple[list[str], np.nda
         labels += [label] * len(files)
     if not paths:
         raise DataError(f"image folder {folder} has class folders but no images {IMAGE_EXTENSIONS}")
-    return paths, np.asarray(labels, np.int64), class_names
-
-
-def _decode_image(path: tf.Tensor, label: tf.Tensor):
-    import tensorflow as tf
-
-    image = tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
-    image = tf.ensure_shape(tf.cast(image, tf.uint8), [None, None, 3])
-    return image, label
+    files = image_files(paths, np.asarray(labels, np.int64), class_names, os.fspath(folder))
+    if not len(files.paths):
+        raise DataError(f"image folder {folder}: none of its {len(paths)} images can be decoded "
+                        f"(first: {files.skipped[0][0]}: {files.skipped[0][1]})")
+    return files
 
 
 def load_image_folder(root, split: str | None = None) -> tf.data.Dataset:
     """``root/split/<class>/<image>`` as a dataset of (image uint8 (h, w, 3), label int64).
 
     Images keep their own size (decoded as RGB); classes are numbered in sorted name order (see
-    :func:`list_image_folder`); elements come in sorted (class, file name) order.
+    :func:`list_image_folder`); elements come in sorted (class, file name) order. Training
+    streams take the file list itself (`load_source`), not this dataset.
     """
     import tensorflow as tf
 
-    paths, labels, _ = list_image_folder(root, split)
-    ds = tf.data.Dataset.from_tensor_slices((paths, labels))
-    return ds.map(_decode_image, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    files = list_image_folder(root, split)
+    ds = tf.data.Dataset.from_tensor_slices((files.paths, files.labels))
+    return ds.map(decode_image_file, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
 # ---------------------------------------------------------------------------- one entry point
@@ -238,15 +247,18 @@ _TFDS_NAMES = {"imagenet2012": "imagenet2012", "imagenet": "imagenet2012",
                "places365_small": "places365_small", "places365": "places365_small"}
 
 
-def load_source(dataset: str, data_dir=None, split: str = "train", download: bool = False):
+def load_source(dataset: str, data_dir=None, split: str = "train", download: bool = False,
+                shuffle_seed: int | None = None):
     """Load a dataset by name.
 
     * ``"cifar10"``: the python layout if ``data_dir`` holds it, else tensorflow-datasets in
       ``data_dir`` (a fast DataError offline); returns numpy ``(images (N, 32, 32, 3) uint8,
       labels (N,) int64)`` either way.
     * ``"imagenet2012"``, ``"places365_small"``: tensorflow-datasets (prepared from the manual
-      archives); returns a ``tf.data.Dataset`` of (image uint8 (h, w, 3), label int64).
-    * ``"folder"``: :func:`load_image_folder` ``(data_dir, split)``; a ``tf.data.Dataset`` likewise.
+      archives); returns a ``tf.data.Dataset`` of (image uint8 (h, w, 3), label int64), its
+      files read in the order of ``shuffle_seed`` (`load_tfds`).
+    * ``"folder"``: the checked file list of ``data_dir/split/<class>/*``
+      (:func:`list_image_folder`, an `ImageFiles`), decoded by the pipelines as they read it.
     """
     name = dataset.lower()
     if name == "cifar10":
@@ -277,11 +289,11 @@ def load_source(dataset: str, data_dir=None, split: str = "train", download: boo
             labels.append(label)
         return np.concatenate(images).astype(np.uint8), np.concatenate(labels).astype(np.int64)
     if name in _TFDS_NAMES:
-        return load_tfds(_TFDS_NAMES[name], split, data_dir, download)
+        return load_tfds(_TFDS_NAMES[name], split, data_dir, download, shuffle_seed)
     if name == "folder":
         if data_dir is None:
             raise DataError("dataset 'folder' needs data_dir=ROOT holding ROOT/<split>/<class>/")
-        return load_image_folder(data_dir, split)
+        return list_image_folder(data_dir, split)
     raise DataError(
         f"unknown dataset {dataset!r}; choose cifar10, imagenet2012, places365_small or folder"
     )

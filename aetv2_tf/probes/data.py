@@ -30,7 +30,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from aetv2_tf.data.constants import CIFAR10_CLASSES
-from aetv2_tf.data.sources import DataError, _decode_image, list_image_folder, load_source
+from aetv2_tf.data.files import decode_image_file
+from aetv2_tf.data.sources import DataError, list_image_folder, load_source
 from aetv2_tf.probes.classifier import split_train_val
 from aetv2_tf.rundir import UsageError
 
@@ -125,8 +126,8 @@ def _folder(root: str | None, val_examples: int, train_examples: int, test_examp
     if root is None:
         raise DataError("--dataset=folder needs --data_dir=ROOT holding ROOT/train/<class>/ and "
                         "ROOT/val/<class>/.")
-    paths, labels, classes = list_image_folder(root, "train")
-    test_paths, test_labels, test_classes = list_image_folder(root, TEST_SPLITS["folder"])
+    paths, labels, classes, _ = list_image_folder(root, "train")
+    test_paths, test_labels, test_classes, _ = list_image_folder(root, TEST_SPLITS["folder"])
     if test_classes != classes:
         raise DataError(f"{root}/train and {root}/val have different class folders "
                         f"({len(classes)} vs {len(test_classes)}); both need the same classes.")
@@ -163,4 +164,4 @@ def decode_folder(paths: np.ndarray, labels: np.ndarray,
     ds = tf.data.Dataset.from_tensor_slices((paths, labels.astype(np.int64)))
     if shuffle_seed is not None:
         ds = ds.shuffle(len(paths), seed=shuffle_seed, reshuffle_each_iteration=True)
-    return ds.map(_decode_image, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return ds.map(decode_image_file, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)

@@ -1,0 +1,106 @@
+"""Image files on disk (ImageNet/Places-style class folders): the list, the check, the decode.
+
+A training run over 1.28 M files must neither crash in the middle of an epoch on one bad file
+nor lose its exact resume. So every file list is checked ONCE, when it is made, before any
+order is drawn (`check_image_file`, a few reads per file, no decoding), and the files that fail
+are left out of the list with their names and reasons logged (`image_files`). The training
+order is then a pure function of (seed, epoch) over the good files (`pipelines`), whatever the
+bad files were.
+
+The check reads the first 16 bytes and the last 1 KiB of each file:
+
+* empty file, or no JPEG / PNG / GIF / BMP signature (a text or HTML file named ``.jpg``);
+* a JPEG with no end-of-image marker ``FF D9`` in its last 1 KiB (a truncated download: TF's
+  decoder fails on it with "Premature end of JPEG file"); JPEG entropy data cannot hold
+  ``FF D9`` (``FF`` is always stuffed there), so the marker only appears as a real end;
+* a PNG with no ``IEND`` chunk in its last 1 KiB (truncated).
+
+A PNG named ``.JPEG`` (ImageNet has one) and CMYK JPEGs (22 in ImageNet) decode: they pass.
+What the check cannot see (a JPEG corrupt in the middle) decodes with libjpeg's warnings, as
+measured in tests/test_files.py. Measured cost: `check_image_file` per file, see BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
+
+import numpy as np
+from absl import logging
+
+_TAIL = 1024
+_SIGNATURES = {b"\xff\xd8\xff": "jpeg", b"\x89PNG\r\n\x1a\n": "png", b"GIF87a": "gif",
+               b"GIF89a": "gif", b"BM": "bmp"}
+
+
+class ImageFiles(NamedTuple):
+    """A checked file list: ``paths`` (N,) str, ``labels`` (N,) int64 (index into
+    ``class_names``), and the files left out as ``(path, reason)`` pairs."""
+
+    paths: np.ndarray
+    labels: np.ndarray
+    class_names: list[str]
+    skipped: list[tuple[str, str]]
+
+    def subset(self, n: int, seed: int) -> ImageFiles:
+        """A seeded random subset of ``n`` files (a folder list is sorted by class: its first
+        ``n`` would be its first classes), in list order."""
+        keep = np.sort(np.random.default_rng(seed).permutation(len(self.paths))[:n])
+        return self._replace(paths=self.paths[keep], labels=self.labels[keep])
+
+
+def check_image_file(path: str) -> str | None:
+    """Why the file at ``path`` cannot be decoded (module docstring), or None if it looks whole."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - _TAIL))
+            tail = f.read()
+    except OSError as e:
+        return f"unreadable ({e.strerror or e})"
+    if not head:
+        return "empty file"
+    kind = next((k for sig, k in _SIGNATURES.items() if head.startswith(sig)), None)
+    if kind is None:
+        return f"not an image (starts with {head[:8]!r})"
+    if kind == "jpeg" and b"\xff\xd9" not in tail:
+        return "truncated JPEG (no end-of-image marker)"
+    if kind == "png" and b"IEND" not in tail:
+        return "truncated PNG (no IEND chunk)"
+    return None
+
+
+def check_image_files(paths: Sequence[str], threads: int = 16) -> list[tuple[str, str]]:
+    """``(path, reason)`` of every file of ``paths`` that `check_image_file` refuses, in order.
+    Threads overlap the reads (network file systems are latency-bound)."""
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        reasons = list(pool.map(check_image_file, paths, chunksize=256))
+    return [(p, r) for p, r in zip(paths, reasons, strict=True) if r is not None]
+
+
+def image_files(paths: Sequence[str], labels: np.ndarray, class_names: list[str],
+                where: str) -> ImageFiles:
+    """Checks ``paths`` and leaves out the bad files, logging their count and names."""
+    skipped = check_image_files(paths)
+    if skipped:
+        bad = {p for p, _ in skipped}
+        keep = np.asarray([p not in bad for p in paths], bool)
+        paths, labels = np.asarray(paths)[keep], np.asarray(labels)[keep]
+        shown = "; ".join(f"{p} ({r})" for p, r in skipped[:100])
+        more = f"; and {len(skipped) - 100} more" if len(skipped) > 100 else ""
+        logging.warning("Skipped %d undecodable image(s) of %d in %s: %s%s", len(skipped),
+                        len(keep), where, shown, more)
+    return ImageFiles(np.asarray(paths, dtype=str), np.asarray(labels, np.int64), class_names,
+                      skipped)
+
+
+def decode_image_file(path, label):
+    """(path, label) -> (image uint8 (h, w, 3), label): any of the checked formats, as RGB."""
+    import tensorflow as tf
+
+    image = tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
+    image = tf.ensure_shape(tf.cast(image, tf.uint8), [None, None, 3])
+    return image, label

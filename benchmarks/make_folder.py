@@ -1,0 +1,79 @@
+"""Class folders of JPEGs made from CIFAR-10, for the ImageNet/Places paths without ImageNet.
+
+    python -m benchmarks.make_folder --out=/tmp/cifar_folder            # 10 classes, 256 px
+    python -m benchmarks.make_folder --out=DIR --train_per_class=500 --val_per_class=50 --corrupt
+
+Writes ``OUT/train/<class>/<i>.JPEG`` and ``OUT/val/<class>/<i>.JPEG`` (the ILSVRC layout: a
+folder per class, upper-case ``.JPEG``): the first images of each CIFAR-10 class, upscaled
+bilinearly to ``--size`` x ``--size`` and encoded at JPEG quality 90 (real photographs, as
+ImageNet's, if blurry). ``--corrupt`` adds the bad files that real ImageNet-scale folders hold,
+to the first training class: a truncated JPEG, a text file named ``.JPEG``, an empty file, and
+a PNG named ``.JPEG`` (which decodes: ImageNet has one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+
+import numpy as np
+
+import aetv2_tf  # noqa: F401  (before TensorFlow: the oneDNN setting)
+from aetv2_tf.data.constants import CIFAR10_CLASSES
+from aetv2_tf.data.sources import load_cifar10
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+CIFAR10 = REPO.parent / "shared" / "data" / "cifar10" / "cifar-10-batches-py"
+CLASS_NAMES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship",
+               "truck")
+#: The bad files of `--corrupt` and the reason `aetv2_tf.data.files` gives for each (None: decodes).
+CORRUPT_FILES = {"truncated.JPEG": "truncated JPEG", "text.JPEG": "not an image",
+                 "empty.JPEG": "empty file", "png_inside.JPEG": None}
+
+
+def write_cifar10_folder(root, cifar10_dir=CIFAR10, train_per_class: int = 8,
+                         val_per_class: int = 2, size: int = 256,
+                         corrupt: bool = False) -> pathlib.Path:
+    """CIFAR-10 training images as ``root/{train,val}/<class>/<i>.JPEG`` (module docstring); the
+    val split takes the images after the training ones of each class. Returns ``root``."""
+    import tensorflow as tf
+
+    root = pathlib.Path(root)
+    images, labels = load_cifar10(cifar10_dir, "train")
+    for label in range(CIFAR10_CLASSES):
+        chosen = np.flatnonzero(labels == label)[: train_per_class + val_per_class]
+        for j, index in enumerate(chosen):
+            split = "train" if j < train_per_class else "val"
+            folder = root / split / CLASS_NAMES[label]
+            folder.mkdir(parents=True, exist_ok=True)
+            big = tf.image.resize(images[index], (size, size), antialias=False)
+            jpeg = tf.io.encode_jpeg(tf.cast(tf.round(big), tf.uint8), quality=90)
+            (folder / f"{j}.JPEG").write_bytes(jpeg.numpy())
+    if corrupt:
+        folder = root / "train" / CLASS_NAMES[0]
+        whole = (folder / "0.JPEG").read_bytes()
+        (folder / "truncated.JPEG").write_bytes(whole[: len(whole) // 2])
+        (folder / "text.JPEG").write_text("<html>404 Not Found</html>\n")
+        (folder / "empty.JPEG").write_bytes(b"")
+        png = tf.io.encode_png(tf.fill([size, size, 3], tf.constant(128, tf.uint8)))
+        (folder / "png_inside.JPEG").write_bytes(png.numpy())
+    return root
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--cifar10_dir", default=str(CIFAR10))
+    parser.add_argument("--train_per_class", type=int, default=8)
+    parser.add_argument("--val_per_class", type=int, default=2)
+    parser.add_argument("--size", type=int, default=256)
+    parser.add_argument("--corrupt", action="store_true")
+    args = parser.parse_args()
+    root = write_cifar10_folder(args.out, args.cifar10_dir, args.train_per_class,
+                                args.val_per_class, args.size, args.corrupt)
+    count = sum(1 for p in root.rglob("*.JPEG"))
+    print(f"{root}: {count} files, {CIFAR10_CLASSES} classes, {args.size} px")
+
+
+if __name__ == "__main__":
+    main()

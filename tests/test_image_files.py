@@ -1,0 +1,169 @@
+"""Folders of image files (ImageNet/Places): the check that leaves bad files out, the training
+stream over the whole list (shuffled every epoch, exact on resume), the normalisation rule."""
+
+import itertools
+import logging
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from aetv2_tf.data.constants import IMAGENET_MEAN, IMAGENET_STD
+from aetv2_tf.data.files import check_image_file, decode_image_file
+from aetv2_tf.data.pipelines import classification_dataset, pretext_dataset
+from aetv2_tf.data.sources import list_image_folder, load_source
+from benchmarks.make_folder import CORRUPT_FILES, write_cifar10_folder
+
+
+def _jpeg(seed=0, shape=(48, 64, 3)) -> bytes:
+    image = np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8)
+    return tf.io.encode_jpeg(image, quality=90).numpy()
+
+
+def _decodes(path) -> bool:
+    try:
+        decode_image_file(str(path), 0)
+        return True
+    except tf.errors.InvalidArgumentError:
+        return False
+
+
+def test_check_image_file_names_what_cannot_be_decoded(tmp_path):
+    """Each refused file really fails TensorFlow's decoder, and each accepted one decodes."""
+    good = _jpeg()
+    png = tf.io.encode_png(np.zeros((8, 8, 3), np.uint8)).numpy()
+    middle = len(good) // 2
+    files = {
+        "good.jpg": (good, None),
+        "truncated.jpg": (good[: len(good) - 10], "truncated JPEG"),
+        "header_only.jpg": (good[:200], "truncated JPEG"),
+        "text.jpg": (b"<html>not found</html>", "not an image"),
+        "empty.jpg": (b"", "empty file"),
+        "png_inside.jpg": (png, None),
+        "truncated.png": (png[: len(png) // 2], "truncated PNG"),
+        "trailing_bytes.jpg": (good + b"\0" * 300, None),
+        # Flipped bits in the entropy data: libjpeg warns ("Corrupt JPEG data") and decodes.
+        "corrupt_middle.jpg": (good[:middle] + bytes([good[middle] ^ 0xFF]) + good[middle + 1:],
+                               None),
+    }
+    for name, (data, reason) in files.items():
+        (tmp_path / name).write_bytes(data)
+        found = check_image_file(str(tmp_path / name))
+        if reason is None:
+            assert found is None and _decodes(tmp_path / name), (name, found)
+        else:
+            assert found is not None and found.startswith(reason), (name, found)
+            assert not _decodes(tmp_path / name), name
+    assert check_image_file(str(tmp_path / "missing.jpg")).startswith("unreadable")
+
+
+def test_a_folder_leaves_its_bad_files_out_and_names_them(tmp_path, caplog):
+    root = write_cifar10_folder(tmp_path / "f", train_per_class=2, val_per_class=1, size=40,
+                                corrupt=True)
+    with caplog.at_level(logging.WARNING):
+        files = list_image_folder(root, "train")
+    bad = {name for name, reason in CORRUPT_FILES.items() if reason}
+    assert sorted(p.rsplit("/", 1)[1] for p, _ in files.skipped) == sorted(bad)
+    assert len(files.paths) == 10 * 2 + len(CORRUPT_FILES) - len(bad)
+    assert not set(files.paths) & {p for p, _ in files.skipped}
+    message = " ".join(r.getMessage() for r in caplog.records)
+    assert f"Skipped {len(bad)} undecodable image(s)" in message
+    assert all(name in message for name in bad)
+    assert isinstance(load_source("folder", root, "train"), type(files))
+
+
+def _id_folder(root, classes=2, per_class=12, size=(40, 48)):
+    """PNG files (lossless) whose red channel is the file's id and whose green and blue are
+    gradients, so that ids and crops can be read back from a batch."""
+    yy, xx = np.mgrid[: size[0], : size[1]]
+    for c in range(classes):
+        (root / f"class{c}").mkdir(parents=True)
+        for i in range(per_class):
+            image = np.stack([np.full(size, c * per_class + i), 3 * yy, 3 * xx], -1)
+            png = tf.io.encode_png(image.astype(np.uint8)).numpy()
+            (root / f"class{c}" / f"{i:02d}.png").write_bytes(png)
+    return list_image_folder(root)
+
+
+def _ids(batch_images):
+    """File ids of a float [0, 1] (unnormalised) batch: the red channel at the centre."""
+    return np.rint(batch_images[:, 16, 16, 0] * 255).astype(int)
+
+
+def _stream(files, augment=True):
+    return classification_dataset(files, None, 5, seed=3, training=True, augment=augment,
+                                  image_size=32, repeat=True, drop_remainder=True,
+                                  mean=(0, 0, 0), std=(1, 1, 1))
+
+
+def test_folder_stream_permutes_the_whole_list_every_epoch(tmp_path):
+    files = _id_folder(tmp_path)  # 24 files, sorted by class; 4 batches of 5 per epoch
+    batches = [x for x, _ in itertools.islice(_stream(files, augment=False), 8)]
+    epoch0, epoch1 = np.concatenate([_ids(x) for x in batches[:4]]), \
+        np.concatenate([_ids(x) for x in batches[4:]])
+    assert len(set(epoch0)) == 20 and len(set(epoch1)) == 20  # each file at most once an epoch
+    assert epoch0.tolist() != sorted(epoch0.tolist()) and epoch0.tolist() != epoch1.tolist()
+    assert {i // 12 for i in epoch0[:10]} == {0, 1}  # both classes early, not class by class
+
+
+def test_folder_pretext_stream_resumes_exactly(tmp_path):
+    """Batch s of a stream started at step s equals batch s of the uninterrupted stream:
+    order, crops and homographies (seeded by the global element and batch indices)."""
+    files = _id_folder(tmp_path)
+
+    def pairs(start, n):
+        ds = pretext_dataset(files, 5, seed=3, image_size=32, start_step=start,
+                             mean=IMAGENET_MEAN, std=IMAGENET_STD)
+        return [(x.numpy(), tx.numpy(), p.numpy()) for (x, tx), p in itertools.islice(ds, n)]
+
+    full, resumed = pairs(0, 7), pairs(5, 2)
+    for a, b in zip(full[5:], resumed, strict=True):
+        for u, v in zip(a, b, strict=True):
+            np.testing.assert_array_equal(u, v)
+    assert not np.array_equal(full[5][0], full[6][0])
+    # ImageNet's normalisation: the images come back in [0, 1] with its mean and std.
+    raw = full[0][0] * np.float32(IMAGENET_STD) + np.float32(IMAGENET_MEAN)
+    assert raw.min() > -1e-5 and raw.max() < 1 + 1e-5
+
+
+@pytest.mark.parametrize("dataset", ["folder", "cifar10"])
+def test_pretext_pairs_are_normalised_with_the_datasets_constants(dataset, tmp_path):
+    """One rule (`normalization_constants`) for pretraining, probes and export: the TensorFlow
+    adapter's pairs of white and black images are (1 - mean) / std and -mean / std."""
+    from aetv2_tf import flags
+    from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD, normalization_constants
+    from aetv2_tf.train import TensorFlowPretext
+
+    size = 224 if dataset == "folder" else 32
+    if dataset == "folder":
+        for c, value in enumerate((255, 0)):
+            (tmp_path / f"class{c}").mkdir()
+            for i in range(4):
+                png = tf.io.encode_png(np.full((40, 48, 3), value, np.uint8)).numpy()
+                (tmp_path / f"class{c}" / f"{i}.png").write_bytes(png)
+        images = list_image_folder(tmp_path)
+        mean, std = IMAGENET_MEAN, IMAGENET_STD
+    else:
+        images = np.repeat(np.array([255, 0], np.uint8), 4)[:, None, None, None] * \
+            np.ones((1, size, size, 3), np.uint8)
+        mean, std = CIFAR10_MEAN, CIFAR10_STD
+    assert normalization_constants(dataset) == (mean, std)
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS(["test", f"--model_dir={tmp_path}"])
+    names = ("dataset", "backbone", "model_dir")
+    saved = {name: flags.FLAGS[name].value for name in names}
+    flags.FLAGS["dataset"].value = dataset
+    flags.FLAGS["backbone"].value = "alexnet" if dataset == "folder" else "nin"
+    flags.FLAGS["model_dir"].value = str(tmp_path / "run")
+    try:
+        adapter = TensorFlowPretext(tf.distribute.get_strategy(), True, images)
+        (x, _), _ = next(iter(adapter.dataset_from(0, batch_size=4, augment=False)))
+    finally:
+        for name, value in saved.items():
+            flags.FLAGS[name].value = value
+    assert x.shape == (4, size, size, 3)
+    values = np.unique(np.round(x.numpy(), 4).reshape(-1, 3), axis=0)
+    white = (1 - np.float32(mean)) / np.float32(std)
+    black = -np.float32(mean) / np.float32(std)
+    for row in values:  # (CIFAR-10's constants on the folder would give 2.51, not 2.25)
+        assert np.allclose(row, white, atol=1e-3) or np.allclose(row, black, atol=1e-3), row
