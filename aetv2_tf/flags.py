@@ -105,6 +105,11 @@ flags.DEFINE_enum("lr_schedule", "constant", ["constant", "aetv1", "cosine", "st
                   "constant; aetv1: the AETv1 piecewise table scaled to the run length; cosine; "
                   "step: x0.2 at 30%, 60%, 80% of the run (probe heads).")
 flags.DEFINE_integer("warmup_steps", 0, "Linear learning-rate warm-up steps.")
+flags.DEFINE_list("lr_drop_epochs", [],
+                  "lr_schedule=step: the epochs (of --epochs) at which the rate is multiplied by "
+                  "--lr_drop_factor, e.g. 5,15,25 (RotNet's linear probes); empty: at 30%, 60% "
+                  "and 80% of the run.")
+flags.DEFINE_float("lr_drop_factor", 0.2, "lr_schedule=step: the factor of each drop.")
 flags.DEFINE_float("momentum", 0.9, "SGD momentum (Nesterov).")
 flags.DEFINE_float("adam_beta1", 0.9, "Adam beta_1.")
 flags.DEFINE_float("adam_beta2", 0.999, "Adam beta_2.")

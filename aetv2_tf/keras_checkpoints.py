@@ -17,10 +17,12 @@ the Keras BN layer have the same variables in the same order (`models/layers.py`
 
 from __future__ import annotations
 
+import math
 import os
 import re
 
 import keras
+import numpy as np
 from absl import logging
 
 from aetv2_tf.callbacks import CheckpointStore
@@ -57,6 +59,25 @@ def save_atomically(saver, path: str) -> str:
         if os.path.exists(tmp):
             os.remove(tmp)
     return path
+
+
+def variables_bytes(variables) -> int:
+    """Bytes that `variables` take in a `.weights.h5` file (their shapes x dtype sizes)."""
+    return sum(math.prod(v.shape) * np.dtype(v.dtype).itemsize for v in variables)
+
+
+def disk_bytes_needed(model: keras.Model, encoder: keras.Model, keep: int, export: bool) -> int:
+    """What a run writes at most at once, from its model: `keep` checkpoints plus the one being
+    written (weights and optimizer moments: about 650 MB for AlexNet with Adam, 17 MB for NIN),
+    the final `encoder.weights.h5`, and with `export` the whole model with its optimizer
+    (`aet_model.keras`) and the SavedModel (the encoder, twice while it is replaced). Plus 2 %
+    and 1 MiB of file overhead."""
+    checkpoint = variables_bytes(model.weights) + variables_bytes(model.optimizer.variables)
+    encoder_bytes = variables_bytes(encoder.weights)
+    total = (keep + 1) * checkpoint + encoder_bytes
+    if export:
+        total += checkpoint + 2 * encoder_bytes
+    return int(total * 1.02) + 2**20
 
 
 class KerasCheckpoints(CheckpointStore):

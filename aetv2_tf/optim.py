@@ -7,6 +7,7 @@ where the interrupted one was (the AETv1 code restarts its schedule on resume; t
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import keras
 from keras import ops
@@ -17,20 +18,25 @@ from keras import ops
 AETV1_BOUNDARIES = (240 / 1500, 480 / 1500, 640 / 1500, 800 / 1500)
 AETV1_MULTIPLIERS = (1.0, 0.2, 0.04, 0.008, 0.0016)
 AETV1_DECAY_START, AETV1_FINAL_MULTIPLIER = 1000 / 1500, 1e-4
+#: `step`'s default drops, as fractions of the run (the probe heads' 30%, 60%, 80%).
+STEP_DROPS = (0.3, 0.6, 0.8)
 
 
 @keras.saving.register_keras_serializable(package="aetv2_tf")
 class Schedule(keras.optimizers.schedules.LearningRateSchedule):
     """Learning rate at a step: `constant`, `aetv1`, `cosine` or `step`, with linear warm-up.
 
-    `step` multiplies by 0.2 at 30%, 60% and 80% of `total_steps` (the probe-head schedules).
+    `step` multiplies by `drop_factor` (0.2) at each fraction `drops` of `total_steps` (30%, 60%
+    and 80%: the probe-head schedules; `--lr_drop_epochs` sets others).
     """
 
-    def __init__(self, kind: str, peak: float, total_steps: int, warmup_steps: int = 0):
+    def __init__(self, kind: str, peak: float, total_steps: int, warmup_steps: int = 0,
+                 drops: Sequence[float] = STEP_DROPS, drop_factor: float = 0.2):
         if kind not in ("constant", "aetv1", "cosine", "step"):
             raise ValueError(f"unknown --lr_schedule={kind!r}")
         self.kind, self.peak = kind, float(peak)
         self.total_steps, self.warmup_steps = max(int(total_steps), 1), int(warmup_steps)
+        self.drops, self.drop_factor = tuple(float(d) for d in drops), float(drop_factor)
 
     def _multiplier(self, frac):
         if self.kind == "constant":
@@ -38,7 +44,8 @@ class Schedule(keras.optimizers.schedules.LearningRateSchedule):
         if self.kind == "cosine":
             return 0.5 * (1.0 + ops.cos(math.pi * ops.minimum(frac, 1.0)))
         if self.kind == "step":
-            bounds, mults = (0.3, 0.6, 0.8), (1.0, 0.2, 0.04, 0.008)
+            bounds = self.drops
+            mults = tuple(self.drop_factor ** i for i in range(len(bounds) + 1))
         else:
             bounds, mults = AETV1_BOUNDARIES, AETV1_MULTIPLIERS
         m = ops.full_like(frac, mults[0])
@@ -60,7 +67,8 @@ class Schedule(keras.optimizers.schedules.LearningRateSchedule):
 
     def get_config(self) -> dict:
         return dict(kind=self.kind, peak=self.peak, total_steps=self.total_steps,
-                    warmup_steps=self.warmup_steps)
+                    warmup_steps=self.warmup_steps, drops=list(self.drops),
+                    drop_factor=self.drop_factor)
 
 
 @keras.saving.register_keras_serializable(package="aetv2_tf")

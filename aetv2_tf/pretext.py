@@ -15,6 +15,7 @@ and what a finished run writes.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import keras
@@ -82,6 +83,22 @@ class PretextAdapter:
         """Called once at the end (e.g. a non-chief worker's scratch directory)."""
 
 
+def check_disk(model: keras.Model, encoder: keras.Model) -> None:
+    """Fails before the first step, not at the first checkpoint hours later, when the model_dir's
+    disk cannot hold what this model's run writes (`disk_bytes_needed`), counting the checkpoints
+    already there as space (they are rotated out)."""
+    from aetv2_tf import rundir
+    from aetv2_tf.keras_checkpoints import disk_bytes_needed, list_checkpoints
+
+    F = FLAGS
+    needed = disk_bytes_needed(model, encoder, F.keep_checkpoints, F.export)
+    present = sum(os.path.getsize(path) for _, path in
+                  list_checkpoints(os.path.join(F.model_dir, "checkpoints")))
+    rundir.check_free_space(F.model_dir, needed - present,
+                            f"{F.keep_checkpoints} + 1 checkpoints of this model"
+                            f"{', the final encoder and the export' if F.export else ''}")
+
+
 def run(adapter: PretextAdapter, images, labels, num_examples: int | None) -> dict:
     """Trains the pretext model of the flags with `adapter`; returns the summary `train.main`
     prints (`program.fit_and_summarize`, plus what a finished run wrote)."""
@@ -97,6 +114,8 @@ def run(adapter: PretextAdapter, images, labels, num_examples: int | None) -> di
     encoder, model, schedule, optimizer = adapter.build(steps)
     store, start = adapter.checkpoints(model, optimizer)
     stop = program.stop_step(start, steps)
+    if adapter.chief and start < stop:
+        check_disk(model, encoder)
     counter = StepCounter(start, stop)
     callbacks = [counter, StopOnSignal(),
                  StopOnSkippedStep(optimizer, counter, F.on_nonfinite == "stop",

@@ -57,9 +57,34 @@ def check_flags(num_replicas: int, backend: str, accelerator: bool) -> None:
     if F.pretext == "rotation" and F.stage == "pretext" and F.batch_size % 4:
         raise UsageError(f"--pretext=rotation shows each image in its 4 rotations: "
                          f"--batch_size={F.batch_size} must be a multiple of 4.")
+    lr_drops()  # a bad --lr_drop_epochs fails here
     if F.pretext == "rotation" and F.loss == "mse" and F.stage == "pretext":
         logging.info("--loss is ignored by --pretext=rotation (cross-entropy over 4 rotations).")
     flag_support.check(backend, {name: FLAGS[name] for name in flag_support.TABLE})
+
+
+def lr_drops() -> tuple[float, ...]:
+    """`--lr_drop_epochs` as fractions of the run (epoch e of --epochs: e / epochs, also when
+    --train_steps sets the length; drops past the end never happen); () when it is empty (the
+    schedule's own 30/60/80%)."""
+    F = FLAGS
+    if not F.lr_drop_epochs:
+        return ()
+    try:
+        epochs = [int(e) for e in F.lr_drop_epochs]
+    except ValueError as e:
+        raise UsageError(f"--lr_drop_epochs={','.join(F.lr_drop_epochs)}: whole epochs, e.g. "
+                         "5,15,25.") from e
+    if F.lr_schedule != "step" or not F.epochs:
+        raise UsageError("--lr_drop_epochs needs --lr_schedule=step and --epochs (the drops are "
+                         f"epochs of it); got --lr_schedule={F.lr_schedule} --epochs={F.epochs}.")
+    if epochs != sorted(set(epochs)) or epochs[0] < 1:
+        raise UsageError(f"--lr_drop_epochs={','.join(F.lr_drop_epochs)}: increasing epochs "
+                         "from 1 on, e.g. 5,15,25.")
+    if epochs[-1] >= F.epochs:  # a shortened run (--epochs=2 for a check) keeps its config
+        logging.info("--lr_drop_epochs: the drops at epochs >= --epochs=%d do not happen.",
+                     F.epochs)
+    return tuple(e / F.epochs for e in epochs)
 
 
 def geodesic_loss(param_std, image_size: int):
@@ -104,7 +129,8 @@ def schedule_and_optimizer(model: keras.Model, steps: int):
     F = FLAGS
     if F.weight_decay_mode == "l2":
         optim.add_l2_decay(model, F.weight_decay)
-    schedule = optim.Schedule(F.lr_schedule, F.learning_rate, steps, F.warmup_steps)
+    schedule = optim.Schedule(F.lr_schedule, F.learning_rate, steps, F.warmup_steps,
+                              drops=lr_drops() or optim.STEP_DROPS, drop_factor=F.lr_drop_factor)
     optimizer = optim.build_optimizer(
         F.optimizer, schedule, momentum=F.momentum, beta_1=F.adam_beta1,
         beta_2=F.adam_beta2, weight_decay=F.weight_decay,

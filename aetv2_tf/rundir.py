@@ -45,12 +45,20 @@ def check_writable(model_dir: str, min_free_bytes: int = MIN_FREE_BYTES) -> None
         _remove_if_created(model_dir, created)
         raise UsageError(f"--model_dir={model_dir} is not writable ({e.strerror}); choose a "
                          "directory you can write to.") from e
-    free = shutil.disk_usage(model_dir).free
-    if free < min_free_bytes:
+    try:
+        check_free_space(model_dir, min_free_bytes)
+    except UsageError:
         _remove_if_created(model_dir, created)
+        raise
+
+
+def check_free_space(model_dir: str, needed_bytes: int, what: str = "checkpoints") -> None:
+    """UsageError naming the shortfall when `model_dir`'s disk has less than `needed_bytes`."""
+    free = shutil.disk_usage(model_dir).free
+    if free < needed_bytes:
         raise UsageError(f"--model_dir={model_dir} has only {free / 2**20:.1f} MiB free; "
-                         f"checkpoints need at least {min_free_bytes / 2**20:.0f} MiB. Free some "
-                         "space or choose another --model_dir.")
+                         f"{what} need at least {needed_bytes / 2**20:.0f} MiB. Free some "
+                         "space, lower --keep_checkpoints, or choose another --model_dir.")
 
 
 def _remove_if_created(model_dir: str, created: bool) -> None:

@@ -10,6 +10,11 @@ ImageNet input that feeds accelerators": cores per accelerator = this rate / pai
 
     KERAS_BACKEND=jax python -m benchmarks.alexnet_step --batch=256 --steps=60 --repeats=3
     KERAS_BACKEND=jax python -m benchmarks.alexnet_step --batch=4 --steps=2 --repeats=1  # CPU check
+    python -m benchmarks.alexnet_step --probe=linear --feature=conv5 --batch=192   # a probe step
+
+`--probe=linear|nonlinear --feature=convN` times a probe's step instead: the frozen AlexNet
+(inference mode) under the trainable head of that probe (1000 classes, SGD), on normalised
+float32 images sent each step: images/s ("pairs" then means images).
 
 Prints one line per timed repeat and a final `RESULT` line with the median pairs/s.
 """
@@ -34,6 +39,8 @@ def main() -> None:
     parser.add_argument("--steps_per_execution", type=int, default=10)
     parser.add_argument("--precision", default="mixed_bfloat16",
                         choices=("mixed_bfloat16", "float32"))
+    parser.add_argument("--probe", default=None, choices=("linear", "nonlinear"))
+    parser.add_argument("--feature", default="conv5", help="--probe: the frozen feature")
     args = parser.parse_args()
     import keras  # after aetv2_tf (its oneDNN setting precedes any TensorFlow import)
 
@@ -48,15 +55,28 @@ def main() -> None:
     keras.mixed_precision.set_global_policy(args.precision)
     keras.utils.set_random_seed(0)
     encoder = build_backbone("alexnet", (args.size, args.size, 3), batch_norm="keras")
-    model = build_pairs_model(encoder, seed=0, mean=IMAGENET_MEAN, std=IMAGENET_STD)
-    model.compile(optimizer=keras.optimizers.Adam(1e-4), loss=GeodesicLoss(),
-                  steps_per_execution=spe)
-    images = np.random.default_rng(0).integers(
-        0, 256, (args.batch * spe, args.size, args.size, 3), dtype=np.uint8)
+    rng = np.random.default_rng(0)
+    if args.probe:
+        from aetv2_tf.probes.classifier import build_probe
+
+        model = build_probe(encoder, args.feature, args.probe, 1000, (args.size, args.size, 3),
+                            batch_norm="keras", pool="max",
+                            extra_convs=int(args.probe == "nonlinear" and args.feature == "conv4"))
+        model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9, nesterov=True),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      steps_per_execution=spe)
+        images = rng.standard_normal((args.batch * spe, args.size, args.size, 3), np.float32)
+        labels = rng.integers(0, 1000, len(images))
+    else:
+        model = build_pairs_model(encoder, seed=0, mean=IMAGENET_MEAN, std=IMAGENET_STD)
+        model.compile(optimizer=keras.optimizers.Adam(1e-4), loss=GeodesicLoss(),
+                      steps_per_execution=spe)
+        images = rng.integers(0, 256, (args.batch * spe, args.size, args.size, 3), np.uint8)
+        labels = None
 
     def fit(steps: int) -> float:
         start = time.perf_counter()
-        history = model.fit(images, batch_size=args.batch, epochs=steps // spe,
+        history = model.fit(images, labels, batch_size=args.batch, epochs=steps // spe,
                             steps_per_epoch=spe, shuffle=False, verbose=0)
         float(history.history["loss"][-1])  # the last step has finished
         return time.perf_counter() - start
@@ -71,8 +91,9 @@ def main() -> None:
         rates.append(args.steps * args.batch / seconds)
         print(f"repeat {repeat}: {args.steps} steps in {seconds:.2f} s = {rates[-1]:.0f} pairs/s",
               flush=True)
+    what = f"probe={args.probe} feature={args.feature} " if args.probe else ""
     print(f"RESULT alexnet_pairs_per_s={statistics.median(rates):.1f} batch={args.batch} "
-          f"size={args.size} precision={args.precision} backend={keras.backend.backend()}")
+          f"size={args.size} precision={args.precision} {what}backend={keras.backend.backend()}")
 
 
 if __name__ == "__main__":

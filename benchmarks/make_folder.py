@@ -1,7 +1,8 @@
-"""Class folders of JPEGs made from CIFAR-10, for the ImageNet/Places paths without ImageNet.
+"""ImageNet/Places-shaped data made from CIFAR-10, for the 224-pixel paths without ImageNet.
 
     python -m benchmarks.make_folder --out=/tmp/cifar_folder            # 10 classes, 256 px
     python -m benchmarks.make_folder --out=DIR --train_per_class=500 --val_per_class=50 --corrupt
+    python -m benchmarks.make_folder --out=DIR --tfds=imagenet2012     # a prepared tfds copy
 
 Writes ``OUT/train/<class>/<i>.JPEG`` and ``OUT/val/<class>/<i>.JPEG`` (the ILSVRC layout: a
 folder per class, upper-case ``.JPEG``): the first images of each CIFAR-10 class, upscaled
@@ -9,6 +10,12 @@ bilinearly to ``--size`` x ``--size`` and encoded at JPEG quality 90 (real photo
 ImageNet's, if blurry). ``--corrupt`` adds the bad files that real ImageNet-scale folders hold,
 to the first training class: a truncated JPEG, a text file named ``.JPEG``, an empty file, and
 a PNG named ``.JPEG`` (which decodes: ImageNet has one).
+
+``--tfds=imagenet2012|places365_small`` instead prepares ``OUT/<name>/<version>/`` as
+tensorflow-datasets would from the real archives (`prepare_tiny_tfds`: the real builder's
+features and splits, "train" and "validation", with the CIFAR-10 images as examples), so that
+``tfds.builder(name, data_dir=OUT)`` and the programs' ``--dataset=<name> --data_dir=OUT`` read
+it offline. The labels are CIFAR-10's 10 classes, written as the first 10 of the dataset's.
 """
 
 from __future__ import annotations
@@ -60,6 +67,42 @@ def write_cifar10_folder(root, cifar10_dir=CIFAR10, train_per_class: int = 8,
     return root
 
 
+def prepare_tiny_tfds(name: str, data_dir, cifar10_dir=CIFAR10, train_per_class: int = 4,
+                      val_per_class: int = 1, size: int = 64) -> pathlib.Path:
+    """A prepared tensorflow-datasets ``name`` in ``data_dir`` (module docstring); returns the
+    data_dir. The real builder class writes it, its example generation replaced."""
+    import tensorflow as tf
+    import tensorflow_datasets as tfds
+    from tensorflow_datasets.core import registered
+
+    images, labels = load_cifar10(cifar10_dir, "train")
+    counts = {"train": train_per_class, "validation": val_per_class}
+
+    def examples(split: str, features):
+        offset = 0 if split == "train" else train_per_class
+        side = features["image"].shape[0] or size  # places365_small's images are 256 x 256
+        for label in range(CIFAR10_CLASSES):
+            for j, index in enumerate(np.flatnonzero(labels == label)[offset:][:counts[split]]):
+                image = tf.cast(tf.round(tf.image.resize(images[index], (side, side))), tf.uint8)
+                example = {"image": image.numpy(), "label": label}
+                for key in {"file_name", "filename"} & set(features):
+                    example[key] = f"{CLASS_NAMES[label]}_{split}_{j}.JPEG"
+                yield f"{split}-{label}-{j}", example
+
+    with registered.skip_registration():
+        class Tiny(tfds.builder_cls(name)):
+            def _split_generators(self, dl_manager):
+                return {split: examples(split, self.info.features) for split in counts}
+
+        Tiny.name = name
+        builder = Tiny(data_dir=str(data_dir))
+    manual = pathlib.Path(data_dir) / "manual"
+    manual.mkdir(parents=True, exist_ok=True)
+    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
+        manual_dir=str(manual)))
+    return pathlib.Path(data_dir)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
@@ -68,7 +111,13 @@ def main() -> None:
     parser.add_argument("--val_per_class", type=int, default=2)
     parser.add_argument("--size", type=int, default=256)
     parser.add_argument("--corrupt", action="store_true")
+    parser.add_argument("--tfds", choices=("imagenet2012", "places365_small"), default=None)
     args = parser.parse_args()
+    if args.tfds:
+        prepare_tiny_tfds(args.tfds, args.out, args.cifar10_dir, args.train_per_class,
+                          args.val_per_class, args.size)
+        print(f"{args.out}: tensorflow-datasets {args.tfds} prepared")
+        return
     root = write_cifar10_folder(args.out, args.cifar10_dir, args.train_per_class,
                                 args.val_per_class, args.size, args.corrupt)
     count = sum(1 for p in root.rglob("*.JPEG"))

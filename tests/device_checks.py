@@ -189,7 +189,7 @@ def loss_step_outputs(uint8_images: np.ndarray) -> dict:
     inputs = keras.Input((32, 32, 3))
     init = keras.initializers.GlorotUniform(seed=1)
     block = layers.Conv2D(4, 3, strides=4, kernel_initializer=init)(inputs)
-    encoder = keras.Model(inputs, {"block4": block})
+    encoder = keras.Model(inputs, {"block4": block}, name="nin")  # a small NIN stand-in
     model = build_pairs_model(encoder, FIT_SEED, count_steps=True)
     decay = GeodesicLoss(mse_weight=1.0, mse_std=[1.0] * 8, mse_decay_steps=3)
     decay.step = model.loss_step

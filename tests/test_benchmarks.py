@@ -144,6 +144,10 @@ def test_alexnet_step_module(benchmarks_md_untouched):
     result = [r for r in proc.stdout.splitlines() if r.startswith("RESULT ")]
     assert len(result) == 1 and "batch=2 size=224 precision=float32" in result[0], proc.stdout
     assert float(result[0].split()[1].split("=")[1]) > 0
+    probe = run_module("benchmarks.alexnet_step", "--probe=linear", "--feature=conv2",
+                       "--batch=2", "--steps=2", "--repeats=1", "--steps_per_execution=2",
+                       "--precision=float32", timeout=300)
+    assert "probe=linear feature=conv2" in probe.stdout.splitlines()[-1], probe.stdout
     bad = run_module("benchmarks.alexnet_step", "--steps=5", "--steps_per_execution=2",
                      check=False, timeout=120)
     assert bad.returncode == 2 and "--steps=5 must be a multiple" in bad.stderr

@@ -28,6 +28,23 @@ def test_cosine_and_warmup():
         .get_config() == s.get_config()
 
 
+def test_step_schedule_drops_at_the_given_epochs():
+    """`--lr_drop_epochs=100,150 --lr_drop_factor=0.1` of 200 epochs (the ImageNet pretraining
+    config), 10 steps an epoch; and the probes' per-epoch form with RotNet's 5, 15, 25 of 35."""
+    s = optim.Schedule("step", 1e-4, total_steps=2000, drops=(0.5, 0.75), drop_factor=0.1)
+    for step, lr in {0: 1e-4, 999: 1e-4, 1000: 1e-5, 1499: 1e-5, 1500: 1e-6, 1999: 1e-6}.items():
+        assert float(s(step)) == pytest.approx(lr, rel=1e-5), step
+    assert keras.optimizers.schedules.deserialize(keras.optimizers.schedules.serialize(s)) \
+        .get_config() == s.get_config()
+    default = optim.Schedule("step", 1.0, total_steps=100)
+    assert [float(default(i)) for i in (29, 30, 60, 80)] == pytest.approx([1, 0.2, 0.04, 0.008])
+    from aetv2_tf.probes.classifier import step_lr_schedule
+
+    rotnet = step_lr_schedule(35, base_lr=0.01, milestones=(5 / 35, 15 / 35, 25 / 35))
+    assert [rotnet(e) for e in (0, 4, 5, 14, 15, 25, 34)] == pytest.approx(
+        [0.01, 0.01, 0.002, 0.002, 0.0004, 0.00008, 0.00008])
+
+
 def test_skip_non_finite_leaves_weights_slots_and_step_untouched():
     var = keras.Variable(np.ones(3, np.float32))
     opt = optim.build_optimizer("adam", 0.1)

@@ -107,6 +107,11 @@ def cases(tmp: pathlib.Path) -> dict[str, Case]:
         "data_wrong_dtype": Case((f"--data_dir={tmp / 'dtype'}",),
                                  r"data_batch_2: data has shape \(16, 3072\) dtype float32, "
                                  r"expected \(N, 3072\) uint8"),
+        "lr_drops_not_increasing": Case(("--lr_schedule=step", "--epochs=30",
+                                         "--lr_drop_epochs=20,10"),
+                                        "--lr_drop_epochs=20,10: increasing epochs from 1 on"),
+        "lr_drops_without_step": Case(("--lr_drop_epochs=5",),
+                                      "--lr_drop_epochs needs --lr_schedule=step and --epochs"),
         "model_dir_under_a_file": Case((f"--model_dir={tmp / 'a_file' / 'run'}",),
                                        "a_file/run is not writable.*choose a directory"),
     }
@@ -174,3 +179,47 @@ def test_full_disk_fails_at_start_up(tmp_path, monkeypatch):
         rundir.prepare(str(model_dir), {"stage": "pretext"}, "--stage=pretext\n",
                        ("stage",), overwrite=False)
     assert not model_dir.exists()
+
+
+def test_the_disk_check_is_sized_from_the_model(tmp_path, monkeypatch):
+    """`disk_bytes_needed` bounds the real size of a checkpoint file from above (by at most
+    its 2 % + 1 MiB margin); an AlexNet run (about 650 MB a checkpoint with Adam) is refused
+    before its first step on a disk with 1 GiB free, naming what needs the space."""
+    import keras
+    import numpy as np
+
+    from aetv2_tf import flags, pretext
+    from aetv2_tf.keras_checkpoints import disk_bytes_needed, variables_bytes
+    from aetv2_tf.models import build_aet_model, build_backbone
+
+    def compiled(backbone, size):
+        encoder = build_backbone(backbone, (size, size, 3), batch_norm="keras")
+        model = build_aet_model(encoder)
+        model.compile(optimizer=keras.optimizers.Adam(), loss="mse")
+        model.optimizer.build(model.trainable_variables)
+        return encoder, model
+
+    encoder, model = compiled("nin", 32)
+    model.save_weights(tmp_path / "ckpt.weights.h5")
+    real_size = (tmp_path / "ckpt.weights.h5").stat().st_size
+    one = disk_bytes_needed(model, encoder, keep=0, export=False) - variables_bytes(
+        encoder.weights) * 1.02
+    assert real_size <= one <= real_size * 1.05 + 2**20, (real_size, one)
+    weights = sum(int(np.prod(w.shape)) for w in model.weights)
+    assert variables_bytes(model.weights) == 4 * weights  # float32
+
+    encoder, model = compiled("alexnet", 224)
+    needed = disk_bytes_needed(model, encoder, keep=3, export=True)
+    assert 3.3e9 < needed < 4.3e9  # 5 checkpoints of ~680 MB, the encoder 3 times
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: real(path)._replace(free=2**30))
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS(["test", f"--model_dir={tmp_path}"])
+    saved = flags.FLAGS["model_dir"].value
+    flags.FLAGS["model_dir"].value = str(tmp_path)
+    try:
+        with pytest.raises(UsageError, match=r"1024.0 MiB free; 3 \+ 1 checkpoints of this model, "
+                                             r"the final encoder and the export need at least"):
+            pretext.check_disk(model, encoder)
+    finally:
+        flags.FLAGS["model_dir"].value = saved

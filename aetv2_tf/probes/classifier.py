@@ -31,6 +31,7 @@ import keras
 import numpy as np
 
 from aetv2_tf import summaries
+from aetv2_tf.optim import STEP_DROPS
 
 # --- optimiser and schedule -------------------------------------------------------------------
 
@@ -89,7 +90,7 @@ def step_lr_schedule(
     epochs: int,
     base_lr: float = 0.1,
     factor: float = 0.2,
-    milestones: Sequence[float] = (0.3, 0.6, 0.8),
+    milestones: Sequence[float] = STEP_DROPS,
 ) -> Callable[[int], float]:
     """Per-epoch step schedule ``epoch (0-based) -> lr``.
 

@@ -44,10 +44,12 @@ from aetv2_tf import program
 from aetv2_tf.data.constants import normalization_constants
 from aetv2_tf.flags import FLAGS, run_flags
 from aetv2_tf.models import DEFAULT_INPUT_SHAPES, build_head, build_nin
+from aetv2_tf.optim import STEP_DROPS
 from aetv2_tf.probes import encoders
 from aetv2_tf.probes.classifier import (
     build_probe,
     probe_optimizer,
+    step_lr_schedule,
     train_probe,
     write_test_top1,
 )
@@ -236,6 +238,16 @@ def supervised_model(feature: str, num_classes: int,
     return keras.Model(images, head(features), name="supervised_nin")
 
 
+def probe_schedule() -> Callable[[int], float] | None:
+    """The heads' per-epoch rate: `--lr_schedule=step` drops by `--lr_drop_factor` at
+    `--lr_drop_epochs` (default: 30%, 60%, 80% of --epochs); other schedules: constant."""
+    F = FLAGS
+    if F.lr_schedule != "step":
+        return None
+    return step_lr_schedule(F.epochs, base_lr=F.learning_rate, factor=F.lr_drop_factor,
+                            milestones=program.lr_drops() or STEP_DROPS)
+
+
 def fit_head(model: keras.Model, data: ProbeData, batches: Callable, chief: bool) -> dict:
     """`train_probe` with the stage's flags; returns the selection and test numbers."""
     F = FLAGS
@@ -245,7 +257,7 @@ def fit_head(model: keras.Model, data: ProbeData, batches: Callable, chief: bool
         model, batches(data.train, data.train_labels, True),
         batches(data.val, data.val_labels, False), batches(data.test, data.test_labels, False),
         epochs=F.epochs, optimizer=optimizer,
-        lr_schedule="step" if F.lr_schedule == "step" else None,
+        lr_schedule=probe_schedule(),
         model_dir=F.model_dir if chief else None, log_dir=F.model_dir if chief else None,
         verbose=F.verbose)
     history = [round(float(v), 2) for v in outcome["val_top1_history"]]
