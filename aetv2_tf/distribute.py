@@ -87,6 +87,15 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
     return resolver.task_type == "worker" and resolver.task_id == 0 and not has_chief
 
 
+def num_workers(strategy: tf.distribute.Strategy) -> int:
+    """The machines of the cluster that train (its `chief` and `worker` tasks); 1 outside one."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not getattr(resolver, "task_type", None):
+        return 1
+    spec = resolver.cluster_spec()
+    return sum(spec.num_tasks(job) for job in ("chief", "worker") if job in spec.jobs)
+
+
 def task_name(strategy: tf.distribute.Strategy) -> str:
     """`<task_type>_<task_id>` of this process in a cluster (`worker_1`), `local` outside one."""
     resolver = getattr(strategy, "cluster_resolver", None)

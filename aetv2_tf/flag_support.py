@@ -23,13 +23,15 @@ class Rule:
     the fix; `example` is one refused value (the table's test uses it); with
     `unless_tensorflow_importable` the value is refused only where TensorFlow cannot be
     imported (the adapter then uses TensorFlow beside the backend), and, when `stages` is not
-    empty, only in those `--stage` values."""
+    empty, only in those `--stage` values; `native` lists `(stage, value)` pairs that the
+    backend runs by itself although `refused` says otherwise."""
 
     refused: Callable[[Any, bool], bool]
     why: str
     example: Any
     unless_tensorflow_importable: bool = False
     stages: tuple[str, ...] = ()
+    native: tuple[tuple[str, Any], ...] = ()
 
 
 EVERYWHERE = None
@@ -38,8 +40,10 @@ TABLE: dict[str, Rule | None] = {
     "dataset": Rule(lambda v, _: v != "cifar10",
                     "is read by tf.data (tensorflow-datasets, image folders), which the probe "
                     "stages use beside this backend where TensorFlow is importable; pretraining "
-                    "here reads CIFAR-10's python files: use --dataset=cifar10", "imagenet2012",
-                    unless_tensorflow_importable=True, stages=("probe", "supervised")),
+                    "here reads CIFAR-10's python files or image folders (Pillow): use "
+                    "--dataset=cifar10 or --dataset=folder", "imagenet2012",
+                    unless_tensorflow_importable=True, stages=("probe", "supervised"),
+                    native=(("pretext", "folder"),)),
     "download": Rule(lambda v, _: bool(v),
                      "is tensorflow-datasets' download; prepare the data under TensorFlow once, "
                      "or pass --data_dir=<cifar-10-batches-py>", True),
@@ -71,7 +75,8 @@ for _name in (
     "decoder_init_rotation", "mse_normalize", "backbone", "batch_norm", "data_dir",
     "train_examples", "shift", "augment", "model_dir", "overwrite", "batch_size", "epochs",
     "train_steps", "train_seconds", "stop_after_steps", "steps_per_execution", "optimizer",
-    "learning_rate", "lr_schedule", "warmup_steps", "momentum", "adam_beta1", "adam_beta2",
+    "learning_rate", "lr_schedule", "lr_drop_epochs", "lr_drop_factor", "warmup_steps",
+    "momentum", "adam_beta1", "adam_beta2",
     "weight_decay", "weight_decay_mode", "seed", "mixed_precision", "on_nonfinite",
     "checkpoint_every_steps", "keep_checkpoints", "summary_every_steps", "quick_knn_train",
     "quick_knn_test", "verbose", "pretrained", "feature", "probe_pool", "method", "dataset_name",
@@ -108,6 +113,8 @@ def refusals(backend: str, flags: dict[str, Any]) -> list[str]:
             continue
         stage_ok = not rule.stages or "stage" in flags and flags["stage"].value in rule.stages
         if rule.unless_tensorflow_importable and stage_ok and tensorflow_importable():
+            continue
+        if "stage" in flags and (flags["stage"].value, flag.value) in rule.native:
             continue
         value = str(flag.value).lower() if isinstance(flag.value, bool) else flag.value
         out.append(f"--{name}={value} is not available with KERAS_BACKEND={backend}: it "

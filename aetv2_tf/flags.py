@@ -103,7 +103,8 @@ flags.DEFINE_enum("optimizer", "adam", ["adam", "sgd"], "adam (AETv2) or SGD Nes
 flags.DEFINE_float("learning_rate", 1e-5, "Peak learning rate.")
 flags.DEFINE_enum("lr_schedule", "constant", ["constant", "aetv1", "cosine", "step"],
                   "constant; aetv1: the AETv1 piecewise table scaled to the run length; cosine; "
-                  "step: x0.2 at 30%, 60%, 80% of the run (probe heads).")
+                  "step: x--lr_drop_factor at --lr_drop_epochs (default x0.2 at 30%, 60%, 80% "
+                  "of the run).")
 flags.DEFINE_integer("warmup_steps", 0, "Linear learning-rate warm-up steps.")
 flags.DEFINE_list("lr_drop_epochs", [],
                   "lr_schedule=step: the epochs (of --epochs) at which the rate is multiplied by "
@@ -206,6 +207,8 @@ for _name in ("quick_knn_train", "mse_decay_steps", "epochs", "train_steps", "st
     _positive(_name, allow_zero=True)
 flags.register_validator("train_seconds", lambda v: v >= 0,
                          message="--train_seconds must be >= 0 (0: off).")
+flags.register_validator("lr_drop_factor", lambda v: v > 0,
+                         message="--lr_drop_factor must be > 0 (0.1 divides the rate by 10)")
 flags.register_validator("loss_frame_scale", lambda v: v > 0,
                          message="--loss_frame_scale must be > 0 (1: the model frame).")
 flags.register_validator("angle_power", lambda v: v in (1, 2),

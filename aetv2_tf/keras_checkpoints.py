@@ -66,15 +66,17 @@ def variables_bytes(variables) -> int:
     return sum(math.prod(v.shape) * np.dtype(v.dtype).itemsize for v in variables)
 
 
-def disk_bytes_needed(model: keras.Model, encoder: keras.Model, keep: int, export: bool) -> int:
+def disk_bytes_needed(model: keras.Model, encoder: keras.Model, keep: int, export: bool,
+                      other_writers: int = 0) -> int:
     """What a run writes at most at once, from its model: `keep` checkpoints plus the one being
     written (weights and optimizer moments: about 650 MB for AlexNet with Adam, 17 MB for NIN),
     the final `encoder.weights.h5`, and with `export` the whole model with its optimizer
-    (`aet_model.keras`) and the SavedModel (the encoder, twice while it is replaced). Plus 2 %
-    and 1 MiB of file overhead."""
+    (`aet_model.keras`) and the SavedModel (the encoder, twice while it is replaced); each of
+    `other_writers` workers keeps one throwaway checkpoint and writes the next. Plus 2 % and
+    1 MiB of file overhead."""
     checkpoint = variables_bytes(model.weights) + variables_bytes(model.optimizer.variables)
     encoder_bytes = variables_bytes(encoder.weights)
-    total = (keep + 1) * checkpoint + encoder_bytes
+    total = (keep + 1 + 2 * other_writers) * checkpoint + encoder_bytes
     if export:
         total += checkpoint + 2 * encoder_bytes
     return int(total * 1.02) + 2**20

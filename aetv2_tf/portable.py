@@ -115,9 +115,20 @@ class KerasPretext(pretext.PretextAdapter):
         # Reading the skip counter waits for the device: every step only with --on_nonfinite=stop.
         self.skip_check_every = 1 if F.on_nonfinite == "stop" else F.summary_every_steps
 
-    def batches(self, start: int, stop: int):
-        from aetv2_tf.data.stream import ImageBatches
+    @property
+    def files(self) -> bool:
+        """The images are a folder's file list (decoded by the reader's threads, which crop and
+        flip them by the 224-pixel protocol: the device then does not augment again)."""
+        from aetv2_tf.data.files import ImageFiles
 
+        return isinstance(self.images, ImageFiles)
+
+    def batches(self, start: int, stop: int):
+        from aetv2_tf.data.stream import FileBatches, ImageBatches
+
+        if self.files:  # Pillow releases the GIL: threads decode in parallel
+            return FileBatches(self.images, self.images_per_step, FLAGS.seed, start, stop,
+                               self.size, FLAGS.augment, workers=min(os.cpu_count() or 1, 32))
         return ImageBatches(self.images, self.images_per_step, FLAGS.seed, start, stop)
 
     def build(self, steps: int):
@@ -127,11 +138,12 @@ class KerasPretext(pretext.PretextAdapter):
         F = FLAGS
         keras.utils.set_random_seed(F.seed)  # the same weights whatever was built before
         encoder = build_backbone(F.backbone, (self.size, self.size, 3), batch_norm="keras")
+        augment = F.augment and not self.files
         if self.rotation:
-            model = build_rotations_model(encoder, F.seed, augment=F.augment,
+            model = build_rotations_model(encoder, F.seed, augment=augment,
                                           mean=self.mean, std=self.std)
         else:
-            model = build_pairs_model(encoder, F.seed, shift=F.shift, augment=F.augment,
+            model = build_pairs_model(encoder, F.seed, shift=F.shift, augment=augment,
                                       mean=self.mean, std=self.std,
                                       param_scale=self.param_std if self.decoder_scaled else None,
                                       init_rotation_deg=F.decoder_init_rotation,
@@ -152,7 +164,11 @@ class KerasPretext(pretext.PretextAdapter):
             restore_checkpoint(model, directory)
 
     def summaries(self, counter, schedule):
-        return summary_callbacks(counter, schedule, self.images, self.mean, self.std)
+        from aetv2_tf.data.stream import load_crop
+
+        sample = np.stack([load_crop(p, self.size, None) for p in self.images.paths[:4]]) \
+            if self.files else self.images[:4]
+        return summary_callbacks(counter, schedule, sample, self.mean, self.std)
 
     def export(self, encoder, model) -> dict:
         return export_saved_model()
@@ -185,10 +201,10 @@ def export_saved_model() -> dict:
     return {"export": out}
 
 
-def summary_callbacks(counter, schedule, images, mean, std) -> list[keras.callbacks.Callback]:
+def summary_callbacks(counter, schedule, sample, mean, std) -> list[keras.callbacks.Callback]:
     """The logs of `callbacks.PretextSummaries` (interval means, learning rate, pairs/s): rows of
     train/log.csv always; where TensorFlow is importable also TensorBoard, its scalars and (AET)
-    the image pairs of 4 fixed training `images` every `--image_summary_every_steps` (kept on
+    the image pairs of the 4 training images `sample` every `--image_summary_every_steps` (kept on
     the CPU: it must not take the accelerator's memory), normalised with `mean`, `std`."""
     from aetv2_tf.callbacks import PretextSummaries
     from aetv2_tf.summaries import CsvLog
@@ -229,7 +245,7 @@ def summary_callbacks(counter, schedule, images, mean, std) -> list[keras.callba
     from aetv2_tf.visualize import draw_pairs
 
     x, tx, params = HomographyPairs(seed=F.seed + 1, shift=F.shift, augment=False, mean=mean,
-                                    std=std)(images[:4])
+                                    std=std)(sample)
     sample = (np.asarray(x), np.asarray(tx)), np.asarray(params)
     return out + [Pairs(*args[:4], F.image_summary_every_steps or 10 * F.summary_every_steps,
                         F.batch_size, sample, lambda x, tx, p, q: draw_pairs(

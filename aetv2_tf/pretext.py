@@ -41,6 +41,7 @@ class PretextAdapter:
     the device)."""
 
     chief: bool = True
+    other_writers: int = 0  # workers that write throwaway checkpoints beside the chief's
     fit_kwargs: dict[str, Any] = {}
     skip_check_every: int = 1
 
@@ -83,15 +84,16 @@ class PretextAdapter:
         """Called once at the end (e.g. a non-chief worker's scratch directory)."""
 
 
-def check_disk(model: keras.Model, encoder: keras.Model) -> None:
+def check_disk(model: keras.Model, encoder: keras.Model, other_writers: int = 0) -> None:
     """Fails before the first step, not at the first checkpoint hours later, when the model_dir's
     disk cannot hold what this model's run writes (`disk_bytes_needed`), counting the checkpoints
-    already there as space (they are rotated out)."""
+    already there as space (they are rotated out); `other_writers` workers beside the chief
+    each keep one throwaway checkpoint under `<model_dir>/.worker_tmp` (a shared disk)."""
     from aetv2_tf import rundir
     from aetv2_tf.keras_checkpoints import disk_bytes_needed, list_checkpoints
 
     F = FLAGS
-    needed = disk_bytes_needed(model, encoder, F.keep_checkpoints, F.export)
+    needed = disk_bytes_needed(model, encoder, F.keep_checkpoints, F.export, other_writers)
     present = sum(os.path.getsize(path) for _, path in
                   list_checkpoints(os.path.join(F.model_dir, "checkpoints")))
     rundir.check_free_space(F.model_dir, needed - present,
@@ -115,7 +117,7 @@ def run(adapter: PretextAdapter, images, labels, num_examples: int | None) -> di
     store, start = adapter.checkpoints(model, optimizer)
     stop = program.stop_step(start, steps)
     if adapter.chief and start < stop:
-        check_disk(model, encoder)
+        check_disk(model, encoder, adapter.other_writers)
     counter = StepCounter(start, stop)
     callbacks = [counter, StopOnSignal(),
                  StopOnSkippedStep(optimizer, counter, F.on_nonfinite == "stop",

@@ -41,8 +41,9 @@ def check_flags(num_replicas: int, backend: str, accelerator: bool) -> None:
     if F.dataset == "cifar10" and F.backbone == "alexnet":
         raise UsageError("--backbone=alexnet expects 224x224 images, --dataset=cifar10 has 32x32; "
                          "use --backbone=nin for CIFAR-10.")
-    if F.dataset != "cifar10" and F.backbone == "nin":
-        raise UsageError(f"--backbone=nin is the CIFAR-10 network; use --backbone=alexnet for "
+    if F.dataset not in ("cifar10", "folder") and F.backbone == "nin":
+        raise UsageError(f"--backbone=nin is the CIFAR-10 network (also for folders of small "
+                         f"images, cropped to 32 px); use --backbone=alexnet for "
                          f"--dataset={F.dataset}.")
     if F.stage == "probe" and not F.pretrained:
         raise UsageError("--stage=probe needs --pretrained=<model_dir|SavedModel dir|none>.")

@@ -94,16 +94,36 @@ class TensorFlowPretext(pretext.PretextAdapter):
         self.make_data = pipelines.rotation_dataset if self.rotation else \
             pipelines.pretext_dataset
         self.worker_tmp = os.path.join(F.model_dir, ".worker_tmp", distribute.task_name(strategy))
+        self.other_writers = distribute.num_workers(strategy) - 1
 
     def dataset_from(self, step: int, batch_size: int | None = None, **kwargs):
         F = FLAGS
-        options = {} if self.rotation else {"shift": F.shift, "augment": F.augment}
+        options = {"augment": F.augment} if self.rotation else \
+            {"shift": F.shift, "augment": F.augment}
         return self.make_data(self.images, batch_size or F.batch_size, image_size=self.size,
                               mean=self.mean, std=self.std,
                               **{"seed": F.seed, "start_step": step, **options, **kwargs})
 
     def batches(self, start: int, stop: int):
-        return self.dataset_from(start).take(stop - start)
+        """Steps `start .. stop - 1`. A file list on several replicas goes through
+        `distribute_datasets_from_function`: each worker decodes only its rows of every global
+        batch (`pipelines.pretext_dataset`'s `shard`), split into its replicas' batches; other
+        sources are split by Keras (`experimental_distribute_dataset`: every worker computes
+        the whole batch and keeps its part, which is cheap for CIFAR-10 arrays)."""
+        from aetv2_tf.data.files import ImageFiles
+
+        if not isinstance(self.images, ImageFiles) or self.strategy.num_replicas_in_sync == 1:
+            return self.dataset_from(start).take(stop - start)
+
+        def per_worker(context: tf.distribute.InputContext) -> tf.data.Dataset:
+            shard = (context.input_pipeline_id, context.num_input_pipelines)
+            local = context.num_replicas_in_sync // context.num_input_pipelines
+            per_replica = context.get_per_replica_batch_size(FLAGS.batch_size)
+            return self.dataset_from(start, shard=shard).rebatch(
+                per_replica, drop_remainder=True).take(
+                (stop - start) * local)
+
+        return self.strategy.distribute_datasets_from_function(per_worker)
 
     def build(self, steps: int):
         from aetv2_tf import distribute
@@ -136,7 +156,9 @@ class TensorFlowPretext(pretext.PretextAdapter):
         if not start and tf.train.latest_checkpoint(ckpt_dir):  # a run of an earlier version
             with self.strategy.scope():
                 start = restore(tf.train.Checkpoint(model=model, optimizer=optimizer), ckpt_dir)
-        store = KerasCheckpoints(ckpt_dir if self.chief else self.worker_tmp, F.keep_checkpoints)
+        # The other workers' checkpoints are throwaway copies (the chief's are read): keep one.
+        store = KerasCheckpoints(ckpt_dir if self.chief else self.worker_tmp,
+                                 F.keep_checkpoints if self.chief else 1)
         return store, start
 
     def summaries(self, counter, schedule):

@@ -68,7 +68,8 @@ def main() -> None:
         images = rng.standard_normal((args.batch * spe, args.size, args.size, 3), np.float32)
         labels = rng.integers(0, 1000, len(images))
     else:
-        model = build_pairs_model(encoder, seed=0, mean=IMAGENET_MEAN, std=IMAGENET_STD)
+        model = build_pairs_model(encoder, seed=0, mean=IMAGENET_MEAN, std=IMAGENET_STD,
+                                  augment=False)  # the reader crops and flips (the 224 protocol)
         model.compile(optimizer=keras.optimizers.Adam(1e-4), loss=GeodesicLoss(),
                       steps_per_execution=spe)
         images = rng.integers(0, 256, (args.batch * spe, args.size, args.size, 3), np.uint8)

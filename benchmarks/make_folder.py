@@ -89,8 +89,11 @@ def prepare_tiny_tfds(name: str, data_dir, cifar10_dir=CIFAR10, train_per_class:
                     example[key] = f"{CLASS_NAMES[label]}_{split}_{j}.JPEG"
                 yield f"{split}-{label}-{j}", example
 
+    # Look the real class up first: the lookup imports (and registers) tfds's other builders,
+    # which must not happen inside `skip_registration` (they would stay unknown, cifar10 too).
+    base = tfds.builder_cls(name)
     with registered.skip_registration():
-        class Tiny(tfds.builder_cls(name)):
+        class Tiny(base):
             def _split_generators(self, dl_manager):
                 return {split: examples(split, self.info.features) for split in counts}
 

@@ -283,7 +283,8 @@ def test_image_pairs_in_tensorboard_under_jax(tmp_path, cifar10_dir):
 def test_folder_dataset_probes_under_jax_through_tf_data(tmp_path):
     """Under JAX where TensorFlow is importable, the probe stage reads an image-folder dataset
     with tf.data (AlexNet, 224 px, linear head with adaptive max pooling, and a KNN); the
-    pretext stage refuses it with the fix."""
+    pretext stage refuses tensorflow-datasets with the fix (folders it reads itself:
+    tests/test_jax_cli.py)."""
     from aetv2_tf.probes.results import read_results
     from tests.test_probe_stage_baselines import write_image_folder
 
@@ -302,6 +303,7 @@ def test_folder_dataset_probes_under_jax_through_tf_data(tmp_path):
             "jax", "places205", name, 2)
         assert r["test_examples"] == 6 and 0 <= r["test_top1"] <= 100
     proc = subprocess.run([sys.executable, "-m", "aetv2_tf.train", *train_args(
-        tmp_path / "pretext", data, "--dataset=folder", "--backbone=alexnet")], cwd=REPO,
+        tmp_path / "pretext", data, "--dataset=imagenet2012", "--backbone=alexnet")], cwd=REPO,
         capture_output=True, text=True, env=_env({"KERAS_BACKEND": "jax"}), timeout=300)
-    assert proc.returncode == 2 and "--dataset=folder is not available" in proc.stderr
+    assert proc.returncode == 2 and "--dataset=imagenet2012 is not available" in proc.stderr
+    assert "or --dataset=folder" in proc.stderr

@@ -151,3 +151,10 @@ def test_alexnet_step_module(benchmarks_md_untouched):
     bad = run_module("benchmarks.alexnet_step", "--steps=5", "--steps_per_execution=2",
                      check=False, timeout=120)
     assert bad.returncode == 2 and "--steps=5 must be a multiple" in bad.stderr
+
+
+def test_check_files_module(tmp_path):
+    proc = run_module("benchmarks.check_files", f"--root={tmp_path / 'folder'}",
+                      "--per_class=2", timeout=300)
+    rows = [r for r in proc.stdout.splitlines() if r.startswith("| ")]
+    assert len(rows) == 4 and all(float(r.split("|")[2].split()[0]) > 0 for r in rows), rows

@@ -54,7 +54,8 @@ def test_check_image_file_names_what_cannot_be_decoded(tmp_path):
         else:
             assert found is not None and found.startswith(reason), (name, found)
             assert not _decodes(tmp_path / name), name
-    assert check_image_file(str(tmp_path / "missing.jpg")).startswith("unreadable")
+    with pytest.raises(OSError):  # the disk's trouble, not the file's: not skipped quietly
+        check_image_file(str(tmp_path / "missing.jpg"))
 
 
 def test_a_folder_leaves_its_bad_files_out_and_names_them(tmp_path, caplog):
@@ -167,3 +168,70 @@ def test_pretext_pairs_are_normalised_with_the_datasets_constants(dataset, tmp_p
     black = -np.float32(mean) / np.float32(std)
     for row in values:  # (CIFAR-10's constants on the folder would give 2.51, not 2.25)
         assert np.allclose(row, white, atol=1e-3) or np.allclose(row, black, atol=1e-3), row
+
+
+def test_two_workers_read_disjoint_shards_whose_union_is_the_batch(tmp_path):
+    """`shard=(w, 2)`: each worker decodes its half of every global batch, with its own files,
+    crops and homographies; the two halves are the one-worker batch, bit for bit, and over an
+    epoch the two workers together read every file once."""
+    files = _id_folder(tmp_path)  # 24 files: 4 global batches of 6 an epoch
+
+    def stream(shard):
+        ds = pretext_dataset(files, 6, seed=3, image_size=32, shard=shard, mean=(0, 0, 0),
+                             std=(1, 1, 1))
+        return [(x.numpy(), tx.numpy(), p.numpy()) for (x, tx), p in itertools.islice(ds, 4)]
+
+    whole, first, second = stream((0, 1)), stream((0, 2)), stream((1, 2))
+    seen = []
+    for one, a, b in zip(whole, first, second, strict=True):
+        for u, v, w in zip(one, a, b, strict=True):
+            assert v.shape[0] == w.shape[0] == 3
+            np.testing.assert_array_equal(u, np.concatenate([v, w]))
+        assert not set(_ids(a[0])) & set(_ids(b[0]))  # different files
+        assert not np.allclose(a[2], b[2])  # different homographies
+        seen += [*_ids(a[0]), *_ids(b[0])]
+    assert sorted(seen) == list(range(24))
+    with pytest.raises(ValueError, match="only the training stream of a file list"):
+        pretext_dataset(np.zeros((8, 32, 32, 3), np.uint8), 4, seed=0, shard=(0, 2))
+
+
+def test_file_batches_are_a_pure_function_of_seed_and_step(tmp_path):
+    """The Pillow reader of the JAX adapter: step s of a stream started at s equals step s of
+    the stream from 0; an epoch reads each file at most once; the centre crop (augment off) is
+    `load_crop` without a generator; the crops follow the 224-pixel protocol (size S)."""
+    from aetv2_tf.data.stream import FileBatches, load_crop
+
+    files = _id_folder(tmp_path)  # 24 files of 40 x 48
+    full = FileBatches(files, 5, 3, 0, 8, size=32)
+    later = FileBatches(files, 5, 3, 6, 8, size=32)
+    np.testing.assert_array_equal(full[6], later[0])
+    np.testing.assert_array_equal(full[7], later[1])
+    epoch = np.concatenate([full[i][:, 16, 16, 0] for i in range(4)])
+    assert len(set(epoch.tolist())) == 20 and full[0].shape == (5, 32, 32, 3)
+    assert full[0].dtype == np.uint8
+    centre = FileBatches(files, 5, 3, 0, 1, size=32, augment=False)[0]
+    rows = centre[:, 16, 16, 0]
+    for image, file_id in zip(centre, rows, strict=True):
+        path = tmp_path / f"class{file_id // 12}" / f"{file_id % 12:02d}.png"
+        np.testing.assert_array_equal(image, load_crop(str(path), 32, None))
+    crops = [FileBatches(files, 5, seed, 0, 1, size=32)[0] for seed in (1, 2)]
+    assert not np.array_equal(crops[0], crops[1])
+
+
+def test_reader_threads_share_the_epoch_order_safely():
+    """Keras calls `__getitem__` from several threads: steps on both sides of an epoch
+    boundary, read concurrently over a large list, are the steps read one by one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from aetv2_tf.data.stream import ImageBatches
+
+    images = np.arange(400_000, dtype=np.int64)  # "images" are their own indices
+    steps = [s for boundary in (0, 1000, 2000) for s in range(boundary - 4, boundary + 4)
+             if s >= 0] * 4
+    expected = {s: ImageBatches(images, 400, 7, 0, 3000).batch(s) for s in set(steps)}
+    for _ in range(3):
+        shared = ImageBatches(images, 400, 7, 0, 3000)
+        with ThreadPoolExecutor(8) as pool:
+            got = list(pool.map(shared.batch, steps))
+        for step, batch in zip(steps, got, strict=True):
+            np.testing.assert_array_equal(batch, expected[step])

@@ -333,3 +333,20 @@ def test_alexnet_under_jax(tmp_path):
     moved = model([x, x[::-1]], training=True).numpy() - bias
     assert np.abs(moved).max() > 1e-2
     np.testing.assert_allclose(got["params"] - bias, moved, atol=1e-5, rtol=1e-3)
+
+
+def test_alexnet_pretraining_on_a_folder_without_tensorflow(tmp_path, cifar10_dir):
+    """ImageNet-style class folders (with bad files) under JAX, TensorFlow blocked: the files
+    checked and decoded by Pillow threads (`data.stream.FileBatches`), AlexNet at 224, the
+    pairs warped on the device; the encoder is written."""
+    from benchmarks.make_folder import write_cifar10_folder
+
+    folder = write_cifar10_folder(tmp_path / "folder", cifar10_dir, train_per_class=1,
+                                  val_per_class=0, size=64, corrupt=True)
+    proc = start(RUN_TRAIN, "--flagfile=configs/imagenet_alexnet_aetv2.cfg", "--dataset=folder",
+                 f"--data_dir={folder}", f"--model_dir={tmp_path / 'run'}", "--batch_size=4",
+                 "--train_steps=2", "--export=false", "--verbose=0", log=tmp_path / "log")
+    out = finish(proc)
+    assert "Skipped 3 undecodable image(s)" in out and "jax OneDevice" in out
+    assert re.search(r"Done \(pretext\): steps=2,.*loss=\d", out), out[-2000:]
+    assert (tmp_path / "run" / "encoder.weights.h5").is_file()

@@ -46,13 +46,11 @@ def checkpoint_digest(model_dir) -> str:
     return weights_digest(model.trainable_weights)
 
 
-def test_two_workers_train_identically_and_only_the_chief_writes(tmp_path, cifar10_dir):
+def two_workers(args: list[str], log) -> tuple[list, list[str], list[int]]:
+    """Runs `aetv2_tf.train args` as worker 0 (chief) and 1 of a localhost cluster; returns
+    both processes' outputs, the `trainable_digest` each printed (asserted equal), their pids."""
     cluster = {"worker": [f"localhost:{port}" for port in free_ports(2)]}
-    model_dir = tmp_path / "run"
-    args = train_args(model_dir, cifar10_dir, "--strategy=multi_worker_mirrored",
-                      "--train_steps=4", "--checkpoint_every_steps=2", "--summary_every_steps=2",
-                      "--image_summary_every_steps=2", "--verbosity=0")
-    procs = [start_module("aetv2_tf.train", *args, log=tmp_path / f"worker{index}",
+    procs = [start_module("aetv2_tf.train", *args, log=f"{log}{index}",
                           env={"TF_CONFIG": json.dumps(
                               {"cluster": cluster, "task": {"type": "worker", "index": index}})})
              for index in range(2)]
@@ -66,11 +64,21 @@ def test_two_workers_train_identically_and_only_the_chief_writes(tmp_path, cifar
     for index, out in enumerate(outs):
         assert out.returncode == 0, f"worker {index}:\n{out.stderr[-4000:]}"
         assert "CollectiveAllReduceStrategy x2" in out.stdout  # = MWMS
-    done = [re.search(r"Done \(pretext\): steps=4,.*trainable_digest=(\w+)", out.stdout)
+    done = [re.search(r"Done \(pretext\): steps=\d+,.*trainable_digest=(\w+)", out.stdout)
             for out in outs]
     assert all(done), [out.stdout[-1000:] for out in outs]
     digests = [d.group(1) for d in done]
     assert digests[0] == digests[1]
+    return outs, digests, [proc.pid for proc in procs]
+
+
+def test_two_workers_train_identically_and_only_the_chief_writes(tmp_path, cifar10_dir):
+    model_dir = tmp_path / "run"
+    args = train_args(model_dir, cifar10_dir, "--strategy=multi_worker_mirrored",
+                      "--train_steps=4", "--checkpoint_every_steps=2", "--summary_every_steps=2",
+                      "--image_summary_every_steps=2", "--verbosity=0")
+    outs, digests, pids = two_workers(args, tmp_path / "worker")
+    assert all("steps=4," in out.stdout for out in outs)
     assert checkpoint_digest(model_dir) == digests[0]
 
     assert sorted(p.name for p in model_dir.iterdir()) == [
@@ -79,6 +87,32 @@ def test_two_workers_train_identically_and_only_the_chief_writes(tmp_path, cifar
     assert sorted(p.name for p in (model_dir / "checkpoints").iterdir()) == [
         "ckpt-2.weights.h5", "ckpt-4.weights.h5"]
     events = list((model_dir / "train").iterdir())
-    assert len(events) == 1 and f".{procs[0].pid}." in events[0].name
+    assert len(events) == 1 and f".{pids[0]}." in events[0].name
     assert "export=" in outs[0].stdout and "export=" not in outs[1].stdout
     assert "Saved checkpoint" in outs[0].stderr and "Saved checkpoint" not in outs[1].stderr
+
+
+def test_two_workers_on_a_folder_read_their_own_files_and_resume_exactly(tmp_path, cifar10_dir):
+    """A folder of JPEGs (with bad files) on two workers: each decodes its own half of every
+    batch (`TensorFlowPretext.batches`; the halves' union is the one-worker batch:
+    tests/test_image_files.py); 4 steps in one go and 2 + 2 with a restart end with the same
+    weights, bit for bit."""
+    from benchmarks.make_folder import write_cifar10_folder
+
+    folder = write_cifar10_folder(tmp_path / "folder", cifar10_dir, train_per_class=4,
+                                  val_per_class=0, size=40, corrupt=True)
+
+    def args(model_dir, *more):
+        return ["--flagfile=configs/quickstart.cfg", "--dataset=folder", f"--data_dir={folder}",
+                f"--model_dir={model_dir}", "--strategy=multi_worker_mirrored", "--batch_size=8",
+                "--train_steps=4", "--train_seconds=0", "--quick_knn_train=0", "--export=false",
+                "--mixed_precision=none", "--checkpoint_every_steps=2", "--verbose=0", *more]
+
+    outs, whole, _ = two_workers(args(tmp_path / "whole"), tmp_path / "whole")
+    assert all("Skipped 3 undecodable image(s)" in out.stderr for out in outs)
+    outs, _, _ = two_workers(args(tmp_path / "resumed", "--stop_after_steps=2"),
+                                 tmp_path / "first")
+    assert all("steps=2," in out.stdout for out in outs)
+    outs, resumed, _ = two_workers(args(tmp_path / "resumed"), tmp_path / "second")
+    assert all("Resumed" in out.stdout + out.stderr for out in outs)
+    assert resumed == whole

@@ -153,13 +153,16 @@ def test_export_is_refused_only_where_tensorflow_cannot_be_imported(monkeypatch)
 
 def test_tf_data_sources_run_in_the_probe_stages_where_tensorflow_is_importable(monkeypatch):
     """--dataset=<tfds or folder> under JAX: the probe stages read it with tf.data where
-    TensorFlow is importable; pretraining (CIFAR-10's NumPy stream) refuses it everywhere."""
-    monkeypatch.setattr(flag_support, "tensorflow_importable", lambda: True)
-    for stage, refused in (("probe", False), ("supervised", False), ("pretext", True)):
-        given = {"dataset": _Flag("folder"), "stage": _Flag(stage)}
-        assert bool(flag_support.refusals("jax", given)) == refused, stage
-    monkeypatch.setattr(flag_support, "tensorflow_importable", lambda: False)
-    assert flag_support.refusals("jax", {"dataset": _Flag("folder"), "stage": _Flag("probe")})
+    TensorFlow is importable; pretraining reads folders itself (Pillow), with or without
+    TensorFlow, and refuses tensorflow-datasets everywhere."""
+    for importable in (True, False):
+        monkeypatch.setattr(flag_support, "tensorflow_importable", lambda i=importable: i)
+        for dataset, stage, refused in (
+                ("folder", "probe", not importable), ("folder", "supervised", not importable),
+                ("imagenet2012", "probe", not importable), ("folder", "pretext", False),
+                ("imagenet2012", "pretext", True), ("cifar10", "pretext", False)):
+            given = {"dataset": _Flag(dataset), "stage": _Flag(stage)}
+            assert bool(flag_support.refusals("jax", given)) == refused, (dataset, stage)
 
 
 def test_intervals_are_due_when_crossed_not_only_on_multiples():

@@ -17,7 +17,9 @@ The check reads the first 16 bytes and the last 1 KiB of each file:
 
 A PNG named ``.JPEG`` (ImageNet has one) and CMYK JPEGs (22 in ImageNet) decode: they pass.
 What the check cannot see (a JPEG corrupt in the middle) decodes with libjpeg's warnings, as
-measured in tests/test_files.py. Measured cost: `check_image_file` per file, see BENCHMARKS.md.
+measured in tests/test_image_files.py. A JPEG with more than 1 KiB of other data after its end
+marker (a "motion photo") is refused although it decodes: rare in photo datasets, and named in
+the log. Cost per file: BENCHMARKS.md, "Checking image files".
 """
 
 from __future__ import annotations
@@ -52,15 +54,15 @@ class ImageFiles(NamedTuple):
 
 
 def check_image_file(path: str) -> str | None:
-    """Why the file at ``path`` cannot be decoded (module docstring), or None if it looks whole."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(16)
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(0, size - _TAIL))
-            tail = f.read()
-    except OSError as e:
-        return f"unreadable ({e.strerror or e})"
+    """Why the file at ``path`` cannot be decoded (module docstring), or None if it looks whole.
+    A file that cannot be read at all raises OSError: that is the disk's or the network's
+    trouble, not the file's, and leaving it out on one worker only would give the workers of a
+    run different file lists."""
+    with open(path, "rb") as f:
+        head = f.read(16)
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(0, size - _TAIL))
+        tail = f.read()
     if not head:
         return "empty file"
     kind = next((k for sig, k in _SIGNATURES.items() if head.startswith(sig)), None)
@@ -73,9 +75,9 @@ def check_image_file(path: str) -> str | None:
     return None
 
 
-def check_image_files(paths: Sequence[str], threads: int = 16) -> list[tuple[str, str]]:
+def check_image_files(paths: Sequence[str], threads: int = 4) -> list[tuple[str, str]]:
     """``(path, reason)`` of every file of ``paths`` that `check_image_file` refuses, in order.
-    Threads overlap the reads (network file systems are latency-bound)."""
+    Threads overlap the reads: 4 were fastest on a cold local disk (BENCHMARKS.md)."""
     with ThreadPoolExecutor(max_workers=threads) as pool:
         reasons = list(pool.map(check_image_file, paths, chunksize=256))
     return [(p, r) for p, r in zip(paths, reasons, strict=True) if r is not None]

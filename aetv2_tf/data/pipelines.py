@@ -23,6 +23,12 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
+from aetv2_tf.data.augment import (  # noqa: F401 - re-exported
+    pad_crop_flip,
+    resize_crop,
+    resize_shorter_side,
+    to_float,
+)
 from aetv2_tf.data.constants import (  # noqa: F401 - re-exported
     AETV1_FILL,
     CIFAR10_MEAN,
@@ -38,14 +44,6 @@ from aetv2_tf.geometry import matrix_to_params
 AUTOTUNE = tf.data.AUTOTUNE
 _DATASET_SHUFFLE_BUFFER = 1024  # decoded variable-size images are large
 _SALT_SHUFFLE, _SALT_ELEMENT, _SALT_BATCH = 1, 2, 3
-
-
-def to_float(images) -> tf.Tensor:
-    """uint8 in [0, 255] -> float32 in [0, 1]; float images are cast to float32 unchanged."""
-    images = tf.convert_to_tensor(images)
-    if images.dtype == tf.uint8:
-        return tf.cast(images, tf.float32) / 255.0
-    return tf.cast(images, tf.float32)
 
 
 def normalize(images, mean: Sequence[float] = CIFAR10_MEAN,
@@ -71,56 +69,13 @@ def _shuffle_seed(seed) -> int:
 
 
 def _options(ds: tf.data.Dataset) -> tf.data.Dataset:
+    """Deterministic; split across workers by DATA (each computes the global batch and keeps
+    its part: the same pairs as on one machine; FILE sharding of tensorflow-datasets records
+    would give the workers the same crop and homography seeds)."""
     options = tf.data.Options()
     options.deterministic = True
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     return ds.with_options(options)
-
-
-# -------------------------------------------------------------------------------- augmentation
-def pad_crop_flip(images, seed, pad: int, flip: bool = True) -> tf.Tensor:
-    """Per-image random crop of the zero-padded batch, and a random horizontal flip.
-
-    images (B, H, W, C) float; seed a stateless seed (2,). Crop offsets are uniform in
-    ``{0..2 pad}`` (torchvision ``RandomCrop(H, padding=pad)``), flips have probability 1/2.
-    One gather per axis for the whole batch.
-    """
-    images = tf.convert_to_tensor(images)
-    height, width = images.shape[1], images.shape[2]
-    b = tf.shape(images)[0]
-    s_y, s_x, s_f = tf.unstack(tf.random.experimental.stateless_split(seed, 3))
-    oy = tf.random.stateless_uniform([b], s_y, 0, 2 * pad + 1, tf.int32)
-    ox = tf.random.stateless_uniform([b], s_x, 0, 2 * pad + 1, tf.int32)
-    cols = tf.range(width)[None, :]
-    if flip:
-        flipped = tf.random.stateless_uniform([b], s_f, 0, 2, tf.int32)[:, None] > 0
-        cols = tf.where(flipped, width - 1 - cols, cols)
-    padded = tf.pad(images, [[0, 0], [pad, pad], [pad, pad], [0, 0]])
-    out = tf.gather(padded, oy[:, None] + tf.range(height)[None, :], axis=1, batch_dims=1)
-    return tf.gather(out, ox[:, None] + cols, axis=2, batch_dims=1)
-
-
-def resize_shorter_side(image, size: int) -> tf.Tensor:
-    """(h, w, C) -> float32 [0, 1] image whose shorter side is ``size`` (bilinear, antialiased)."""
-    image = to_float(image)
-    hw = tf.cast(tf.shape(image)[:2], tf.float32)
-    new_hw = tf.cast(tf.floor(hw * (size / tf.reduce_min(hw))), tf.int32)
-    new_hw = tf.maximum(new_hw, size)
-    return tf.clip_by_value(tf.image.resize(image, new_hw, antialias=True), 0.0, 1.0)
-
-
-def resize_crop(image, seed, image_size: int, random: bool) -> tf.Tensor:
-    """ImageNet protocol for one image: resize shorter side to ``image_size * 256 / 224``, then a
-    random ``image_size`` crop and flip (``random``) or the centre crop; (S, S, 3) float32."""
-    resized = resize_shorter_side(image, int(round(image_size * 256 / 224)))
-    if random:
-        s_crop, s_flip = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
-        crop = tf.image.stateless_random_crop(resized, [image_size, image_size, 3], s_crop)
-        crop = tf.image.stateless_random_flip_left_right(crop, s_flip)
-    else:
-        hw = tf.shape(resized)[:2]
-        top, left = (hw[0] - image_size) // 2, (hw[1] - image_size) // 2
-        crop = resized[top:top + image_size, left:left + image_size]
-    return tf.ensure_shape(crop, [image_size, image_size, 3])
 
 
 # --------------------------------------------------------------------------------- the sources
@@ -148,16 +103,25 @@ def _epoch_batches(n: int, batch_size: int, seed, start_step: int) -> tf.data.Da
 
 
 def _file_batches(files: ImageFiles, batch_size: int, seed, *, augment: bool, image_size: int,
-                  start_step: int) -> tf.data.Dataset:
-    """Enumerated training batches ``(i, (float32 [0, 1] images (B, S, S, 3), labels (B,)))`` of
+                  start_step: int, shard: tuple[int, int] = (0, 1)) -> tf.data.Dataset:
+    """Enumerated training batches ``(i, (float32 [0, 1] images (b, S, S, 3), labels (b,)))`` of
     a checked file list: the WHOLE list permuted every epoch (`_epoch_batches`, seeded, exact on
     resume), each file decoded, resized and cropped with the seed of its global element index
-    ``i * B + j`` (224 protocol: random crop and flip if ``augment``, else the centre crop)."""
+    ``i * B + j`` (224 protocol: random crop and flip if ``augment``, else the centre crop).
+
+    ``shard=(w, W)``: worker w of W reads only elements ``w b .. (w + 1) b - 1`` of each global
+    batch of ``B = batch_size`` (``b = B / W``): the W shards of a step are the step's batch of
+    one worker, split, and no file is read twice."""
     paths, labels = tf.constant(files.paths), tf.constant(files.labels)
     element_seed = _stream_seed(seed, _SALT_ELEMENT)
+    worker, workers = shard
+    if batch_size % workers:
+        raise ValueError(f"{batch_size} images a step do not split over {workers} workers")
+    b = batch_size // workers
 
     def elements(i, idx):
-        return i * batch_size + tf.range(batch_size, dtype=tf.int64), idx
+        first = worker * b
+        return i * batch_size + first + tf.range(b, dtype=tf.int64), idx[first:first + b]
 
     def load(g, k):
         image, label = decode_image_file(tf.gather(paths, k), tf.gather(labels, k))
@@ -167,12 +131,13 @@ def _file_batches(files: ImageFiles, batch_size: int, seed, *, augment: bool, im
     ds = tf.data.Dataset.zip(tf.data.Dataset.range(start_step, 2**62),
                              _epoch_batches(len(files.paths), batch_size, seed, start_step))
     ds = ds.map(elements).unbatch().map(load, num_parallel_calls=AUTOTUNE)
-    return ds.batch(batch_size, drop_remainder=True).enumerate(start_step)
+    return ds.batch(b, drop_remainder=True).enumerate(start_step)
 
 
 def _batches(images, labels, batch_size: int, seed, *, training: bool, augment: bool,
              image_size: int, repeat: bool, drop_remainder: bool,
-             shuffle_buffer: int | None, start_step: int = 0) -> tf.data.Dataset:
+             shuffle_buffer: int | None, start_step: int = 0,
+             shard: tuple[int, int] = (0, 1)) -> tf.data.Dataset:
     """Enumerated batches ``(i, (float32 [0, 1] images (B, S, S, 3), labels (B,) int64))``.
 
     ``training`` shuffles; ``augment`` crops and flips (variable-size images: random crop of the
@@ -181,12 +146,17 @@ def _batches(images, labels, batch_size: int, seed, *, training: bool, augment: 
     file lists (`ImageFiles`) are pure functions of it (exact resume); streamed datasets
     (tensorflow-datasets) are reshuffled with a seed that folds in start_step.
     """
+    if shard != (0, 1) and not (isinstance(images, ImageFiles) and training and repeat):
+        raise ValueError("only the training stream of a file list is sharded by worker")
     if isinstance(images, ImageFiles):
         if training and repeat:
             return _file_batches(images, batch_size, seed, augment=augment,
-                                 image_size=image_size, start_step=start_step)
-        images = tf.data.Dataset.from_tensor_slices((images.paths, images.labels)).map(
-            decode_image_file, num_parallel_calls=AUTOTUNE)
+                                 image_size=image_size, start_step=start_step, shard=shard)
+        ds = tf.data.Dataset.from_tensor_slices((images.paths, images.labels))
+        if training:  # the whole (class-sorted) list, before decoding: no buffer of images
+            ds = ds.shuffle(len(images.paths), seed=_shuffle_seed(seed),
+                            reshuffle_each_iteration=True)
+        images = ds.map(decode_image_file, num_parallel_calls=AUTOTUNE)
     if isinstance(images, tf.data.Dataset):
         if labels is not None:
             raise ValueError("pass labels inside the dataset, not separately")
@@ -274,6 +244,7 @@ def pretext_dataset(
     shuffle_buffer: int | None = None,
     with_rotation: bool = False,
     start_step: int = 0,
+    shard: tuple[int, int] = (0, 1),
 ) -> tf.data.Dataset:
     """AET training pairs: a dataset of ``((x, tx), params)``.
 
@@ -289,6 +260,9 @@ def pretext_dataset(
         normalisation (default AETv1's 128/255).
       start_step: the first global batch index: a run resumed at step s passes s and continues
         the stream of batches (order, crops, homographies) exactly where it stopped.
+      shard: ``(w, W)``, worker w of W (a file list only): this worker's ``B / W`` pairs of each
+        global batch of ``batch_size`` pairs, images, crops and homographies exactly those
+        rows of the one-worker batch (the B homographies are drawn, then sliced).
 
     Yields ``x``, ``tx``: (B, S, S, 3) float32 normalised with (mean, std); ``params``: (B, 8)
     float32, the 8 parameters (conventions.md) of the model-frame ``T`` with ``tx = t(x)``.
@@ -296,14 +270,17 @@ def pretext_dataset(
     """
     ds = _batches(images_or_dataset, None, batch_size, seed, training=training, augment=augment,
                   image_size=image_size, repeat=repeat, drop_remainder=drop_remainder,
-                  shuffle_buffer=shuffle_buffer, start_step=start_step)
+                  shuffle_buffer=shuffle_buffer, start_step=start_step, shard=shard)
     batch_seed = _stream_seed(seed, _SALT_BATCH)
+    rows = shard[0] * (batch_size // shard[1])  # this shard's first row of the global batch
 
     def make_pairs(i, batch):
         x = batch[0]
         s = tf.random.experimental.stateless_fold_in(batch_seed, i)
-        t, k = sample_homographies(tf.shape(x)[0], image_size, image_size, s, shift,
-                                   return_rotation=True)
+        n = tf.shape(x)[0]
+        t, k = sample_homographies(n if shard == (0, 1) else batch_size, image_size, image_size,
+                                   s, shift, return_rotation=True)
+        t, k = t[rows:rows + n], k[rows:rows + n]
         tx = warp(x, t, fill_value=fill_value)
         params = matrix_to_params(t)
         pair = (normalize(x, mean, std), normalize(tx, mean, std))
@@ -354,8 +331,10 @@ def rotation_dataset(
     mean: Sequence[float] = CIFAR10_MEAN,
     std: Sequence[float] = CIFAR10_STD,
     start_step: int = 0,
+    shard: tuple[int, int] = (0, 1),
 ) -> tf.data.Dataset:
-    """RotNet pretext batches ``(x, k)``: each of ``batch_size // 4`` images in all 4 rotations.
+    """RotNet pretext batches ``(x, k)``: each of ``batch_size // 4`` images in all 4 rotations
+    (``shard``: as `pretext_dataset`, this worker's images of the global batch).
 
     x (batch_size, S, S, 3) float32 normalised; k (batch_size,) int32, the counter-clockwise
     quarter turns (``np.rot90(image, k)``), as RotNet trains on all four rotations at once.
@@ -364,7 +343,7 @@ def rotation_dataset(
         raise ValueError(f"the rotation pretext needs a batch size divisible by 4: {batch_size}")
     ds = _batches(images_or_dataset, None, batch_size // 4, seed, training=True,
                   augment=augment, image_size=image_size, repeat=True, drop_remainder=True,
-                  shuffle_buffer=None, start_step=start_step)
+                  shuffle_buffer=None, start_step=start_step, shard=shard)
 
     def rotations(i, batch):
         x = normalize(batch[0], mean, std)

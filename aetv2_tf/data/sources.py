@@ -221,7 +221,12 @@ def list_image_folder(root, split: str | None = None) -> ImageFiles:
         labels += [label] * len(files)
     if not paths:
         raise DataError(f"image folder {folder} has class folders but no images {IMAGE_EXTENSIONS}")
-    files = image_files(paths, np.asarray(labels, np.int64), class_names, os.fspath(folder))
+    try:
+        files = image_files(paths, np.asarray(labels, np.int64), class_names, os.fspath(folder))
+    except OSError as e:
+        raise DataError(f"image folder {folder}: {e.filename or 'a file'} cannot be read "
+                        f"({e.strerror or e}); check the disk or the network file system, or "
+                        "remove the file.") from e
     if not len(files.paths):
         raise DataError(f"image folder {folder}: none of its {len(paths)} images can be decoded "
                         f"(first: {files.skipped[0][0]}: {files.skipped[0][1]})")

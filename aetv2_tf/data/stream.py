@@ -9,6 +9,12 @@ Batches are `(B, H, W, 3)` uint8 arrays: augmentation, homographies and normalis
 the device inside the compiled step (`aetv2_tf.data.device.HomographyPairs`). The order differs
 from the TensorFlow program's (another RNG); the distribution is the same.
 
+`FileBatches` is the same stream over a checked file list (`data.files.ImageFiles`, a folder of
+JPEGs: ImageNet on an accelerator machine without TensorFlow): each image decoded with Pillow,
+its shorter side resized to `round(S * 256 / 224)`, a random `S x S` crop and flip (the
+224-pixel protocol of the tf.data pipelines), seeded by `(seed, 1, global element index)`;
+Keras runs `__getitem__` in `workers` threads (Pillow releases the GIL while it decodes).
+
 `LabelledBatches` serves the probe stages: one epoch of `(uint8 images, int64 labels)` batches
 per `fit` epoch, in the same epoch orders (training) or in order (evaluation); their
 augmentation and normalisation happen on the device (`aetv2_tf.data.device.ClassifierInputs`).
@@ -39,28 +45,72 @@ class ImageBatches(keras.utils.PyDataset):
         self.images, self.batch_size, self.seed = images, int(batch_size), int(seed)
         self.start, self.stop = int(start), int(stop)
         self.steps_per_epoch = len(images) // self.batch_size
-        self._epoch, self._order = None, None
+        self._cache = (None, None)  # (epoch, order), replaced whole: reader threads share it
 
     def __len__(self) -> int:
         return max(self.stop - self.start, 0)
 
     def order(self, epoch: int) -> np.ndarray:
-        """The permutation of the images in `epoch`."""
-        if epoch != self._epoch:
-            self._epoch = epoch
-            self._order = epoch_order(self.seed, epoch, len(self.images))
-        return self._order
+        """The permutation of the images in `epoch` (safe from several reader threads)."""
+        cached_epoch, order = self._cache
+        if cached_epoch != epoch:
+            order = epoch_order(self.seed, epoch, len(self.images))
+            self._cache = (epoch, order)
+        return order
+
+    def rows(self, step: int) -> np.ndarray:
+        """The indices `(B,)` of the images of global step `step`."""
+        epoch, index = divmod(int(step), self.steps_per_epoch)
+        return self.order(epoch)[index * self.batch_size:(index + 1) * self.batch_size]
 
     def batch(self, step: int) -> np.ndarray:
         """The uint8 batch `(B, H, W, 3)` of global step `step`."""
-        epoch, index = divmod(int(step), self.steps_per_epoch)
-        rows = self.order(epoch)[index * self.batch_size:(index + 1) * self.batch_size]
-        return self.images[rows]
+        return self.images[self.rows(step)]
 
     def __getitem__(self, index: int) -> np.ndarray:
         if not 0 <= index < len(self):
             raise IndexError(index)
         return self.batch(self.start + index)
+
+
+def load_crop(path: str, size: int, rng: np.random.Generator | None) -> np.ndarray:
+    """One image file -> uint8 `(size, size, 3)`: RGB, shorter side resized (bilinear, with
+    Pillow's antialiasing) to `round(size * 256 / 224)`, then a random crop and flip drawn from
+    `rng`, or the centre crop when `rng` is None."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        image = image.convert("RGB")
+        width, height = image.size
+        short = int(round(size * 256 / 224))
+        scale = short / min(width, height)
+        width, height = max(short, int(width * scale)), max(short, int(height * scale))
+        image = image.resize((width, height), Image.BILINEAR)
+    if rng is None:
+        top, left, flip = (height - size) // 2, (width - size) // 2, False
+    else:
+        top, left = rng.integers(0, height - size + 1), rng.integers(0, width - size + 1)
+        flip = bool(rng.integers(0, 2))
+    crop = np.asarray(image)[top:top + size, left:left + size]
+    return np.ascontiguousarray(crop[:, ::-1] if flip else crop)
+
+
+class FileBatches(ImageBatches):
+    """`ImageBatches` over a checked file list (module docstring): step `s` decodes files
+    `order(e)[i * B : (i + 1) * B]`, element j cropped with `default_rng([seed, 1, s * B + j])`
+    (random crop and flip; `augment=False`: the centre crop). Exact on resume."""
+
+    def __init__(self, files, batch_size: int, seed: int, start: int, stop: int, size: int,
+                 augment: bool = True, **kwargs):
+        super().__init__(files.paths, batch_size, seed, start, stop, **kwargs)
+        self.size, self.augment = int(size), bool(augment)
+
+    def batch(self, step: int) -> np.ndarray:
+        first = int(step) * self.batch_size
+        return np.stack([
+            load_crop(self.images[row], self.size,
+                      np.random.default_rng([self.seed, 1, first + j]) if self.augment else None)
+            for j, row in enumerate(self.rows(step))])
 
 
 class LabelledBatches(keras.utils.PyDataset):

@@ -7,7 +7,8 @@
 * ``--stage=probe --probe=fc1|fc2|fc3|conv|linear|nonlinear``: a head (`aetv2_tf.models.heads`)
   trained on the frozen feature for ``--epochs`` with ``--optimizer`` (SGD Nesterov in the
   configs), ``--learning_rate``, ``--momentum``, ``--weight_decay`` (PyTorch-style coupled L2) and
-  ``--lr_schedule`` (``step``: x0.2 at 30/60/80% of the epochs, or ``constant``). The epoch with
+  ``--lr_schedule`` (``step``: x``--lr_drop_factor`` at ``--lr_drop_epochs``, by default x0.2 at
+  30/60/80% of the epochs; or ``constant``). The epoch with
   the best accuracy on ``--val_examples`` images held out of the training set is kept; the test
   set is evaluated once, at the end (`aetv2_tf.probes.classifier.train_probe`).
 * ``--stage=supervised``: the fully supervised lower bound: NIN blocks 1..2 (up to ``--feature``)
@@ -128,8 +129,8 @@ def check_flags() -> None:
                              "--val_examples >= 1 (the test set is never used for selection).")
         if F.lr_schedule not in PROBE_LR_SCHEDULES:
             raise UsageError(f"--lr_schedule={F.lr_schedule} is not available to probe heads; "
-                             f"use one of {', '.join(PROBE_LR_SCHEDULES)} (step: x0.2 at 30%, "
-                             "60%, 80% of the epochs).")
+                             f"use one of {', '.join(PROBE_LR_SCHEDULES)} (step: drops at "
+                             "--lr_drop_epochs, by default x0.2 at 30%, 60%, 80% of the epochs).")
         if F.weight_decay_mode != "l2":
             raise UsageError("probe heads use PyTorch-style (coupled) L2 weight decay; pass "
                              "--weight_decay_mode=l2.")
