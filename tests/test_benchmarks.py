@@ -158,3 +158,11 @@ def test_check_files_module(tmp_path):
                       "--per_class=2", timeout=300)
     rows = [r for r in proc.stdout.splitlines() if r.startswith("| ")]
     assert len(rows) == 4 and all(float(r.split("|")[2].split()[0]) > 0 for r in rows), rows
+
+
+def test_readers_module(tmp_path):
+    proc = run_module("benchmarks.readers", f"--root={tmp_path / 'folder'}", "--per_class=4",
+                      "--batch_size=4", "--batches=2", timeout=300)
+    rows = [r.split("|") for r in proc.stdout.splitlines() if r.startswith("| tf.data")
+            or r.startswith("| Pillow")]
+    assert len(rows) >= 3 and all(float(r[3]) > 0 for r in rows), proc.stdout

@@ -50,8 +50,7 @@ def test_imagenet_pretraining_and_tables_3_4_5(data, tmp_path):
     cells = {}
     for flagfile, feature, extra in (
             ("imagenet_alexnet_linear", "conv1", (tfds,)),         # Table 4
-            ("imagenet_alexnet_nonlinear", "conv4", (tfds,)),      # Table 3
-            ("imagenet_alexnet_nonlinear", "conv5", (tfds,)),
+            ("imagenet_alexnet_nonlinear", "conv4", (tfds,)),      # Table 3 (conv5 + head)
             ("places205_alexnet_linear", "conv5", (f"--data_dir={data['folder']}",)),  # Table 5
             ("places205_alexnet_linear", "conv2", (tfds, "--dataset=places365_small",
                                                    "--dataset_name=places365_small"))):
@@ -63,7 +62,6 @@ def test_imagenet_pretraining_and_tables_3_4_5(data, tmp_path):
         cells[(r["dataset"], r["probe"], feature)] = r
     assert set(cells) == {("imagenet2012", "linear", "conv1"),
                           ("imagenet2012", "nonlinear", "conv4"),
-                          ("imagenet2012", "nonlinear", "conv5"),
                           ("places205", "linear", "conv5"), ("places365_small", "linear", "conv2")}
     assert cells[("imagenet2012", "linear", "conv1")]["flags"]["lr_drop_epochs"] == ["1"]
     # the folder's bad files are left out of the probe's training images too
@@ -75,10 +73,10 @@ def test_imagenet_pretraining_and_tables_3_4_5(data, tmp_path):
 
 
 def test_folder_pretraining_skips_bad_files_and_runs_every_pretext(data, tmp_path):
-    """AETv2 on class folders (a third of a class is bad files), with its SavedModel export;
-    then the AETv1 and RotNet overrides of the same config."""
+    """AETv2 on class folders (a third of a class is bad files); then the AETv1 and RotNet
+    overrides of the same config."""
     common = ("--flagfile=configs/imagenet_alexnet_aetv2.cfg", "--dataset=folder",
-              f"--data_dir={data['folder']}", "--train_steps=2", "--verbose=0")
+              f"--data_dir={data['folder']}", "--train_steps=2", "--export=false", "--verbose=0")
     proc = run_module("aetv2_tf.train", *common, "--batch_size=4",
                       f"--model_dir={tmp_path / 'aetv2'}")
     bad = sorted(name for name, reason in CORRUPT_FILES.items() if reason)
@@ -86,10 +84,10 @@ def test_folder_pretraining_skips_bad_files_and_runs_every_pretext(data, tmp_pat
         proc.stderr
     assert all(name in proc.stderr for name in bad), proc.stderr[-3000:]
     assert "Done (pretext): steps=2" in proc.stdout
-    assert (tmp_path / "aetv2" / "export" / "encoder" / "saved_model.pb").is_file()
+    assert (tmp_path / "aetv2" / "encoder.weights.h5").is_file()
     for name, extra in (("aetv1", ("--loss=mse", "--batch_size=4")),
                         ("rotnet", ("--pretext=rotation", "--batch_size=8"))):
-        proc = run_module("aetv2_tf.train", *common, *extra, "--export=false",
+        proc = run_module("aetv2_tf.train", *common, *extra,
                           f"--model_dir={tmp_path / name}")
         assert "Done (pretext): steps=2" in proc.stdout, name
         assert (tmp_path / name / "encoder.weights.h5").is_file()
