@@ -42,13 +42,14 @@ def list_checkpoints(directory: str) -> list[tuple[int, str]]:
 def save_atomically(saver, path: str) -> str:
     """`saver(tmp)`, its bytes flushed to the disk, then `os.replace(tmp, path)`; tmp ends like
     `path` (Keras checks suffixes). Temporaries that a killed process left beside it are
-    removed first."""
+    removed first (never those of a live process)."""
     directory, name = os.path.split(path)
     os.makedirs(directory or ".", exist_ok=True)
     tmp = os.path.join(directory, f".tmp{os.getpid()}-{name}")
     for other in os.listdir(directory or "."):  # `.tmp<pid>-<name or a checkpoint's name>`
         head, _, rest = other.partition("-")
-        if head.startswith(".tmp") and head[4:].isdigit() and (rest == name or _NAME.match(rest)):
+        if head.startswith(".tmp") and head[4:].isdigit() and (rest == name or _NAME.match(rest)) \
+                and not _alive(int(head[4:])):
             os.remove(os.path.join(directory, other))
     try:
         saver(tmp)
@@ -80,6 +81,20 @@ def disk_bytes_needed(model: keras.Model, encoder: keras.Model, keep: int, expor
     if export:
         total += checkpoint + 2 * encoder_bytes
     return int(total * 1.02) + 2**20
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` runs on this host (this process counts as dead: its own earlier
+    temporaries are leftovers)."""
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class KerasCheckpoints(CheckpointStore):

@@ -69,12 +69,49 @@ def _remove_if_created(model_dir: str, created: bool) -> None:
             pass
 
 
+LOCK_NAME = ".lock"
+_LOCKS: dict[str, object] = {}  # model_dir -> the open lock file this process holds
+
+
+def lock(model_dir: str) -> None:
+    """Takes `<model_dir>/.lock` for this process (an exclusive `flock`, released by the OS when
+    the process ends, however it ends) and writes its pid, host and start time into it; a
+    model_dir that another live process holds is refused, naming that process. Held until the
+    process exits; taking it again in the same process is a no-op."""
+    import fcntl
+    import socket
+    import time
+
+    key = os.path.realpath(model_dir)
+    if key in _LOCKS:
+        return
+    path = os.path.join(model_dir, LOCK_NAME)
+    handle = open(path, "a+")  # noqa: SIM115 - held open for the life of the process
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise UsageError(f"--model_dir={model_dir} is in use by {holder}; wait for it to end "
+                         "or stop it (a run stopped by a signal resumes from its checkpoint), "
+                         "or choose another --model_dir.") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()} on host {socket.gethostname()}, since "
+                 f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+    handle.flush()
+    _LOCKS[key] = handle
+
+
 def prepare(model_dir: str, run_flags: dict, flagfile: str, essential: tuple[str, ...],
             overwrite: bool, chief: bool = True) -> None:
     """Checks `model_dir`, refuses to mix runs, and writes this run's flags beside the checkpoints.
 
     A directory holding a run whose essential flags differ is refused (the differing flags are
-    listed) unless `overwrite`, which deletes its checkpoints, logs and exports first.
+    listed) unless `overwrite`, which deletes its checkpoints, logs and exports first. The
+    writing process (`chief`) then holds the model_dir's lock (`lock`): a second process on it
+    is refused before it deletes or writes anything.
     """
     check_writable(model_dir)
     saved_path = os.path.join(model_dir, "flags.json")
@@ -100,6 +137,8 @@ def prepare(model_dir: str, run_flags: dict, flagfile: str, essential: tuple[str
                              f"flags ({lines}). Resume with the saved flags "
                              f"(--flagfile={os.path.join(model_dir, 'flags.cfg')}), pass "
                              "--overwrite to start afresh there, or choose a new --model_dir.")
+        if chief:
+            lock(model_dir)
         if diff and overwrite and chief:
             for name in ("checkpoints", "train", "export", "aet_model.keras", "results.json",
                          "probe", "encoder.weights.h5", "budget.json", "epochs.csv",
@@ -110,6 +149,7 @@ def prepare(model_dir: str, run_flags: dict, flagfile: str, essential: tuple[str
                 elif os.path.exists(path):
                     os.remove(path)
     if chief:
+        lock(model_dir)
         _atomic_write(os.path.join(model_dir, "flags.cfg"), flagfile)
         _atomic_write(saved_path, json.dumps(run_flags, indent=2, sort_keys=True, default=str))
 

@@ -82,8 +82,9 @@ def test_two_workers_train_identically_and_only_the_chief_writes(tmp_path, cifar
     assert checkpoint_digest(model_dir) == digests[0]
 
     assert sorted(p.name for p in model_dir.iterdir()) == [
-        "aet_model.keras", "checkpoints", "encoder.weights.h5", "export", "flags.cfg",
+        ".lock", "aet_model.keras", "checkpoints", "encoder.weights.h5", "export", "flags.cfg",
         "flags.json", "train"]
+    assert f"pid {pids[0]} " in (model_dir / ".lock").read_text()  # the chief's, alone
     assert sorted(p.name for p in (model_dir / "checkpoints").iterdir()) == [
         "ckpt-2.weights.h5", "ckpt-4.weights.h5"]
     events = list((model_dir / "train").iterdir())

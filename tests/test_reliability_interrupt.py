@@ -254,3 +254,54 @@ def test_sigint_stops_after_the_step_with_a_final_checkpoint(tmp_path):
     assert stop.received == "SIGINT" and not escaped
     assert step_fn() == 3 and store.latest_step() == 3
     assert restored is before
+
+
+def test_one_process_per_model_dir_and_the_lock_dies_with_its_holder(tmp_path, cifar10_dir):
+    """A second process on a model_dir in use exits 2 within seconds, naming the holder's pid and
+    host, and changes nothing; once the holder is killed (SIGKILL: no cleanup of its own), the
+    OS has released the lock and the same command resumes."""
+    model_dir = tmp_path / "run"
+    args = train_args(model_dir, cifar10_dir, "--train_steps=100000",
+                      "--checkpoint_every_steps=100000")
+    first = start_module("aetv2_tf.train", *args, log=tmp_path / "first")
+    try:
+        lock = model_dir / ".lock"
+        deadline = time.monotonic() + 120
+        while not (lock.exists() and f"pid {first.pid} " in lock.read_text()):
+            assert first.poll() is None and time.monotonic() < deadline, "the run never started"
+            time.sleep(0.5)
+        flags_before = (model_dir / "flags.json").read_bytes()
+        # even --overwrite with other essential flags (which would delete the run) is refused
+        second = train(model_dir, cifar10_dir, "--train_steps=100000",
+                       "--checkpoint_every_steps=100000", "--batch_size=32", "--overwrite",
+                       check=False)
+        assert second.returncode == 2, second.stderr[-2000:]
+        assert f"is in use by pid {first.pid} on host" in second.stderr
+        assert first.poll() is None and (model_dir / "flags.json").read_bytes() == flags_before
+    finally:
+        first.kill()
+        first.wait()
+    third = train(model_dir, cifar10_dir, "--train_steps=100000",
+                  "--checkpoint_every_steps=100000", "--stop_after_steps=1")
+    assert "Done (pretext): steps=1" in third.stdout
+
+
+def test_temporaries_of_a_live_process_are_never_removed(tmp_path):
+    """`save_atomically` removes the temporaries that dead processes left, not a live one's."""
+    import subprocess
+
+    from aetv2_tf.keras_checkpoints import save_atomically
+
+    live = subprocess.Popen(["sleep", "60"])
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    try:
+        for pid in (live.pid, dead.pid):
+            (tmp_path / f".tmp{pid}-ckpt-4.weights.h5").write_bytes(b"partial")
+        save_atomically(lambda path: pathlib.Path(path).write_bytes(b"whole"),
+                        str(tmp_path / "ckpt-6.weights.h5"))
+    finally:
+        live.kill()
+        live.wait()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f".tmp{live.pid}-ckpt-4.weights.h5", "ckpt-6.weights.h5"]
