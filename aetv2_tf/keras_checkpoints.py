@@ -6,7 +6,12 @@ built optimizer with the model's) and the `HomographyPairs` seed-generator state
 saves it itself); `<step>` is the number of training batches consumed, which fixes the data
 position (the optimizer's step counter, which fixes the learning rate, is inside). A checkpoint is
 written to a temporary name in the same directory and renamed into place (`os.replace`, atomic),
-so a listed `ckpt-*.weights.h5` is always complete; only the `keep` newest are kept.
+so a listed `ckpt-*.weights.h5` is always complete; only the `keep` newest are kept. Beside
+each file its SHA-256 (`<file>.sha256`, written before the file is renamed into place), checked
+before the file is trusted (`damage`): a resumed run sets a damaged or unreadable newest
+checkpoint aside (renamed `<file>.bad`, never deleted) and resumes from the newest good one;
+the probes' and the export's readers skip it. Files of earlier versions have no checksum and are
+trusted as before.
 
 `<model_dir>/encoder.weights.h5` (`ENCODER_WEIGHTS`, written at the end of a run): the encoder
 alone, a keras-BatchNorm NIN/AlexNet; `load_encoder_weights` loads it (or, for a run cut short,
@@ -17,6 +22,7 @@ the Keras BN layer have the same variables in the same order (`models/layers.py`
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import re
@@ -28,6 +34,8 @@ from absl import logging
 from aetv2_tf.callbacks import CheckpointStore
 
 ENCODER_WEIGHTS = "encoder.weights.h5"
+CHECKSUM = ".sha256"  # the suffix of a file's checksum beside it
+BAD = ".bad"  # the suffix of a file set aside
 _NAME = re.compile(r"^ckpt-(\d+)\.weights\.h5$")
 
 
@@ -55,6 +63,7 @@ def save_atomically(saver, path: str) -> str:
         saver(tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
+        _write_text(path + CHECKSUM, f"{file_digest(tmp)}  {name}\n")  # before the file
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -81,6 +90,49 @@ def disk_bytes_needed(model: keras.Model, encoder: keras.Model, keep: int, expor
     if export:
         total += checkpoint + 2 * encoder_bytes
     return int(total * 1.02) + 2**20
+
+
+def _write_text(path: str, text: str) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def file_digest(path: str) -> str:
+    """The SHA-256 of the file at `path`, in hex."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def damage(path: str) -> str | None:
+    """Why the file at `path` cannot be trusted (its SHA-256 is not the one written with it), or
+    None: intact, or written before checksums existed."""
+    sidecar = path + CHECKSUM
+    if not os.path.exists(sidecar):
+        return None
+    with open(sidecar) as f:
+        expected = f.read().split()[:1]
+    if expected != [file_digest(path)]:
+        return f"its SHA-256 is not the one in {os.path.basename(sidecar)}: the file changed " \
+               "on disk after it was written"
+    return None
+
+
+def set_aside(path: str, reason: str) -> str:
+    """Renames a damaged file (and its checksum) to `<path>.bad`, says so; returns the new path."""
+    os.replace(path, path + BAD)
+    if os.path.exists(path + CHECKSUM):
+        os.replace(path + CHECKSUM, path + BAD + CHECKSUM)
+    message = f"Set aside {path} as {path + BAD}: {reason}."
+    logging.warning(message)
+    print(message, flush=True)
+    return path + BAD
 
 
 def _alive(pid: int) -> bool:
@@ -113,22 +165,42 @@ class KerasCheckpoints(CheckpointStore):
                                os.path.join(self.directory, f"ckpt-{step}.weights.h5"))
         for _, old in list_checkpoints(self.directory)[:-self.keep]:
             os.remove(old)
+            if os.path.exists(old + CHECKSUM):
+                os.remove(old + CHECKSUM)
         return path
 
 
-def restore_checkpoint(model: keras.Model, directory: str) -> int:
-    """Loads the newest checkpoint of `directory` into `model` (its optimizer built first);
-    returns its step, 0 when there is none."""
+def restore_checkpoint(model: keras.Model, directory: str, writer: bool = True) -> int:
+    """Loads the newest intact checkpoint of `directory` into `model` (its optimizer built
+    first); returns its step, 0 when there is none. A damaged or unreadable one is set aside
+    (`writer`; another worker only skips it) and the next older one tried; when none is left,
+    UsageError (exit 2): the run is not restarted from scratch behind the user's back."""
+    from aetv2_tf.rundir import UsageError
+
     found = list_checkpoints(directory)
     if not found:
         logging.info("No checkpoint in %s: starting at step 0.", directory)
         return 0
-    step, path = found[-1]
-    model.load_weights(path)
-    message = f"Resumed from checkpoint {path} at step {step}."
-    logging.info(message)
-    print(message, flush=True)
-    return step
+    for step, path in reversed(found):
+        reason = damage(path)
+        if reason is None:
+            try:
+                model.load_weights(path)
+            except (OSError, ValueError, KeyError) as e:
+                first_line = (str(e).splitlines() or [""])[0]
+                reason = f"it cannot be read ({type(e).__name__}: {first_line})"
+            else:
+                message = f"Resumed from checkpoint {path} at step {step}."
+                logging.info(message)
+                print(message, flush=True)
+                return step
+        if writer:
+            set_aside(path, reason)
+        else:
+            logging.warning("Skipped %s: %s.", path, reason)
+    raise UsageError(f"no intact checkpoint is left in {directory} (each was set aside as "
+                     "*.bad); restore one from a backup, or pass --overwrite to start afresh "
+                     "there.")
 
 
 def tensorflow_run_unreadable(model_dir: str, saved: dict) -> str | None:
@@ -149,8 +221,9 @@ def discard_encoder_weights(model_dir: str) -> None:
     """Removes `<model_dir>/encoder.weights.h5` before a run trains on: from then on it would
     describe an older end of the run (the newest checkpoint is the truth until the new end)."""
     path = os.path.join(model_dir, ENCODER_WEIGHTS)
-    if os.path.exists(path):
-        os.remove(path)
+    for name in (path, path + CHECKSUM):
+        if os.path.exists(name):
+            os.remove(name)
 
 
 def save_encoder_weights(encoder: keras.Model, backbone: str, model_dir: str) -> str:
@@ -165,12 +238,18 @@ def save_encoder_weights(encoder: keras.Model, backbone: str, model_dir: str) ->
 
 
 def encoder_source(model_dir: str) -> str | None:
-    """Where `load_encoder_weights` reads: `encoder.weights.h5`, else the newest checkpoint."""
-    path = os.path.join(model_dir, ENCODER_WEIGHTS)
-    if os.path.isfile(path):
-        return path
-    found = list_checkpoints(os.path.join(model_dir, "checkpoints"))
-    return found[-1][1] if found else None
+    """Where `load_encoder_weights` reads: `encoder.weights.h5`, else the newest checkpoint;
+    a file whose checksum does not match is skipped with a warning (readers do not rename)."""
+    candidates = [os.path.join(model_dir, ENCODER_WEIGHTS)] + [
+        path for _, path in reversed(list_checkpoints(os.path.join(model_dir, "checkpoints")))]
+    for path in candidates:
+        if not os.path.isfile(path):
+            continue
+        reason = damage(path)
+        if reason is None:
+            return path
+        logging.warning("Skipped %s: %s.", path, reason)
+    return None
 
 
 def load_encoder_weights(model_dir: str, saved: dict, batch_norm: str) -> keras.Model:

@@ -152,7 +152,7 @@ class TensorFlowPretext(pretext.PretextAdapter):
 
         F = FLAGS
         ckpt_dir = os.path.join(F.model_dir, "checkpoints")
-        start = restore_checkpoint(model, ckpt_dir)
+        start = restore_checkpoint(model, ckpt_dir, writer=self.chief)
         if not start and tf.train.latest_checkpoint(ckpt_dir):  # a run of an earlier version
             with self.strategy.scope():
                 start = restore(tf.train.Checkpoint(model=model, optimizer=optimizer), ckpt_dir)
@@ -179,9 +179,10 @@ class TensorFlowPretext(pretext.PretextAdapter):
 
     def export(self, encoder, model) -> dict:
         from aetv2_tf.export import export_encoder
+        from aetv2_tf.keras_checkpoints import save_atomically
 
         F = FLAGS
-        model.save(os.path.join(F.model_dir, "aet_model.keras"))
+        save_atomically(model.save, os.path.join(F.model_dir, "aet_model.keras"))
         out = os.path.join(F.model_dir, "export", "encoder")
         export_encoder(encoder, out, F.dataset)
         return {"export": out}

@@ -305,3 +305,64 @@ def test_temporaries_of_a_live_process_are_never_removed(tmp_path):
         live.wait()
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         f".tmp{live.pid}-ckpt-4.weights.h5", "ckpt-6.weights.h5"]
+
+
+def _damage(path: pathlib.Path, how: str) -> None:
+    data = path.read_bytes()
+    if how.startswith("truncated"):
+        path.write_bytes(data[: len(data) // 2])
+    else:  # 4 KiB overwritten in the middle, the same size
+        middle = len(data) // 2
+        path.write_bytes(data[:middle] + bytes(4096) + data[middle + 4096:])
+    if how.endswith("no_checksum"):  # as a checkpoint of an earlier version
+        pathlib.Path(f"{path}.sha256").unlink()
+
+
+def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_resumes_exactly(
+        tmp_path, cifar10_dir, reference):
+    """The newest checkpoint cut in half, or 4 KiB of it overwritten (the same size: only the
+    checksum sees it), or cut in half without a checksum (an earlier version's file): the rerun
+    renames it `*.bad` (nothing deleted), says so, resumes from the one before and ends bitwise
+    like the uninterrupted run. With every checkpoint damaged it exits 2 and keeps them all."""
+    import shutil
+
+    stopped = tmp_path / "stopped"
+    train(stopped, cifar10_dir, *COMMON, "--stop_after_steps=4")
+    assert listed_step(stopped) == 4
+    for how in ("truncated", "overwritten", "truncated_no_checksum"):
+        run = tmp_path / how
+        shutil.copytree(stopped, run)
+        newest = run / "checkpoints" / "ckpt-4.weights.h5"
+        _damage(newest, how)
+        proc = train(run, cifar10_dir, *COMMON)
+        assert f"Set aside {newest} as {newest}.bad: " in proc.stdout, how
+        assert "Resumed from checkpoint" in proc.stdout and "at step 2." in proc.stdout, how
+        assert (run / "checkpoints" / "ckpt-4.weights.h5.bad").is_file()
+        assert_same_final_state(run, reference[0])
+    run = tmp_path / "all"
+    shutil.copytree(stopped, run)
+    for step in (2, 4):
+        _damage(run / "checkpoints" / f"ckpt-{step}.weights.h5", "overwritten")
+    proc = train(run, cifar10_dir, *COMMON, check=False)
+    assert proc.returncode == 2 and "no intact checkpoint is left" in proc.stderr
+    assert sorted(p.name for p in (run / "checkpoints").glob("*.bad")) == [
+        "ckpt-2.weights.h5.bad", "ckpt-4.weights.h5.bad"]
+
+
+def test_readers_skip_a_file_whose_checksum_does_not_match(tmp_path):
+    """The probes' and the export's reader (`encoder_source`) passes over a damaged
+    `encoder.weights.h5` to the newest intact checkpoint, renaming nothing."""
+    from aetv2_tf.keras_checkpoints import encoder_source, save_atomically
+
+    def write(path, data):
+        save_atomically(lambda tmp: pathlib.Path(tmp).write_bytes(data), str(path))
+
+    (tmp_path / "checkpoints").mkdir()
+    write(tmp_path / "encoder.weights.h5", b"encoder")
+    write(tmp_path / "checkpoints" / "ckpt-2.weights.h5", b"two")
+    write(tmp_path / "checkpoints" / "ckpt-4.weights.h5", b"four")
+    assert encoder_source(str(tmp_path)) == str(tmp_path / "encoder.weights.h5")
+    (tmp_path / "encoder.weights.h5").write_bytes(b"encodeR")
+    (tmp_path / "checkpoints" / "ckpt-4.weights.h5").write_bytes(b"fouR")
+    assert encoder_source(str(tmp_path)) == str(tmp_path / "checkpoints" / "ckpt-2.weights.h5")
+    assert (tmp_path / "encoder.weights.h5").is_file()
