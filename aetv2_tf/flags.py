@@ -8,6 +8,8 @@ and the fix.
 
 from __future__ import annotations
 
+import math
+
 from absl import flags
 
 # --- what to run -----------------------------------------------------------------------------
@@ -205,6 +207,13 @@ for _name in ("quick_knn_train", "mse_decay_steps", "epochs", "train_steps", "st
               "train_examples", "image_summary_every_steps", "val_examples", "test_examples",
               "warmup_steps"):
     _positive(_name, allow_zero=True)
+for _name in ("projection_weight", "residual_scale", "chordal_weight", "mse_weight",
+              "loss_frame_scale", "decoder_init_rotation", "train_seconds", "learning_rate",
+              "lr_drop_factor", "momentum", "adam_beta1", "adam_beta2", "weight_decay"):
+    flags.register_validator(_name, lambda v: v is None or math.isfinite(v),
+                             message=f"--{_name} must be a finite number, not inf or nan.")
+flags.register_validator("learning_rate", lambda v: v > 0,
+                         message="--learning_rate must be > 0.")
 flags.register_validator("train_seconds", lambda v: v >= 0,
                          message="--train_seconds must be >= 0 (0: off).")
 flags.register_validator("lr_drop_factor", lambda v: v > 0,

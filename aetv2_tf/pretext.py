@@ -101,6 +101,21 @@ def check_disk(model: keras.Model, encoder: keras.Model, other_writers: int = 0)
                             f"{', the final encoder and the export' if F.export else ''}")
 
 
+def export(adapter: PretextAdapter, encoder: keras.Model, model: keras.Model) -> dict:
+    """`adapter.export`, its failure turned into summary entries (`export_failed`: the program
+    exits 4): the training is done and its encoder written, so only the export is to redo."""
+    try:
+        out = adapter.export(encoder, model)
+    except Exception as e:  # noqa: BLE001 - any failure of the export, reported, not raised
+        from absl import logging
+
+        logging.error("SavedModel export failed: %s: %s", type(e).__name__, e)
+        out = {"export": f"FAILED ({type(e).__name__})"}
+    if str(out.get("export", "")).startswith("FAILED"):
+        out["export_failed"] = True
+    return out
+
+
 def run(adapter: PretextAdapter, images, labels, num_examples: int | None) -> dict:
     """Trains the pretext model of the flags with `adapter`; returns the summary `train.main`
     prints (`program.fit_and_summarize`, plus what a finished run wrote)."""
@@ -133,7 +148,7 @@ def run(adapter: PretextAdapter, images, labels, num_examples: int | None) -> di
     if adapter.chief and finished:
         summary["encoder_weights"] = save_encoder_weights(encoder, F.backbone, F.model_dir)
         if F.export:
-            summary.update(adapter.export(encoder, model))
+            summary.update(export(adapter, encoder, model))
         if F.quick_knn_train:
             summary.update(program.quick_knn_summary(encoder, images, labels))
     adapter.close()

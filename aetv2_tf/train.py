@@ -250,6 +250,7 @@ def main(argv) -> None:
 #: Exit codes (docs/reliability.md): 0 done, 1 absl flag errors, 2 refused input, 3 non-finite
 #: training, 128 + N stopped by signal N (SIGTERM 143, SIGINT 130) after a final checkpoint.
 EXIT_NONFINITE = 3
+EXIT_EXPORT = 4
 
 
 def exit_code(summary: dict) -> int:
@@ -269,6 +270,11 @@ def exit_code(summary: dict) -> int:
               "no checkpoint was written for them and training stopped; the newest checkpoint "
               "is the last good one. Check the data, lower --learning_rate.", file=sys.stderr)
         return EXIT_NONFINITE
+    if summary.get("export_failed"):
+        print(f"error: training finished (the encoder is in {FLAGS.model_dir}/encoder.weights.h5) "
+              f"but the SavedModel export failed (the log says why); export it with python -m "
+              f"aetv2_tf.export --model_dir={FLAGS.model_dir}.", file=sys.stderr)
+        return EXIT_EXPORT
     if summary.get("stopped_nonfinite"):
         print("error: --on_nonfinite=stop ended training at a non-finite step; the newest "
               "checkpoint is the last good one. Lower --learning_rate, add --warmup_steps, or "

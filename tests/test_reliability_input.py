@@ -77,6 +77,10 @@ def cases(tmp: pathlib.Path) -> dict[str, Case]:
         "negative_batch_size": Case(("--batch_size=-16",), "--batch_size must be >= 1", 1),
         "negative_projection_weight": Case(("--projection_weight=-0.5",),
                                            "--projection_weight must be >= 0", 1),
+        "infinite_learning_rate": Case(("--learning_rate=inf",),
+                                       "--learning_rate must be a finite number", 1),
+        "nan_weight_decay": Case(("--weight_decay=nan",),
+                                 "--weight_decay must be a finite number", 1),
         "batch_not_divisible_by_replicas": Case(
             ("--strategy=mirrored", "--cpu_devices=2", "--batch_size=15"),
             "--batch_size=15 is not divisible by the 2 replicas.*use a multiple of 2"),
@@ -223,3 +227,17 @@ def test_the_disk_check_is_sized_from_the_model(tmp_path, monkeypatch):
             pretext.check_disk(model, encoder)
     finally:
         flags.FLAGS["model_dir"].value = saved
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_a_failed_export_exits_4_on_every_backend(backend, tmp_path, cifar10_dir):
+    """The SavedModel cannot be written (a file stands where its folder goes): the training and
+    the encoder are kept, the program says how to redo the export and exits 4, not 0."""
+    model_dir = tmp_path / "run"
+    model_dir.mkdir()
+    (model_dir / "export").write_text("a file where the export folder goes")
+    proc = train(model_dir, cifar10_dir, "--train_steps=1", "--export=true",
+                 check=False, env={"KERAS_BACKEND": backend})
+    assert proc.returncode == 4, proc.stderr[-3000:]
+    assert "export failed" in proc.stderr and "python -m aetv2_tf.export" in proc.stderr
+    assert (model_dir / "encoder.weights.h5").is_file()
