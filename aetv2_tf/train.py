@@ -241,6 +241,18 @@ def main(argv) -> None:
     except (UsageError, DataError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(2)
+    except OSError as e:
+        if not disk_full(e):
+            raise
+        from aetv2_tf.keras_checkpoints import list_checkpoints
+
+        found = list_checkpoints(os.path.join(FLAGS.model_dir, "checkpoints"))
+        newest = f"the newest complete checkpoint, {found[-1][1]}, is intact" if found else \
+            "no checkpoint was complete yet"
+        print(f"error: the disk of --model_dir={FLAGS.model_dir} is full ({e}); {newest}. Free "
+              "space (or lower --keep_checkpoints) and rerun the same command to resume.",
+              file=sys.stderr, flush=True)
+        sys.exit(EXIT_DISK_FULL)
     line = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                      for k, v in summary.items())
     print(f"Done ({FLAGS.stage}): {line}. Outputs in {FLAGS.model_dir}", flush=True)
@@ -248,9 +260,19 @@ def main(argv) -> None:
 
 
 #: Exit codes (docs/reliability.md): 0 done, 1 absl flag errors, 2 refused input, 3 non-finite
-#: training, 128 + N stopped by signal N (SIGTERM 143, SIGINT 130) after a final checkpoint.
+#: training, 4 export failed, 5 disk full, 128 + N stopped by signal N (SIGTERM 143, SIGINT 130)
+#: after a final checkpoint.
 EXIT_NONFINITE = 3
 EXIT_EXPORT = 4
+EXIT_DISK_FULL = 5
+
+
+def disk_full(error: OSError) -> bool:
+    """Whether `error` says the disk is full or over quota (h5py puts the errno in the text)."""
+    import errno
+
+    return error.errno in (errno.ENOSPC, errno.EDQUOT) or "errno = 28" in str(error) or \
+        "No space left on device" in str(error)
 
 
 def exit_code(summary: dict) -> int:

@@ -366,3 +366,38 @@ def test_readers_skip_a_file_whose_checksum_does_not_match(tmp_path):
     (tmp_path / "checkpoints" / "ckpt-4.weights.h5").write_bytes(b"fouR")
     assert encoder_source(str(tmp_path)) == str(tmp_path / "checkpoints" / "ckpt-2.weights.h5")
     assert (tmp_path / "encoder.weights.h5").is_file()
+
+
+DISK_FULL_AT_FSYNC = """
+import errno, os, runpy, sys
+real = os.fsync
+def fsync(fd):  # the disk fills while ckpt-4 is written (Linux: the fd's path in /proc)
+    if "-ckpt-4.weights.h5" in os.readlink(f"/proc/self/fd/{fd}"):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    return real(fd)
+os.fsync = fsync
+runpy.run_module("aetv2_tf.train", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_a_full_disk_mid_run_exits_5_and_keeps_the_newest_checkpoint(
+        tmp_path, cifar10_dir, reference):
+    """The disk fills while ckpt-4 is written: exit 5 with the fix, ckpt-2 intact, no temporary
+    left; rerun, the run resumes from ckpt-2 and ends bitwise like the uninterrupted run."""
+    import subprocess
+    import sys
+
+    from tests.cli import REPO, _env
+
+    model_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-c", DISK_FULL_AT_FSYNC,
+                           *train_args(model_dir, cifar10_dir, *COMMON)], cwd=REPO, env=_env({}),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 5, proc.stderr[-3000:]
+    newest = model_dir / "checkpoints" / "ckpt-2.weights.h5"
+    assert "is full" in proc.stderr and f"{newest}, is intact" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert sorted(p.name for p in (model_dir / "checkpoints").iterdir()) == [
+        "ckpt-2.weights.h5", "ckpt-2.weights.h5.sha256"]
+    assert resume(model_dir, cifar10_dir) == 2
+    assert_same_final_state(model_dir, reference[0])
