@@ -10,7 +10,9 @@ serve both adapters.
 from __future__ import annotations
 
 import hashlib
+import os
 import signal
+import threading
 import time
 
 import keras
@@ -119,7 +121,11 @@ class CheckpointEvery(keras.callbacks.Callback):
             model.stop_training = self.refused = True
             self._last = step  # not again at the end of training
             return None
-        path = self.store.save(model, step)
+        WRITING.set()  # a second signal now waits for the checkpoint (StopOnSignal)
+        try:
+            path = self.store.save(model, step)
+        finally:
+            WRITING.clear()
         self._last = step
         if self.writer:
             logging.info("Saved checkpoint %s (step %d).", path, step)
@@ -138,11 +144,17 @@ class CheckpointEvery(keras.callbacks.Callback):
         self.save()
 
 
+#: Set while `CheckpointEvery` writes a checkpoint.
+WRITING = threading.Event()
+
+
 class StopOnSignal(keras.callbacks.Callback):
     """Turns SIGTERM/SIGINT into a clean stop at the end of the current step.
 
-    Training then ends normally, so `CheckpointEvery.on_train_end` writes a final checkpoint.
-    A second signal restores the default behaviour (an impatient Ctrl-C twice kills at once).
+    Training then ends normally, so `CheckpointEvery.on_train_end` writes a final checkpoint
+    (put this callback AFTER `CheckpointEvery`: its handlers stay until that checkpoint is
+    written). A second signal kills at once with the previous behaviour (an impatient Ctrl-C
+    twice), except while a checkpoint is being written: then the run stops once it is complete.
     """
 
     def __init__(self):
@@ -151,11 +163,20 @@ class StopOnSignal(keras.callbacks.Callback):
         self._previous = {}
 
     def _handler(self, signum, frame):
-        self.received = signal.Signals(signum).name
-        logging.warning("%s received: stopping after this step and writing a checkpoint.",
-                        self.received)
-        for sig, prev in self._previous.items():
+        name = signal.Signals(signum).name
+        if self.received is None:
+            self.received = name
+            logging.warning("%s received: stopping after this step and writing a checkpoint.",
+                            name)
+            return
+        if WRITING.is_set():
+            logging.warning("%s received while a checkpoint is written: stopping once it is "
+                            "complete.", name)
+            return
+        for sig, prev in self._previous.items():  # the impatient second signal: act as before
             signal.signal(sig, prev)
+        self._previous = {}
+        os.kill(os.getpid(), signum)
 
     def on_train_begin(self, logs=None):
         for sig in (signal.SIGTERM, signal.SIGINT):

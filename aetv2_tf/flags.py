@@ -139,6 +139,11 @@ flags.DEFINE_integer("cpu_devices", 1,
                      "Split the CPU into this many logical devices (mirrored on a CPU, for tests).")
 
 # --- bookkeeping -------------------------------------------------------------------------------
+flags.DEFINE_bool("allow_flag_changes", False,
+                  "Resume a pretraining run with other values of the flags that change its "
+                  "trajectory (learning rate and schedule, length, weight decay, optimiser "
+                  "settings, warm-up, data selection, augmentation, precision); each change is "
+                  "appended to <model_dir>/flags_history.jsonl with its step.")
 flags.DEFINE_integer("checkpoint_every_steps", 1000, "Checkpoint interval in steps (> 0).")
 flags.DEFINE_integer("keep_checkpoints", 3, "How many recent checkpoints to keep.")
 flags.DEFINE_integer("summary_every_steps", 100, "TensorBoard scalar interval in steps (> 0).")
@@ -187,6 +192,12 @@ flags.DEFINE_integer("test_examples", 0, "probe: use only the first N test image
 FLAGS = flags.FLAGS
 
 # Flags that define what a model_dir contains: resuming with other values is refused.
+#: Flags that change a pretraining run's trajectory: resuming with another value is refused
+#: unless --allow_flag_changes (then recorded in <model_dir>/flags_history.jsonl).
+TRAJECTORY = ("learning_rate", "lr_schedule", "lr_drop_epochs", "lr_drop_factor", "warmup_steps",
+              "epochs", "train_steps", "weight_decay", "weight_decay_mode", "momentum",
+              "adam_beta1", "adam_beta2", "train_examples", "augment", "mixed_precision",
+              "on_nonfinite")
 ESSENTIAL = ("stage", "pretext", "loss", "angle_power", "residual_scale", "chordal_weight",
              "mse_weight", "mse_decay_steps", "loss_frame", "loss_frame_scale", "decoder_scale",
              "decoder_init_rotation", "backbone", "dataset", "batch_norm", "shift", "optimizer",

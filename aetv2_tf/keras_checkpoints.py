@@ -174,9 +174,7 @@ def restore_checkpoint(model: keras.Model, directory: str, writer: bool = True) 
     """Loads the newest intact checkpoint of `directory` into `model` (its optimizer built
     first); returns its step, 0 when there is none. A damaged or unreadable one is set aside
     (`writer`; another worker only skips it) and the next older one tried; when none is left,
-    UsageError (exit 2): the run is not restarted from scratch behind the user's back."""
-    from aetv2_tf.rundir import UsageError
-
+    FileNotFoundError (exit 2): the run is not restarted from scratch behind the user's back."""
     found = list_checkpoints(directory)
     if not found:
         logging.info("No checkpoint in %s: starting at step 0.", directory)
@@ -198,7 +196,7 @@ def restore_checkpoint(model: keras.Model, directory: str, writer: bool = True) 
             set_aside(path, reason)
         else:
             logging.warning("Skipped %s: %s.", path, reason)
-    raise UsageError(f"no intact checkpoint is left in {directory} (each was set aside as "
+    raise FileNotFoundError(f"no intact checkpoint is left in {directory} (each was set aside as "
                      "*.bad); restore one from a backup, or pass --overwrite to start afresh "
                      "there.")
 

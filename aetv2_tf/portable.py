@@ -36,7 +36,7 @@ import numpy as np
 from absl import logging
 
 from aetv2_tf import pretext, program, rundir
-from aetv2_tf.flags import ESSENTIAL, FLAGS, flagfile_text, run_flags
+from aetv2_tf.flags import ESSENTIAL, FLAGS, TRAJECTORY, flagfile_text, run_flags
 from aetv2_tf.precision import choose_precision
 from aetv2_tf.rundir import UsageError
 
@@ -88,7 +88,8 @@ def run() -> dict:
     keras.mixed_precision.set_global_policy(precision.policy)
     data = program.load_train_images() if F.stage == "pretext" else None
     recorded = dict(run_flags(), precision=precision._asdict(), backend=keras.backend.backend())
-    rundir.prepare(F.model_dir, recorded, flagfile_text(), ESSENTIAL, F.overwrite)
+    rundir.prepare(F.model_dir, recorded, flagfile_text(), ESSENTIAL, F.overwrite,
+                   trajectory=TRAJECTORY)
     distribution = "DataParallel" if len(devices) > 1 else "OneDevice"
     note = " | batch norm: keras" if F.batch_norm != "keras" else ""
     print(program.start_line(f"{keras.backend.backend()} {distribution}", len(devices), precision,

@@ -134,11 +134,12 @@ def run(adapter: PretextAdapter, images, labels, num_examples: int | None) -> di
     if adapter.chief and start < stop:
         check_disk(model, encoder, adapter.other_writers)
     counter = StepCounter(start, stop)
-    callbacks = [counter, StopOnSignal(),
+    callbacks = [counter,
                  StopOnSkippedStep(optimizer, counter, F.on_nonfinite == "stop",
                                    every=adapter.skip_check_every),
                  program.StopAtStep(stop, counter),
                  CheckpointEvery(store, counter, F.checkpoint_every_steps, writer=adapter.chief),
+                 StopOnSignal(),  # after CheckpointEvery: its handlers outlive the final save
                  *adapter.summaries(counter, schedule)]
     if adapter.chief and start < stop:
         discard_encoder_weights(F.model_dir)  # it would describe an older end of the run

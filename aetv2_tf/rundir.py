@@ -104,17 +104,69 @@ def lock(model_dir: str) -> None:
     _LOCKS[key] = handle
 
 
+HISTORY = "flags_history.jsonl"
+
+
+def _trained_step(model_dir: str) -> int:
+    """The step of the run's newest checkpoint (0: nothing trained yet)."""
+    from aetv2_tf.keras_checkpoints import list_checkpoints
+
+    found = list_checkpoints(os.path.join(model_dir, "checkpoints"))
+    return found[-1][0] if found else 0
+
+
+def _effective_flags(model_dir: str, saved: dict) -> dict:
+    """The first record (`flags.json`) with every accepted change (`flags_history.jsonl`)."""
+    flags = dict(saved)
+    path = os.path.join(model_dir, HISTORY)
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                flags.update({k: new for k, (_, new) in json.loads(line)["changed"].items()})
+    return flags
+
+
+def _trajectory_changes(model_dir: str, saved: dict, run_flags: dict,
+                        trajectory: tuple[str, ...]) -> tuple[int, dict]:
+    """`(step, {flag: (value until now, value asked)})` of a resumed pretraining run's
+    `trajectory` flags that differ from the run's (its first record and accepted changes);
+    `(step, {})` when nothing differs or nothing has trained yet."""
+    step = _trained_step(model_dir)
+    if run_flags.get("stage") != "pretext" or not step:
+        return step, {}
+    before = _effective_flags(model_dir, saved)
+    return step, {k: (before[k], run_flags.get(k)) for k in trajectory
+                  if k in before and before[k] != run_flags.get(k)}
+
+
+def _remove_run(model_dir: str) -> None:
+    """What `--overwrite` deletes: the run's checkpoints, logs, exports and records."""
+    for name in ("checkpoints", "train", "export", "aet_model.keras", "results.json", "probe",
+                 "encoder.weights.h5", "budget.json", "epochs.csv", "best.weights.h5",
+                 "validation", "test", HISTORY, "encoder.weights.h5.sha256",
+                 "aet_model.keras.sha256"):
+        path = os.path.join(model_dir, name)
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        elif os.path.exists(path):
+            os.remove(path)
+
+
 def prepare(model_dir: str, run_flags: dict, flagfile: str, essential: tuple[str, ...],
-            overwrite: bool, chief: bool = True) -> None:
+            overwrite: bool, chief: bool = True, trajectory: tuple[str, ...] = ()) -> None:
     """Checks `model_dir`, refuses to mix runs, and writes this run's flags beside the checkpoints.
 
     A directory holding a run whose essential flags differ is refused (the differing flags are
-    listed) unless `overwrite`, which deletes its checkpoints, logs and exports first. The
-    writing process (`chief`) then holds the model_dir's lock (`lock`): a second process on it
-    is refused before it deletes or writes anything.
+    listed) unless `overwrite`, which deletes its checkpoints, logs and exports first. A
+    pretraining run that has trained resumes only with the values of its `trajectory` flags,
+    unless `--allow_flag_changes` (each accepted change appended to `flags_history.jsonl` with
+    the step from which it applies) or `overwrite`; its first record (`flags.json`) is kept,
+    `flags.cfg` holds the flags of the latest start. The writing process (`chief`) holds the
+    model_dir's lock (`lock`) before it deletes or writes anything: a second process is refused.
     """
     check_writable(model_dir)
     saved_path = os.path.join(model_dir, "flags.json")
+    first_record, step, changed, diff = True, 0, {}, {}
     if os.path.exists(saved_path):
         with open(saved_path) as f:
             saved = json.load(f)
@@ -137,20 +189,29 @@ def prepare(model_dir: str, run_flags: dict, flagfile: str, essential: tuple[str
                              f"flags ({lines}). Resume with the saved flags "
                              f"(--flagfile={os.path.join(model_dir, 'flags.cfg')}), pass "
                              "--overwrite to start afresh there, or choose a new --model_dir.")
-        if chief:
-            lock(model_dir)
-        if diff and overwrite and chief:
-            for name in ("checkpoints", "train", "export", "aet_model.keras", "results.json",
-                         "probe", "encoder.weights.h5", "budget.json", "epochs.csv",
-                         "best.weights.h5", "validation", "test"):
-                path = os.path.join(model_dir, name)
-                if os.path.isdir(path):
-                    shutil.rmtree(path)
-                elif os.path.exists(path):
-                    os.remove(path)
-    if chief:
-        lock(model_dir)
-        _atomic_write(os.path.join(model_dir, "flags.cfg"), flagfile)
+        step, changed = _trajectory_changes(model_dir, saved, run_flags, trajectory)
+        lines = ", ".join(f"--{k}: {a!r} until now, {b!r} asked" for k, (a, b) in changed.items())
+        if changed and not (overwrite or run_flags.get("allow_flag_changes")):
+            raise UsageError(f"--model_dir={model_dir} holds a run trained to step {step} with "
+                             f"other values of flags that change its course ({lines}). Resume "
+                             f"with its flags (--flagfile={os.path.join(model_dir, 'flags.cfg')}"
+                             "), pass --allow_flag_changes to change them from this step on "
+                             f"(recorded in {HISTORY}), --overwrite to start afresh there, or "
+                             "choose a new --model_dir.")
+    if not chief:
+        return
+    lock(model_dir)
+    if overwrite and (diff or changed):
+        _remove_run(model_dir)
+    elif step and run_flags.get("stage") == "pretext":
+        first_record = False  # the record of what trained so far stays
+        if changed:
+            with open(os.path.join(model_dir, HISTORY), "a") as f:
+                f.write(json.dumps({"step": step, "changed": changed}, default=str) + "\n")
+            print(f"Flags changed from step {step} on: {lines} (recorded in {HISTORY}).",
+                  flush=True)
+    _atomic_write(os.path.join(model_dir, "flags.cfg"), flagfile)
+    if first_record:
         _atomic_write(saved_path, json.dumps(run_flags, indent=2, sort_keys=True, default=str))
 
 

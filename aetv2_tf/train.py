@@ -40,7 +40,7 @@ from absl import app, logging
 
 from aetv2_tf import pretext, program, rundir
 from aetv2_tf.data.sources import DataError
-from aetv2_tf.flags import ESSENTIAL, FLAGS, flagfile_text, run_flags
+from aetv2_tf.flags import ESSENTIAL, FLAGS, TRAJECTORY, flagfile_text, run_flags
 from aetv2_tf.precision import choose_precision, onednn_state
 from aetv2_tf.rundir import UsageError
 
@@ -216,7 +216,8 @@ def run() -> dict:
     # Bad data fails here, before the model_dir is touched.
     data = program.load_train_images() if F.stage == "pretext" else None
     recorded = dict(run_flags(), precision=precision._asdict())
-    rundir.prepare(F.model_dir, recorded, flagfile_text(), ESSENTIAL, F.overwrite, chief)
+    rundir.prepare(F.model_dir, recorded, flagfile_text(), ESSENTIAL, F.overwrite, chief,
+                   TRAJECTORY)
     kernels = "" if accelerator else f"oneDNN {onednn_state()}"
     print(program.start_line(type(strategy).__name__.lstrip("_"), strategy.num_replicas_in_sync,
                      precision, data, kernels), flush=True)

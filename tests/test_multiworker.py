@@ -82,10 +82,10 @@ def test_two_workers_train_identically_and_only_the_chief_writes(tmp_path, cifar
     assert checkpoint_digest(model_dir) == digests[0]
 
     assert sorted(p.name for p in model_dir.iterdir()) == [
-        ".lock", "aet_model.keras", "checkpoints", "encoder.weights.h5", "export", "flags.cfg",
-        "flags.json", "train"]
+        ".lock", "aet_model.keras", "aet_model.keras.sha256", "checkpoints", "encoder.weights.h5",
+        "encoder.weights.h5.sha256", "export", "flags.cfg", "flags.json", "train"]
     assert f"pid {pids[0]} " in (model_dir / ".lock").read_text()  # the chief's, alone
-    assert sorted(p.name for p in (model_dir / "checkpoints").iterdir()) == [
+    assert sorted(p.name for p in (model_dir / "checkpoints").glob("*.weights.h5")) == [
         "ckpt-2.weights.h5", "ckpt-4.weights.h5"]
     events = list((model_dir / "train").iterdir())
     assert len(events) == 1 and f".{pids[0]}." in events[0].name

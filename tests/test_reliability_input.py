@@ -166,7 +166,8 @@ def test_model_dir_of_another_run_is_refused_unless_overwrite(tmp_path, cifar10_
 
     train(model_dir, cifar10_dir, "--train_steps=1", "--export=false", *other, "--overwrite")
     assert json.loads((model_dir / "flags.json").read_text())["batch_size"] == 32
-    assert sorted(p.name for p in (model_dir / "checkpoints").iterdir()) == ["ckpt-1.weights.h5"]
+    assert sorted(p.name for p in (model_dir / "checkpoints").glob("*.weights.h5")) == [
+        "ckpt-1.weights.h5"]
 
 
 # ------------------------------------------------------------------------------ a full disk
@@ -241,3 +242,30 @@ def test_a_failed_export_exits_4_on_every_backend(backend, tmp_path, cifar10_dir
     assert proc.returncode == 4, proc.stderr[-3000:]
     assert "export failed" in proc.stderr and "python -m aetv2_tf.export" in proc.stderr
     assert (model_dir / "encoder.weights.h5").is_file()
+
+
+def test_resuming_with_other_trajectory_flags_is_refused_unless_allowed(tmp_path, cifar10_dir):
+    """A run trained to step 2, resumed with another learning rate and length: refused (exit 2,
+    both flags listed, nothing changed); with --allow_flag_changes it trains on, the change is
+    appended to flags_history.jsonl with its step, and flags.json still holds the first record."""
+    model_dir = tmp_path / "run"
+    base = ("--checkpoint_every_steps=2", "--export=false")
+    train(model_dir, cifar10_dir, *base, "--stop_after_steps=2")
+    first = (model_dir / "flags.json").read_bytes()
+    changed = ("--learning_rate=0.01", "--train_steps=6")
+    proc = train(model_dir, cifar10_dir, *base, *changed, check=False)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "trained to step 2" in proc.stderr and "--learning_rate: 0.0003 until now, 0.01 " \
+        "asked" in proc.stderr and "--train_steps: 8 until now, 6 asked" in proc.stderr
+    assert (model_dir / "flags.json").read_bytes() == first
+    assert not (model_dir / "flags_history.jsonl").exists()
+    proc = train(model_dir, cifar10_dir, *base, *changed, "--allow_flag_changes")
+    assert "Flags changed from step 2 on" in proc.stdout and "steps=6" in proc.stdout
+    history = [json.loads(line) for line in
+               (model_dir / "flags_history.jsonl").read_text().splitlines()]
+    assert history == [{"step": 2, "changed": {"learning_rate": [0.0003, 0.01],
+                                               "train_steps": [8, 6]}}]
+    assert (model_dir / "flags.json").read_bytes() == first
+    assert "--learning_rate=0.01" in (model_dir / "flags.cfg").read_text()
+    # the accepted values are now the run's: resuming with them needs nothing more
+    assert "Flags changed" not in train(model_dir, cifar10_dir, *base, *changed).stdout

@@ -161,8 +161,9 @@ encoder, model, schedule, optimizer = adapter.build(STEPS)
 ckpt_dir = os.path.join(FLAGS.model_dir, "checkpoints")
 step, path = list_checkpoints(ckpt_dir)[-1]
 load_model_part(model, path)
-for _, old in list_checkpoints(ckpt_dir):
+for _, old in list_checkpoints(ckpt_dir):  # an earlier version's run: no checksums either
     os.remove(old)
+    os.remove(old + ".sha256")
 tf.train.CheckpointManager(tf.train.Checkpoint(model=model, optimizer=optimizer), ckpt_dir,
                            max_to_keep=3).save(checkpoint_number=step)
 from aetv2_tf.callbacks import weights_digest
@@ -304,7 +305,7 @@ def test_temporaries_of_a_live_process_are_never_removed(tmp_path):
         live.kill()
         live.wait()
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        f".tmp{live.pid}-ckpt-4.weights.h5", "ckpt-6.weights.h5"]
+        f".tmp{live.pid}-ckpt-4.weights.h5", "ckpt-6.weights.h5", "ckpt-6.weights.h5.sha256"]
 
 
 def _damage(path: pathlib.Path, how: str) -> None:
@@ -401,3 +402,50 @@ def test_a_full_disk_mid_run_exits_5_and_keeps_the_newest_checkpoint(
         "ckpt-2.weights.h5", "ckpt-2.weights.h5.sha256"]
     assert resume(model_dir, cifar10_dir) == 2
     assert_same_final_state(model_dir, reference[0])
+
+
+SECOND_SIGNAL_IN_FINAL_SAVE = """
+import os, runpy, signal
+from aetv2_tf import keras_checkpoints
+real = keras_checkpoints.KerasCheckpoints.save
+def save(self, model, step):
+    handler = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)
+    if getattr(handler, "received", None):  # stopping: this is the final checkpoint
+        os.kill(os.getpid(), getattr(signal, handler.received))  # the same signal again
+    return real(self, model, step)
+keras_checkpoints.KerasCheckpoints.save = save
+runpy.run_module("aetv2_tf.train", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_second_signal_during_the_final_checkpoint_does_not_break_it(sig, tmp_path,
+                                                                       cifar10_dir):
+    """Ctrl-C (or SIGTERM) on the command line: exit 128 + N with the final checkpoint; the same
+    signal again while that checkpoint is written (injected) waits for it to be complete."""
+    import subprocess
+    import sys
+
+    from tests.cli import REPO, _env
+
+    model_dir = tmp_path / "run"
+    log = open(tmp_path / "out", "w+")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen([sys.executable, "-c", SECOND_SIGNAL_IN_FINAL_SAVE, *train_args(
+        model_dir, cifar10_dir, "--train_steps=500", "--checkpoint_every_steps=3")], cwd=REPO,
+        env=_env({}), stdout=log, stderr=subprocess.STDOUT, text=True)
+    started = model_dir / "checkpoints" / "ckpt-3.weights.h5"
+    deadline = time.monotonic() + 300
+    while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)  # into a later step: a checkpoint is still to be written after the signal
+    proc.send_signal(sig)
+    proc.wait(timeout=120)
+    log.seek(0)
+    out = log.read()
+    log.close()
+    assert proc.returncode == 128 + sig.value, out[-3000:]
+    assert "while a checkpoint is written: stopping once it is complete" in out
+    done = re.search(r"Done \(pretext\): steps=(\d+),.*interrupted_by=(\w+)", out)
+    assert done and done.group(2) == sig.name, out[-2000:]
+    assert listed_step(model_dir) == int(done.group(1)) > 3
+    assert final_checkpoint(model_dir)[ITERATIONS] == int(done.group(1))
