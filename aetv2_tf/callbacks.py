@@ -155,11 +155,14 @@ class StopOnSignal(keras.callbacks.Callback):
     (put this callback AFTER `CheckpointEvery`: its handlers stay until that checkpoint is
     written). A second signal kills at once with the previous behaviour (an impatient Ctrl-C
     twice), except while a checkpoint is being written: then the run stops once it is complete.
+    `agree` (several workers: `distribute.signal_agreement`) sums every worker's received
+    signals after each step, so that all stop after the same step when one is signalled.
     """
 
-    def __init__(self):
+    def __init__(self, agree=None):
         super().__init__()
         self.received = None
+        self.agree = agree
         self._previous = {}
 
     def _handler(self, signum, frame):
@@ -183,6 +186,13 @@ class StopOnSignal(keras.callbacks.Callback):
             self._previous[sig] = signal.signal(sig, self._handler)
 
     def on_train_batch_end(self, batch, logs=None):
+        if self.agree is not None:
+            sigint, sigterm = self.agree(int(self.received == "SIGINT"),
+                                         int(self.received == "SIGTERM"))
+            if (sigint or sigterm) and self.received is None:
+                self.received = "SIGTERM" if sigterm else "SIGINT"
+                logging.warning("Another worker received %s: stopping after this step and "
+                                "writing a checkpoint.", self.received)
         if self.received:
             self.model.stop_training = True
 

@@ -28,7 +28,8 @@ def configure_cpu_devices(num_logical_devices: int) -> None:
     )
 
 
-def get_strategy(name: str = "auto", tpu: str | None = None) -> tf.distribute.Strategy:
+def get_strategy(name: str = "auto", tpu: str | None = None,
+                 timeout_seconds: int | None = None) -> tf.distribute.Strategy:
     """Returns the `tf.distribute.Strategy` called `name`.
 
     - `auto`: `mirrored` when there are several GPUs, `one_device` on a single GPU, else `default`.
@@ -36,13 +37,15 @@ def get_strategy(name: str = "auto", tpu: str | None = None) -> tf.distribute.St
     - `one_device`: the first GPU if there is one, else the CPU.
     - `mirrored`: synchronous data parallelism over all local GPUs, or over all logical CPU devices
       when there is no GPU (see `configure_cpu_devices`).
-    - `multi_worker_mirrored`: synchronous data parallelism across machines; reads `TF_CONFIG`.
+    - `multi_worker_mirrored`: synchronous data parallelism across machines; reads `TF_CONFIG`;
+      a collective that waits more than `timeout_seconds` for a peer (a dead or hung worker)
+      fails instead of hanging.
     - `tpu`: `TPUStrategy` on the TPU named by `tpu` ("" or "local" for a TPU VM).
     """
     if name not in STRATEGIES:
         raise ValueError(f"--strategy={name!r} is not one of {', '.join(STRATEGIES)}.")
     if name == "multi_worker_mirrored":  # before anything initialises TensorFlow's context
-        return _multi_worker_strategy()
+        return _multi_worker_strategy(timeout_seconds)
     gpus = tf.config.list_logical_devices("GPU")
     if name == "auto":
         name = "mirrored" if len(gpus) > 1 else ("one_device" if gpus else "default")
@@ -59,7 +62,8 @@ def get_strategy(name: str = "auto", tpu: str | None = None) -> tf.distribute.St
     return tf.distribute.TPUStrategy(resolver)
 
 
-def _multi_worker_strategy() -> tf.distribute.MultiWorkerMirroredStrategy:
+def _multi_worker_strategy(
+        timeout_seconds: int | None) -> tf.distribute.MultiWorkerMirroredStrategy:
     """MWMS from `TF_CONFIG`. TensorFlow refuses it once its context is initialised (e.g. by
     `tf.config.list_logical_devices` or by creating a variable), so create it first thing."""
     if "TF_CONFIG" not in os.environ:
@@ -72,7 +76,28 @@ def _multi_worker_strategy() -> tf.distribute.MultiWorkerMirroredStrategy:
         json.loads(os.environ["TF_CONFIG"])
     except json.JSONDecodeError as e:
         raise ValueError(f"TF_CONFIG is not valid JSON ({e}); see BUILD.md.") from e
-    return tf.distribute.MultiWorkerMirroredStrategy()
+    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=timeout_seconds)
+    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+
+
+def signal_agreement(strategy: tf.distribute.Strategy):
+    """Under `MultiWorkerMirroredStrategy`, a function `(sigint, sigterm) -> (sigint, sigterm)`
+    that sums every worker's counts of received signals (one collective, a few ms), so that all
+    workers stop after the same step when any is signalled (`callbacks.StopOnSignal`); None
+    elsewhere (one process receives its own signals)."""
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return None
+
+    @tf.function
+    def summed(counts):
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(tf.identity, (counts,)),
+                               axis=None)
+
+    def agree(sigint: int, sigterm: int) -> tuple[int, int]:
+        total = summed(tf.constant([sigint, sigterm], tf.float32)).numpy()
+        return int(total[0]), int(total[1])
+
+    return agree
 
 
 def is_chief(strategy: tf.distribute.Strategy) -> bool:

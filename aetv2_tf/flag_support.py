@@ -50,6 +50,9 @@ TABLE: dict[str, Rule | None] = {
     "strategy": Rule(lambda v, _: v not in ("auto", "default"),
                      "is a tf.distribute strategy; every local device is used by itself "
                      "(keras.distribution.DataParallel): drop --strategy", "mirrored"),
+    "collective_timeout_seconds": Rule(
+        lambda v, present: present, "times out tf.distribute's multi-worker collectives; drop "
+        "it", 60),
     "tpu": Rule(lambda v, _: bool(v),
                 "is tf.distribute's TPU resolver; drop --tpu (JAX finds TPUs)", "local"),
     "cpu_devices": Rule(lambda v, _: v != 1,

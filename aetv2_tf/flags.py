@@ -135,6 +135,9 @@ flags.DEFINE_enum("strategy", "auto",
                   ["auto", "default", "one_device", "mirrored", "multi_worker_mirrored", "tpu"],
                   "tf.distribute strategy (see aetv2_tf/distribute.py and BUILD.md).")
 flags.DEFINE_string("tpu", None, "TPU name or address for --strategy=tpu ('' or 'local' on a VM).")
+flags.DEFINE_integer("collective_timeout_seconds", 600,
+                     "--strategy=multi_worker_mirrored: a collective (gradient all-reduce) that "
+                     "waits longer than this for a peer fails (exit 6) instead of hanging.")
 flags.DEFINE_integer("cpu_devices", 1,
                      "Split the CPU into this many logical devices (mirrored on a CPU, for tests).")
 

@@ -80,6 +80,11 @@ class PretextAdapter:
         """`--export` of a finished run; returns summary entries."""
         raise NotImplementedError
 
+    def signal_agreement(self):
+        """How the workers agree to stop on a signal (`callbacks.StopOnSignal`'s `agree`); None:
+        one process."""
+        return None
+
     def close(self) -> None:
         """Called once at the end (e.g. a non-chief worker's scratch directory)."""
 
@@ -139,7 +144,8 @@ def run(adapter: PretextAdapter, images, labels, num_examples: int | None) -> di
                                    every=adapter.skip_check_every),
                  program.StopAtStep(stop, counter),
                  CheckpointEvery(store, counter, F.checkpoint_every_steps, writer=adapter.chief),
-                 StopOnSignal(),  # after CheckpointEvery: its handlers outlive the final save
+                 # after CheckpointEvery: its handlers outlive the final save
+                 StopOnSignal(adapter.signal_agreement()),
                  *adapter.summaries(counter, schedule)]
     if adapter.chief and start < stop:
         discard_encoder_weights(F.model_dir)  # it would describe an older end of the run

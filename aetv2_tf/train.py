@@ -44,6 +44,9 @@ from aetv2_tf.flags import ESSENTIAL, FLAGS, TRAJECTORY, flagfile_text, run_flag
 from aetv2_tf.precision import choose_precision, onednn_state
 from aetv2_tf.rundir import UsageError
 
+#: A collective that lost a peer: dead worker (unavailable) or `--collective_timeout_seconds`.
+PEER_LOST = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError) if TENSORFLOW else ()
+
 
 def check_flags(num_replicas: int) -> None:
     """`program.check_flags` for TensorFlow, then the probe stages' own checks."""
@@ -161,6 +164,11 @@ class TensorFlowPretext(pretext.PretextAdapter):
                                  F.keep_checkpoints if self.chief else 1)
         return store, start
 
+    def signal_agreement(self):
+        from aetv2_tf import distribute
+
+        return distribute.signal_agreement(self.strategy)
+
     def summaries(self, counter, schedule):
         from aetv2_tf.callbacks import PretextSummaries
         from aetv2_tf.visualize import draw_pairs
@@ -203,7 +211,7 @@ def run() -> dict:
     if F.deterministic:
         tf.config.experimental.enable_op_determinism()
     try:  # before any op or variable: multi-worker strategies need a fresh TensorFlow context
-        strategy = distribute.get_strategy(F.strategy, F.tpu)
+        strategy = distribute.get_strategy(F.strategy, F.tpu, F.collective_timeout_seconds)
     except ValueError as e:
         raise UsageError(str(e)) from e
     keras.utils.set_random_seed(F.seed)
@@ -242,6 +250,11 @@ def main(argv) -> None:
     except (UsageError, DataError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(2)
+    except PEER_LOST as e:
+        print(f"error: a worker of the cluster stopped answering ({type(e).__name__}: "
+              f"{str(e).splitlines()[0]}); stop every worker and start the same commands again: "
+              "they resume from the chief's newest checkpoint.", file=sys.stderr, flush=True)
+        sys.exit(EXIT_PEER_LOST)
     except OSError as e:
         if not disk_full(e):
             raise
@@ -261,11 +274,13 @@ def main(argv) -> None:
 
 
 #: Exit codes (docs/reliability.md): 0 done, 1 absl flag errors, 2 refused input, 3 non-finite
-#: training, 4 export failed, 5 disk full, 128 + N stopped by signal N (SIGTERM 143, SIGINT 130)
+#: training, 4 export failed, 5 disk full, 6 a lost worker, 128 + N stopped by signal N (SIGTERM 143,
+#: SIGINT 130)
 #: after a final checkpoint.
 EXIT_NONFINITE = 3
 EXIT_EXPORT = 4
 EXIT_DISK_FULL = 5
+EXIT_PEER_LOST = 6
 
 
 def disk_full(error: OSError) -> bool:

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import socket
 import time
 
 from aetv2_tf.callbacks import weights_digest
 from aetv2_tf.models import build_aet_model, build_backbone
 from tests.cli import finish, start_module, train_args
+from tests.test_reliability_interrupt import listed_step
 
 TIMEOUT_S = 240
 
@@ -46,21 +48,31 @@ def checkpoint_digest(model_dir) -> str:
     return weights_digest(model.trainable_weights)
 
 
-def two_workers(args: list[str], log) -> tuple[list, list[str], list[int]]:
-    """Runs `aetv2_tf.train args` as worker 0 (chief) and 1 of a localhost cluster; returns
-    both processes' outputs, the `trainable_digest` each printed (asserted equal), their pids."""
+def start_two(args: list[str], log) -> list:
+    """`aetv2_tf.train args` as worker 0 (chief) and 1 of a localhost cluster, started."""
     cluster = {"worker": [f"localhost:{port}" for port in free_ports(2)]}
-    procs = [start_module("aetv2_tf.train", *args, log=f"{log}{index}",
-                          env={"TF_CONFIG": json.dumps(
-                              {"cluster": cluster, "task": {"type": "worker", "index": index}})})
-             for index in range(2)]
+    return [start_module("aetv2_tf.train", *args, log=f"{log}{index}",
+                         env={"TF_CONFIG": json.dumps(
+                             {"cluster": cluster, "task": {"type": "worker", "index": index}})})
+            for index in range(2)]
+
+
+def finish_all(procs) -> list:
+    """Both workers' completed outputs (a worker left waiting for a dead peer is killed)."""
     deadline = time.monotonic() + TIMEOUT_S
     try:
-        outs = [finish(proc, timeout=max(deadline - time.monotonic(), 1)) for proc in procs]
+        return [finish(proc, timeout=max(deadline - time.monotonic(), 1)) for proc in procs]
     finally:
-        for proc in procs:  # a worker left waiting for a dead peer
+        for proc in procs:
             if proc.poll() is None:
                 proc.kill()
+
+
+def two_workers(args: list[str], log) -> tuple[list, list[str], list[int]]:
+    """Runs `aetv2_tf.train args` on two workers to the end; returns both processes' outputs,
+    the `trainable_digest` each printed (asserted equal), and their pids."""
+    procs = start_two(args, log)
+    outs = finish_all(procs)
     for index, out in enumerate(outs):
         assert out.returncode == 0, f"worker {index}:\n{out.stderr[-4000:]}"
         assert "CollectiveAllReduceStrategy x2" in out.stdout  # = MWMS
@@ -117,3 +129,47 @@ def test_two_workers_on_a_folder_read_their_own_files_and_resume_exactly(tmp_pat
     outs, resumed, _ = two_workers(args(tmp_path / "resumed"), tmp_path / "second")
     assert all("Resumed" in out.stdout + out.stderr for out in outs)
     assert resumed == whole
+
+
+def _wait_for(path, procs, timeout: float = TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert all(p.poll() is None for p in procs) and time.monotonic() < deadline, \
+            "the run did not reach its first checkpoint"
+        time.sleep(0.05)
+
+
+def test_sigterm_to_one_worker_stops_every_worker_at_the_same_step(tmp_path, cifar10_dir):
+    """Preemption of one machine: the workers agree after each step (one small collective),
+    all stop after the same step, the chief writes its checkpoint and every worker exits 143."""
+    model_dir = tmp_path / "run"
+    procs = start_two(train_args(model_dir, cifar10_dir, "--strategy=multi_worker_mirrored",
+                                 "--train_steps=100000", "--checkpoint_every_steps=3",
+                                 "--export=false", "--verbosity=0"), tmp_path / "worker")
+    _wait_for(model_dir / "checkpoints" / "ckpt-3.weights.h5", procs)
+    procs[1].send_signal(signal.SIGTERM)
+    outs = finish_all(procs)
+    assert [out.returncode for out in outs] == [143, 143], [o.stderr[-2000:] for o in outs]
+    steps = {int(re.search(r"Done \(pretext\): steps=(\d+),", out.stdout).group(1))
+             for out in outs}
+    assert len(steps) == 1 and listed_step(model_dir) == steps.pop() > 3
+    assert "Another worker received SIGTERM" in outs[0].stderr
+
+
+def test_a_dead_worker_ends_the_job_with_exit_6_not_a_hang(tmp_path, cifar10_dir):
+    """A worker killed outright: the other's next collective fails within
+    --collective_timeout_seconds (or at once when the peer's heartbeats stop) and it exits 6
+    with the fix; the chief's checkpoints stay."""
+    model_dir = tmp_path / "run"
+    procs = start_two(train_args(model_dir, cifar10_dir, "--strategy=multi_worker_mirrored",
+                                 "--train_steps=100000", "--checkpoint_every_steps=3",
+                                 "--export=false", "--verbosity=0",
+                                 "--collective_timeout_seconds=20"), tmp_path / "worker")
+    _wait_for(model_dir / "checkpoints" / "ckpt-3.weights.h5", procs)
+    procs[1].kill()
+    start = time.monotonic()
+    out = finish_all(procs[:1])[0]
+    assert out.returncode == 6, out.stderr[-3000:]
+    assert time.monotonic() - start < 90
+    assert "stopped answering" in out.stderr and "resume from the chief's newest" in out.stderr
+    assert listed_step(model_dir) >= 3
