@@ -274,9 +274,8 @@ def main(argv) -> None:
 
 
 #: Exit codes (docs/reliability.md): 0 done, 1 absl flag errors, 2 refused input, 3 non-finite
-#: training, 4 export failed, 5 disk full, 6 a lost worker, 128 + N stopped by signal N (SIGTERM 143,
-#: SIGINT 130)
-#: after a final checkpoint.
+#: training, 4 export failed, 5 disk full, 6 a lost worker, 128 + N stopped by signal N
+#: (SIGTERM 143, SIGINT 130) after a final checkpoint.
 EXIT_NONFINITE = 3
 EXIT_EXPORT = 4
 EXIT_DISK_FULL = 5
