@@ -8,6 +8,7 @@ and CIFAR-10 class folders of 256-pixel JPEGs with a truncated, a text, an empty
 named .JPEG among them (`write_cifar10_folder(corrupt=True)`)."""
 
 import json
+import shutil
 
 import pytest
 
@@ -40,7 +41,8 @@ def test_imagenet_pretraining_and_tables_3_4_5(data, tmp_path):
     pretrained = tmp_path / "imagenet_alexnet_aetv2"
     proc = run_module("aetv2_tf.train", "--flagfile=configs/imagenet_alexnet_aetv2.cfg",
                       f"--data_dir={data['tfds']}", f"--model_dir={pretrained}",
-                      "--batch_size=4", "--train_steps=2", "--export=false", "--verbose=0")
+                      "--batch_size=4", "--train_steps=2", "--export=false", "--verbose=0",
+                      "--keep_checkpoints=1")
     assert "Done (pretext): steps=2" in proc.stdout and "AETv2 (geodesic loss)" in proc.stdout
     flags = json.loads((pretrained / "flags.json").read_text())
     assert (flags["backbone"], flags["dataset"], flags["lr_drop_epochs"]) == \
@@ -76,7 +78,8 @@ def test_folder_pretraining_skips_bad_files_and_runs_every_pretext(data, tmp_pat
     """AETv2 on class folders (a third of a class is bad files); then the AETv1 and RotNet
     overrides of the same config."""
     common = ("--flagfile=configs/imagenet_alexnet_aetv2.cfg", "--dataset=folder",
-              f"--data_dir={data['folder']}", "--train_steps=2", "--export=false", "--verbose=0")
+              f"--data_dir={data['folder']}", "--train_steps=2", "--export=false", "--verbose=0",
+              "--keep_checkpoints=1")
     proc = run_module("aetv2_tf.train", *common, "--batch_size=4",
                       f"--model_dir={tmp_path / 'aetv2'}")
     bad = sorted(name for name, reason in CORRUPT_FILES.items() if reason)
@@ -85,9 +88,11 @@ def test_folder_pretraining_skips_bad_files_and_runs_every_pretext(data, tmp_pat
     assert all(name in proc.stderr for name in bad), proc.stderr[-3000:]
     assert "Done (pretext): steps=2" in proc.stdout
     assert (tmp_path / "aetv2" / "encoder.weights.h5").is_file()
+    shutil.rmtree(tmp_path / "aetv2")  # an AlexNet run is 2.5 GB on disk
     for name, extra in (("aetv1", ("--loss=mse", "--batch_size=4")),
                         ("rotnet", ("--pretext=rotation", "--batch_size=8"))):
         proc = run_module("aetv2_tf.train", *common, *extra,
                           f"--model_dir={tmp_path / name}")
         assert "Done (pretext): steps=2" in proc.stdout, name
         assert (tmp_path / name / "encoder.weights.h5").is_file()
+        shutil.rmtree(tmp_path / name)

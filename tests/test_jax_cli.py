@@ -345,7 +345,8 @@ def test_alexnet_pretraining_on_a_folder_without_tensorflow(tmp_path, cifar10_di
                                   val_per_class=0, size=64, corrupt=True)
     proc = start(RUN_TRAIN, "--flagfile=configs/imagenet_alexnet_aetv2.cfg", "--dataset=folder",
                  f"--data_dir={folder}", f"--model_dir={tmp_path / 'run'}", "--batch_size=4",
-                 "--train_steps=2", "--export=false", "--verbose=0", log=tmp_path / "log")
+                 "--train_steps=2", "--export=false", "--verbose=0", "--keep_checkpoints=1",
+                 log=tmp_path / "log")
     out = finish(proc)
     assert "Skipped 3 undecodable image(s)" in out and "jax OneDevice" in out
     assert re.search(r"Done \(pretext\): steps=2,.*loss=\d", out), out[-2000:]
