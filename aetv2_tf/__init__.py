@@ -3,10 +3,26 @@
 Self-supervised representation learning by autoencoding homographies: a Siamese encoder sees an
 image x and a warped copy t(x); a decoder regresses t, and the loss is the geodesic distance on
 SO(3) between the applied and the decoded homography (after projection), plus a projection residual.
+
+The entry points of the library (README, "Use it from Python"), imported on first use:
+
+* recipes as values: `Recipe`, `AETV2` (the recipe that learns), `AETV2_PAPER`, `AETV1`;
+* models: `build_backbone` (NIN, AlexNet), `build_pairs_model` (fit on uint8 images, the pairs
+  made in the train step), `build_aet_model`, `build_rotations_model` (RotNet);
+* losses: `GeodesicLoss` (AETv2), `ParameterMSELoss` (AETv1);
+* data: `pretext_dataset` (tf.data pairs), `load_cifar10`, `list_image_folder`, and the
+  normalisation constants `CIFAR10_MEAN` / `CIFAR10_STD`, `IMAGENET_MEAN` / `IMAGENET_STD`;
+* features and probes: `pooled_features`, `knn_accuracy`;
+* saving: `save_encoder`, `load_encoder` (a directory ``--pretrained`` accepts), and
+  `export_encoder` (a SavedModel).
+
+The command line, ``python -m aetv2_tf.train --flagfile=configs/...``, is built on them.
 """
 
+import importlib
 import os
 import platform
+from typing import Any
 
 # Keras 3 is multi-backend; this package is TensorFlow-only.
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -21,3 +37,30 @@ if platform.machine().lower() in ("x86_64", "amd64"):
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "Recipe": "recipes", "AETV2": "recipes", "AETV2_PAPER": "recipes", "AETV1": "recipes",
+    "build_backbone": "models", "build_aet_model": "models",
+    "build_pairs_model": "models.pairs", "build_rotations_model": "models.pairs",
+    "GeodesicLoss": "losses", "ParameterMSELoss": "losses",
+    "pretext_dataset": "data.pipelines", "load_cifar10": "data.sources",
+    "list_image_folder": "data.sources", "CIFAR10_MEAN": "data.constants",
+    "CIFAR10_STD": "data.constants", "IMAGENET_MEAN": "data.constants",
+    "IMAGENET_STD": "data.constants",
+    "pooled_features": "probes.knn", "knn_accuracy": "probes.knn",
+    "save_encoder": "saving", "load_encoder": "saving", "export_encoder": "export",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -266,7 +266,9 @@ class PretextSummaries(keras.callbacks.Callback):
     Scalars: `loss`, `geodesic_angle_deg`, `projection_residual`, `rotation_accuracy` (means over
     the steps since the previous summary, recovered from Keras' running means since the start of
     the epoch), `learning_rate`, `pairs_per_sec`. Images `pairs`: x beside t(x), with the
-    true corner quadrilateral (green) and the predicted one (red) drawn on t(x).
+    true corner quadrilateral (green) and the predicted one (red) drawn on t(x). `sample`:
+    ``((x, tx), params)`` normalised pairs, or ``((x, tx), params, inputs)`` where the model
+    takes other inputs for them (``--warp=device``: the uint8 images and homographies).
     """
 
     SCALARS = ("loss", "geodesic_angle_deg", "projection_residual", "rotation_accuracy")
@@ -333,18 +335,19 @@ class PretextSummaries(keras.callbacks.Callback):
                 tf.summary.scalar(name, value)
         self.writer.flush()
 
-    def _predict(self, x, tx) -> np.ndarray:
+    def _predict(self, inputs) -> np.ndarray:
         """The decoded parameters (B, 8) of the sample pairs. A direct call, not
         predict_on_batch: that would gather across workers, but only the chief draws images (a
         collective on one worker hangs a multi-worker run)."""
-        output = self.model((x, tx), training=False)
+        output = self.model(inputs, training=False)
         return keras.ops.convert_to_numpy(keras.ops.cast(output, "float32"))
 
     def _images(self, step: int) -> None:
         import tensorflow as tf
 
-        (x, tx), params = self.sample
-        grid = self.draw_fn(x, tx, np.asarray(params), self._predict(x, tx))
+        (x, tx), params, *model_inputs = self.sample  # the model's own inputs, if not (x, tx)
+        predicted = self._predict(model_inputs[0] if model_inputs else (x, tx))
+        grid = self.draw_fn(x, tx, np.asarray(params), predicted)
         with self.writer.as_default(step=step):
             tf.summary.image("pairs", grid, max_outputs=len(grid))
         self.writer.flush()

@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import sys
+from collections.abc import Sequence
 
 import keras
 from absl import app, flags, logging
@@ -26,14 +27,21 @@ from aetv2_tf.models import build_backbone
 FLAGS = flags.FLAGS
 
 
-def export_encoder(encoder: keras.Model, output: str, dataset: str) -> str:
-    """Writes `encoder` as a SavedModel at `output` with a uint8 -> named-features signature."""
+def export_encoder(encoder: keras.Model, output: str, dataset: str | None = "cifar10", *,
+                   mean: Sequence[float] | None = None,
+                   std: Sequence[float] | None = None) -> str:
+    """Writes `encoder` as a SavedModel at `output` with a uint8 -> named-features signature
+    that normalises ``(u / 255 - mean) / std``: the given ``mean`` and ``std``, else those of
+    ``dataset`` ("cifar10", else ImageNet's). TensorFlow backend."""
     import tensorflow as tf
 
-    from aetv2_tf.data.pipelines import normalization_constants
+    from aetv2_tf.data.constants import normalization_constants
 
     height, width = encoder.input_shape[1:3]
-    mean, std = normalization_constants(dataset)
+    if (mean is None) != (std is None):
+        raise ValueError("export_encoder: pass both mean and std, or neither (dataset's)")
+    if mean is None:
+        mean, std = normalization_constants(dataset)
     mean = tf.constant(mean, tf.float32)
     std = tf.constant(std, tf.float32)
 

@@ -65,6 +65,13 @@ TABLE: dict[str, Rule | None] = {
         lambda v, _: v > 0, "draws the image pairs into TensorBoard, and TensorFlow is not "
         "importable here; drop it (the scalars are in train/log.csv)", 100,
         unless_tensorflow_importable=True),
+    "warp": Rule(lambda v, _: v == "host",
+                 "places the warp of the TensorFlow program's tf.data pairs; this backend makes "
+                 "its pairs on the device (models.pairs): drop --warp", "host"),
+    "data_service": Rule(lambda v, _: bool(v),
+                         "is a tf.data service, which serves the TensorFlow program's pipeline; "
+                         "drop it, or train under KERAS_BACKEND=tensorflow",
+                         "grpc://localhost:5050"),
     "export": Rule(lambda v, present: bool(v) and present,
                    "writes a TensorFlow SavedModel and TensorFlow is not importable here; pass "
                    "--export=false (the encoder is in <model_dir>/encoder.weights.h5: export it "

@@ -81,6 +81,20 @@ flags.DEFINE_bool("augment", True,
                   "pretext: pre-augment x before warping; probe/supervised: augment the training "
                   "batches (CIFAR: 4-px padded random crop + flip; 224 protocol: random crop of "
                   "the image resized to 256, + flip).")
+flags.DEFINE_enum("warp", "auto", ["auto", "host", "device"],
+                  "AET pretext under TensorFlow: where t(x) is warped. host: in the tf.data "
+                  "pipeline, on the CPU; device: inside the compiled train step "
+                  "(models.pairs.WarpPairs, on the GPU), the pipeline sending uint8 crops and the "
+                  "homographies; the same pairs either way (up to the uint8 rounding of x) and "
+                  "the same checkpoints. auto: device when a GPU is visible, else host (on a TPU "
+                  "pass device: the keras.ops warp, which XLA compiles). Keras on JAX always "
+                  "makes its pairs on the device.")
+flags.DEFINE_string("data_service", None,
+                    "pretext under TensorFlow: run the input pipeline (decode, crop, "
+                    "homographies) on a tf.data service, 'grpc://<dispatcher host>:<port>', whose "
+                    "worker runs on a machine with spare cores (BENCHMARKS.md, 'ImageNet-size "
+                    "input'): the same pairs in the same order (one service worker per training "
+                    "process). None: the pipeline runs in this process.")
 
 # --- optimisation ------------------------------------------------------------------------------
 flags.DEFINE_string("model_dir", None, "Checkpoints, TensorBoard logs, flags and exports.")
@@ -92,7 +106,8 @@ flags.DEFINE_integer("epochs", 0, "Training epochs over the training set (0: use
 flags.DEFINE_integer("train_steps", 0, "Training steps (overrides --epochs when > 0).")
 flags.DEFINE_float("train_seconds", 0.0,
                    "pretext: size the run to about this many seconds of training on this "
-                   "machine (overrides --train_steps and --epochs when > 0): a throwaway model "
+                   "machine (overrides --epochs, and --train_steps unless that is given after "
+                   "it on the command line, as after a flagfile's line): a throwaway model "
                    "times a few steps, the step count (and so the learning-rate schedule) follows "
                    "from the rate and is recorded in <model_dir>/budget.json, which a resumed run "
                    "reuses. 0: off.")
@@ -245,6 +260,26 @@ flags.register_validator("weight_decay", lambda v: v >= 0, message="--weight_dec
 flags.register_validator("learning_rate", lambda v: v > 0, message="--learning_rate must be > 0.")
 flags.register_validator("model_dir", lambda v: bool(v),
                          message="--model_dir is required: where checkpoints and logs go.")
+
+
+def resolve_run_length(argv: list[str]) -> str | None:
+    """--train_steps and --train_seconds both > 0: the one given LAST on the command line wins
+    (a flagfile's lines count where ``--flagfile`` is named), the other is set to 0; so
+    ``--flagfile=configs/quickstart.cfg --train_steps=20`` trains 20 steps although the
+    flagfile sizes the run in seconds. Returns the line to log, or None (nothing to resolve)."""
+    if not (FLAGS.train_steps > 0 and FLAGS.train_seconds > 0):
+        return None
+    expanded = FLAGS.read_flags_from_files(list(argv[1:]), force_gnu=False)
+    last = {}
+    for i, arg in enumerate(expanded):
+        for name in ("train_steps", "train_seconds"):
+            if arg == f"--{name}" or arg.startswith(f"--{name}="):
+                last[name] = i
+    if len(last) < 2:
+        return None
+    winner, loser = sorted(last, key=last.get, reverse=True)
+    setattr(FLAGS, loser, 0)
+    return f"--{winner}={FLAGS[winner].value} was given after --{loser}: it sizes the run."
 
 
 def run_flags() -> dict:

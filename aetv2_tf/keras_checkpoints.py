@@ -63,7 +63,7 @@ def save_atomically(saver, path: str) -> str:
         saver(tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
-        _write_text(path + CHECKSUM, f"{file_digest(tmp)}  {name}\n")  # before the file
+        write_text_atomically(path + CHECKSUM, f"{file_digest(tmp)}  {name}\n")  # before the file
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -92,7 +92,7 @@ def disk_bytes_needed(model: keras.Model, encoder: keras.Model, keep: int, expor
     return int(total * 1.02) + 2**20
 
 
-def _write_text(path: str, text: str) -> None:
+def write_text_atomically(path: str, text: str) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
         f.write(text)

@@ -2,7 +2,8 @@
 
 They are diagnostics, not losses: `geodesic_angle_deg` and `projection_residual` are the two terms
 of Eq. (11) (reported for the MSE baseline too), `rotation_accuracy` asks whether the decoded
-homography turns the image by the right multiple of 90 degrees (chance: 25%).
+homography turns the image by the right multiple of 90 degrees (chance: 25%). The three are
+registered Keras objects, so a model compiled with them reloads with `keras.saving.load_model`.
 Written with ``keras.ops`` only (TensorFlow or JAX backend; no TensorFlow import).
 """
 
@@ -21,12 +22,14 @@ def _matrices(y_true, y_pred):
             params_to_matrix(ops.cast(y_pred, "float32")))
 
 
+@keras.saving.register_keras_serializable(package="aetv2_tf")
 def geodesic_angle_deg(y_true, y_pred):
     """(B,) rotation angle of the projected T^{-1} T_hat, in degrees."""
     angle, _ = aetv2_components(*_matrices(y_true, y_pred))
     return angle * (180.0 / math.pi)
 
 
+@keras.saving.register_keras_serializable(package="aetv2_tf")
 def projection_residual(y_true, y_pred):
     """(B,) ||M - P||_F^2 of Eq. (11)."""
     return aetv2_components(*_matrices(y_true, y_pred))[1]
@@ -45,6 +48,7 @@ def rotation_index(t):
     return ops.mod(ops.cast(ops.round(angle / (math.pi / 2)), "int32"), 4)
 
 
+@keras.saving.register_keras_serializable(package="aetv2_tf")
 def rotation_accuracy(y_true, y_pred):
     """(B,) 1.0 where T_hat implies the same quarter turn as T."""
     t, t_hat = _matrices(y_true, y_pred)

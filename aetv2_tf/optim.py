@@ -33,7 +33,7 @@ class Schedule(keras.optimizers.schedules.LearningRateSchedule):
     def __init__(self, kind: str, peak: float, total_steps: int, warmup_steps: int = 0,
                  drops: Sequence[float] = STEP_DROPS, drop_factor: float = 0.2):
         if kind not in ("constant", "aetv1", "cosine", "step"):
-            raise ValueError(f"unknown --lr_schedule={kind!r}")
+            raise ValueError(f"unknown lr schedule {kind!r}: constant, aetv1, cosine or step")
         self.kind, self.peak = kind, float(peak)
         self.total_steps, self.warmup_steps = max(int(total_steps), 1), int(warmup_steps)
         self.drops, self.drop_factor = tuple(float(d) for d in drops), float(drop_factor)
@@ -127,7 +127,7 @@ def build_optimizer(name: str, schedule, *, momentum: float = 0.9, beta_1: float
         inner = keras.optimizers.SGD(schedule, momentum=momentum, nesterov=True,
                                      weight_decay=decoupled)
     else:
-        raise ValueError(f"unknown --optimizer={name!r}; use adam or sgd")
+        raise ValueError(f"unknown optimizer {name!r}: use \"adam\" or \"sgd\"")
     if mixed_float16:
         return keras.optimizers.LossScaleOptimizer(inner)
     return SkipNonFinite(inner)

@@ -38,6 +38,7 @@ from absl import logging
 from aetv2_tf import pretext, program, rundir
 from aetv2_tf.flags import ESSENTIAL, FLAGS, TRAJECTORY, flagfile_text, run_flags
 from aetv2_tf.precision import choose_precision
+from aetv2_tf.recipes import parameter_std
 from aetv2_tf.rundir import UsageError
 
 
@@ -62,15 +63,6 @@ def _accelerator() -> str:
     if "tpu" in platforms:
         return "tpu"
     return "gpu" if platforms & {"gpu", "cuda", "rocm"} else ""
-
-
-def parameter_std(size: int, shift: str, samples: int = 200_000) -> np.ndarray:
-    """(8,) float32 std of the sampler's parameters (fixed seed), as the decoder scale."""
-    from aetv2_tf.data.device import matrix_to_params, sample_homographies
-
-    t, _ = sample_homographies(samples, size, size, 1234, shift)
-    return keras.ops.convert_to_numpy(matrix_to_params(t)).astype(np.float64).std(0) \
-        .astype(np.float32)
 
 
 def run() -> dict:

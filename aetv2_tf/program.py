@@ -16,12 +16,12 @@ import time
 from collections.abc import Callable
 
 import keras
-import numpy as np
 from absl import logging
 
-from aetv2_tf import flag_support, optim
+from aetv2_tf import flag_support
 from aetv2_tf.flags import FLAGS
 from aetv2_tf.precision import Choice
+from aetv2_tf.recipes import Recipe
 from aetv2_tf.rundir import UsageError
 
 #: Input side of each backbone (square images).
@@ -88,20 +88,10 @@ def lr_drops() -> tuple[float, ...]:
     return tuple(e / F.epochs for e in epochs)
 
 
-def geodesic_loss(param_std, image_size: int):
-    """The `GeodesicLoss` of the flags (`--projection_weight`, `--angle_power`, ...)."""
-    from aetv2_tf.losses import GeodesicLoss
-
-    F = FLAGS
-    if F.loss_frame == "pixel":
-        frame = pixel_frame(image_size)
-    else:  # the model frame, its coordinates multiplied by --loss_frame_scale
-        frame = None if F.loss_frame_scale == 1.0 else \
-            np.diag([F.loss_frame_scale, F.loss_frame_scale, 1.0]).tolist()
-    return GeodesicLoss(F.projection_weight, angle_power=F.angle_power,
-                        residual_scale=F.residual_scale, chordal_weight=F.chordal_weight,
-                        mse_weight=F.mse_weight, mse_std=param_std,
-                        mse_decay_steps=F.mse_decay_steps, frame=frame)
+def recipe() -> Recipe:
+    """The flags' pretraining recipe (`aetv2_tf.recipes.Recipe`): the program builds its loss and
+    optimizer with the same public constructors a Python user calls."""
+    return Recipe.from_flags(FLAGS, lr_drops())
 
 
 def pretext_loss(param_std, image_size: int, step) -> tuple[keras.losses.Loss, list]:
@@ -111,42 +101,17 @@ def pretext_loss(param_std, image_size: int, step) -> tuple[keras.losses.Loss, l
     `step`: the variable an MSE warm-up (`--mse_decay_steps`) reads: the optimizer's iterations
     under TensorFlow, a model counter carried through the jitted step under JAX (`models.pairs`).
     """
-    from aetv2_tf import losses, metrics
-
     if FLAGS.pretext == "rotation":
         return (keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                 [keras.metrics.SparseCategoricalAccuracy(name="rotation_accuracy")])
-    if FLAGS.loss == "geodesic":
-        loss = geodesic_loss(param_std, image_size)
-        loss.step = step
-    else:
-        loss = losses.ParameterMSELoss(std=param_std if FLAGS.mse_normalize else None)
-    return loss, metrics.pretext_metrics()
+    flags_recipe = recipe()
+    return flags_recipe.build_loss(image_size, param_std, step), flags_recipe.metrics()
 
 
 def schedule_and_optimizer(model: keras.Model, steps: int):
     """The learning-rate schedule and optimizer of the flags; `--weight_decay_mode=l2` adds the
     decay to `model`'s losses. Call inside the distribution scope."""
-    F = FLAGS
-    if F.weight_decay_mode == "l2":
-        optim.add_l2_decay(model, F.weight_decay)
-    schedule = optim.Schedule(F.lr_schedule, F.learning_rate, steps, F.warmup_steps,
-                              drops=lr_drops() or optim.STEP_DROPS, drop_factor=F.lr_drop_factor)
-    optimizer = optim.build_optimizer(
-        F.optimizer, schedule, momentum=F.momentum, beta_1=F.adam_beta1,
-        beta_2=F.adam_beta2, weight_decay=F.weight_decay,
-        weight_decay_mode=F.weight_decay_mode,
-        mixed_float16=keras.mixed_precision.dtype_policy().name == "mixed_float16")
-    return schedule, optimizer
-
-
-def pixel_frame(image_size: int) -> list[list[float]]:
-    """N^{-1} (3x3 nested lists): model frame -> pixel frame of a square image (conventions.md),
-    inverted in float32 from N as `data.homographies.normalization_matrix` has it."""
-    n = np.asarray([[2.0 / image_size, 0.0, -(image_size - 1.0) / image_size],
-                    [0.0, 2.0 / image_size, -(image_size - 1.0) / image_size],
-                    [0.0, 0.0, 1.0]], np.float32)
-    return np.linalg.inv(n).tolist()
+    return recipe().build_optimizer(model, steps)
 
 
 def batch_norm() -> str:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import sys
@@ -40,7 +41,14 @@ from absl import app, logging
 
 from aetv2_tf import pretext, program, rundir
 from aetv2_tf.data.sources import DataError
-from aetv2_tf.flags import ESSENTIAL, FLAGS, TRAJECTORY, flagfile_text, run_flags
+from aetv2_tf.flags import (
+    ESSENTIAL,
+    FLAGS,
+    TRAJECTORY,
+    flagfile_text,
+    resolve_run_length,
+    run_flags,
+)
 from aetv2_tf.precision import choose_precision, onednn_state
 from aetv2_tf.rundir import UsageError
 
@@ -56,6 +64,27 @@ def check_flags(num_replicas: int) -> None:
         from aetv2_tf.probes.stage import check_flags as check_probe_flags
 
         check_probe_flags()
+    if FLAGS.data_service:
+        check_data_service(FLAGS.data_service)
+
+
+def check_data_service(address: str, timeout: float = 10.0) -> None:
+    """A `--data_service` dispatcher must answer before the run starts: tf.data's client would
+    otherwise wait for it without a word."""
+    import socket
+
+    match = re.fullmatch(r"(grpc://)?([^:/]+):(\d+)", address)
+    if match is None:
+        raise UsageError(f"--data_service={address}: expected grpc://<host>:<port> of a tf.data "
+                         "service dispatcher (BUILD.md, 'Feeding an accelerator ImageNet').")
+    if FLAGS.stage != "pretext":
+        raise UsageError("--data_service serves the pretext stage's pipeline; drop it for "
+                         f"--stage={FLAGS.stage}.")
+    try:
+        socket.create_connection((match[2], int(match[3])), timeout=timeout).close()
+    except OSError as e:
+        raise UsageError(f"--data_service={address}: no dispatcher answers ({e}); start one "
+                         "(BUILD.md, 'Feeding an accelerator ImageNet') or drop the flag.") from e
 
 
 def restore(checkpoint: tf.train.Checkpoint, directory: str) -> int:
@@ -97,15 +126,22 @@ class TensorFlowPretext(pretext.PretextAdapter):
         self.make_data = pipelines.rotation_dataset if self.rotation else \
             pipelines.pretext_dataset
         self.worker_tmp = os.path.join(F.model_dir, ".worker_tmp", distribute.task_name(strategy))
+        # The AET pair's warp: on the GPU when one is there (--warp; the same pairs).
+        gpu = bool(tf.config.list_logical_devices("GPU"))
+        self.warp_on_device = not self.rotation and (
+            F.warp == "device" or (F.warp == "auto" and gpu))
         self.other_writers = distribute.num_workers(strategy) - 1
 
     def dataset_from(self, step: int, batch_size: int | None = None, **kwargs):
         F = FLAGS
         options = {"augment": F.augment} if self.rotation else \
-            {"shift": F.shift, "augment": F.augment}
-        return self.make_data(self.images, batch_size or F.batch_size, image_size=self.size,
-                              mean=self.mean, std=self.std,
-                              **{"seed": F.seed, "start_step": step, **options, **kwargs})
+            {"shift": F.shift, "augment": F.augment, "warp_on_device": self.warp_on_device}
+        from aetv2_tf.data.pipelines import from_data_service
+
+        ds = self.make_data(self.images, batch_size or F.batch_size, image_size=self.size,
+                            mean=self.mean, std=self.std,
+                            **{"seed": F.seed, "start_step": step, **options, **kwargs})
+        return from_data_service(ds, F.data_service) if F.data_service else ds
 
     def batches(self, start: int, stop: int):
         """Steps `start .. stop - 1`. A file list on several replicas goes through
@@ -131,6 +167,7 @@ class TensorFlowPretext(pretext.PretextAdapter):
     def build(self, steps: int):
         from aetv2_tf import distribute
         from aetv2_tf.models import build_aet_model, build_backbone, build_rotation_model
+        from aetv2_tf.models.pairs import WarpPairs
 
         F = FLAGS
         keras.utils.set_random_seed(F.seed)  # the same weights whatever was built before
@@ -138,9 +175,13 @@ class TensorFlowPretext(pretext.PretextAdapter):
             encoder = build_backbone(F.backbone, (self.size, self.size, 3),
                                      batch_norm=F.batch_norm)
             scale = self.param_std if self.decoder_scaled else None
+            # The fused warp op has no XLA kernel: a TPU compiles the keras.ops warp.
+            tpu = isinstance(self.strategy, tf.distribute.TPUStrategy)
+            pairs = WarpPairs(mean=self.mean, std=self.std, fused=not tpu, name="pairs") \
+                if self.warp_on_device else None
             model = build_rotation_model(encoder) if self.rotation else \
                 build_aet_model(encoder, param_scale=scale,
-                                init_rotation_deg=F.decoder_init_rotation)
+                                init_rotation_deg=F.decoder_init_rotation, pairs=pairs)
             schedule, optimizer = program.schedule_and_optimizer(model, steps)
             loss, compiled_metrics = program.pretext_loss(self.param_std, self.size,
                                                           optimizer.iterations)
@@ -176,8 +217,15 @@ class TensorFlowPretext(pretext.PretextAdapter):
         F = FLAGS
         if not self.chief:
             return []
-        sample = None if self.rotation else next(iter(self.dataset_from(
-            0, batch_size=4, seed=F.seed + 1, augment=False)))
+        sample = None
+        if not self.rotation:  # four pairs to draw (and the model's inputs for them)
+            def first(**kwargs):
+                return next(iter(self.dataset_from(0, batch_size=4, seed=F.seed + 1,
+                                                   augment=False, **kwargs)))
+
+            sample = first(warp_on_device=False)
+            if self.warp_on_device:
+                sample = (*sample, first()[0])
         mean, std = self.mean, self.std
         return [PretextSummaries(
             os.path.join(F.model_dir, "train"), counter, lambda s: schedule(s).numpy(),
@@ -239,6 +287,8 @@ def main(argv) -> None:
     console.configure_logging(FLAGS["verbosity"].present, tensorflow=TENSORFLOW)
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}: every option is a --flag.")
+    if (note := resolve_run_length(sys.argv)) is not None:
+        logging.info(note)
     if TENSORFLOW:
         program = run
     else:  # KERAS_BACKEND=jax (or another non-TensorFlow backend): the portable program

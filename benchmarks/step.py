@@ -165,7 +165,7 @@ class StepRunner:
 
             loss = losses.ParameterMSELoss(std=parameter_statistics(32, 32, "integer")[1])
         else:
-            from aetv2_tf.portable import parameter_std
+            from aetv2_tf.recipes import parameter_std
 
             loss = losses.ParameterMSELoss(std=parameter_std(32, "integer"))
         self.model.compile(optimizer=optimizer, loss=loss, metrics=metrics.pretext_metrics(),

@@ -75,6 +75,27 @@ def warp_outputs(images: np.ndarray, t: np.ndarray) -> dict:
     return {"warp_eager": eager, "warp_jit": compiled}
 
 
+def warp_pairs_outputs(uint8_images: np.ndarray, t: np.ndarray) -> dict:
+    """`models.pairs.WarpPairs` (the pair made in the train step from uint8 crops and host
+    homographies), mean 0.5 and std 0.25, AETv1's fill: compiled as each program compiles it
+    (`jax.jit`; a TF graph, whose fused warp op has no XLA kernel), and its `keras.ops` form
+    (``fused=False``, what a TPU compiles) under the backend's XLA compiler."""
+    from aetv2_tf.models.pairs import WarpPairs
+
+    t = t[:len(uint8_images)]
+    out = {}
+    for name, fused in (("pairs", None), ("pairs_xla", False)):
+        layer = WarpPairs(mean=(0.5,) * 3, std=(0.25,) * 3, fused=fused)
+        compile_fn = jit
+        if keras.backend.backend() == "tensorflow" and fused is None:
+            import tensorflow as tf
+
+            compile_fn = tf.function
+        x, tx = compile_fn(lambda images, m, layer=layer: layer([images, m]))(uint8_images, t)
+        out.update({f"{name}_x": ops.convert_to_numpy(x), f"{name}_tx": ops.convert_to_numpy(tx)})
+    return out
+
+
 def rot90_errors(images: np.ndarray) -> dict:
     """Max |warp(x, R_k) - np.rot90(x, k)| for k = 0..3, eager and compiled; also for the sampler
     with no scale and no shift, whose T must be exactly R_k."""
@@ -210,6 +231,7 @@ def loss_step_outputs(uint8_images: np.ndarray) -> dict:
 def run_all(images: np.ndarray, uint8_images: np.ndarray, t: np.ndarray, folder: str) -> dict:
     out = {"backend": np.array(keras.backend.backend())}
     out.update(warp_outputs(images, t))
+    out.update(warp_pairs_outputs(uint8_images, t))
     out.update(rot90_errors(images))
     out.update(sampler_outputs())
     out.update(fit_outputs(uint8_images, folder))

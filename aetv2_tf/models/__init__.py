@@ -22,6 +22,7 @@ from aetv2_tf.models.layers import (
     make_batch_norm,
 )
 from aetv2_tf.models.nin import build_nin
+from aetv2_tf.models.pairs import PairsModel, WarpPairs, build_pairs_model, build_rotations_model
 
 __all__ = [
     "BACKBONES",
@@ -32,12 +33,16 @@ __all__ = [
     "AdaptivePooling2D",
     "FusedBatchNormalization",
     "PairConcat",
+    "PairsModel",
+    "WarpPairs",
     "adaptive_pool_size",
     "build_aet_model",
     "build_alexnet",
     "build_backbone",
     "build_head",
     "build_nin",
+    "build_pairs_model",
+    "build_rotations_model",
     "build_rotation_model",
     "default_feature",
     "conv_bn_relu",

@@ -88,6 +88,7 @@ def build_aet_model(
     name: str = "aet",
     param_scale: Sequence[float] | None = None,
     init_rotation_deg: float = 0.0,
+    pairs: keras.layers.Layer | None = None,
 ) -> keras.Model:
     """The AET pretext model: inputs `[x, tx]`, each `(B, H, W, 3)`; output `(B, num_params)`.
 
@@ -116,8 +117,14 @@ def build_aet_model(
     """
     feature = feature or default_feature(encoder)
     input_shape = tuple(encoder.inputs[0].shape[1:])
-    x = keras.Input(shape=input_shape, name="x")
-    tx = keras.Input(shape=input_shape, name="tx")
+    if pairs is None:
+        inputs = [keras.Input(shape=input_shape, name="x"),
+                  keras.Input(shape=input_shape, name="tx")]
+        x, tx = inputs
+    else:
+        inputs = [keras.Input(shape=input_shape, dtype="uint8", name="images"),
+                  keras.Input(shape=(3, 3), name="t")]
+        x, tx = pairs(inputs)
     joint = keras.layers.Concatenate(axis=0, name="joint_batch")([x, tx])
     features = _vector_feature(encoder(joint), feature, pooled)
     pair = PairConcat(name="pair_features")(features)
@@ -133,7 +140,7 @@ def build_aet_model(
     if param_scale is not None:
         params = keras.layers.Rescaling([float(v) for v in scale], dtype="float32",
                                         name="decoder_scale")(params)
-    return keras.Model([x, tx], params, name=name)
+    return keras.Model(inputs, params, name=name)
 
 
 def build_rotation_model(
@@ -157,11 +164,15 @@ def build_rotation_model(
 def build_backbone(
     name: str = "nin",
     input_shape: tuple[int, int, int] | None = None,
-    batch_norm: str = "fused",
+    batch_norm: str | None = None,
 ) -> keras.Model:
-    """`build_nin` or `build_alexnet` by name, with the default input shape of each."""
+    """`build_nin` or `build_alexnet` by name, with the default input shape of each.
+    `batch_norm`: "fused" (TensorFlow's kernel) or "keras" (any backend), the same weights;
+    None: fused under TensorFlow, keras elsewhere."""
     if name not in BACKBONES:
         raise ValueError(f"backbone must be one of {BACKBONES}, got {name!r}")
+    if batch_norm is None:
+        batch_norm = "fused" if keras.backend.backend() == "tensorflow" else "keras"
     input_shape = tuple(input_shape or DEFAULT_INPUT_SHAPES[name])
     if name == "nin":
         return build_nin(input_shape, batch_norm=batch_norm)

@@ -34,7 +34,14 @@ from collections.abc import Sequence
 
 import keras
 
-from aetv2_tf.data.device import CIFAR10_MEAN, CIFAR10_STD, HomographyPairs, QuarterTurns
+from aetv2_tf.data import device
+from aetv2_tf.data.device import (
+    AETV1_FILL,
+    CIFAR10_MEAN,
+    CIFAR10_STD,
+    HomographyPairs,
+    QuarterTurns,
+)
 from aetv2_tf.models.aet import build_aet_model, build_rotation_model
 
 NUM_PARAMS = 8
@@ -67,6 +74,52 @@ class PairsModel(keras.Model):
     def compute_metrics(self, x, y, y_pred, sample_weight=None):
         y_true, y_hat = self._split(y_pred)
         return super().compute_metrics(x, y_true, y_hat, sample_weight)
+
+
+@keras.saving.register_keras_serializable(package="aetv2_tf")
+class WarpPairs(keras.layers.Layer):
+    """The warp of a pair on the device, its homography drawn on the host:
+    ``[images (B, H, W, 3) uint8, T (B, 3, 3) float32] -> [x, tx]`` (B, H, W, 3) float32, both
+    normalised ``(v / 255 - mean) / std``, ``tx = warp(x, T)`` (model frame, conventions.md).
+
+    The tf.data pipeline (`pretext_dataset(warp_on_device=True)`) still crops the images and
+    draws ``T`` and the target parameters; only the warp, the one stage whose cost is per output
+    pixel, moves into the compiled step. Under TensorFlow it is the pipeline's own op
+    (`homographies.warp`, the fused ``ImageProjectiveTransformV3``, with GPU and TPU kernels):
+    the same pairs as on the host up to the uint8 rounding of x; under other backends, and with
+    ``fused=False``, it is `data.device.warp` (``keras.ops``, equal to it up to float rounding):
+    the fused op has no XLA kernel, so a step compiled by XLA under TensorFlow (a TPU, or
+    ``jit_compile=True``) needs ``fused=False``. ``fused=None``: fused under TensorFlow."""
+
+    def __init__(self, fill_value: float = AETV1_FILL, mean: Sequence[float] = CIFAR10_MEAN,
+                 std: Sequence[float] = CIFAR10_STD, fused: bool | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.fused = fused
+        self.fill_value = float(fill_value)
+        self.mean = tuple(float(m) for m in mean)
+        self.std = tuple(float(s) for s in std)
+
+    def call(self, inputs):
+        images, t = inputs
+        x = keras.ops.cast(images, "float32") / 255.0
+        fused = keras.backend.backend() == "tensorflow" if self.fused is None else self.fused
+        if fused:
+            from aetv2_tf.data.homographies import warp
+
+            tx = warp(x, t, fill_value=self.fill_value)
+        else:
+            tx = device.warp(x, t, fill_value=self.fill_value)
+        mean = keras.ops.convert_to_tensor(self.mean, "float32")
+        std = keras.ops.convert_to_tensor(self.std, "float32")
+        return [(x - mean) / std, (tx - mean) / std]
+
+    def compute_output_spec(self, inputs):
+        shape = tuple(inputs[0].shape)
+        return [keras.KerasTensor(shape, "float32"), keras.KerasTensor(shape, "float32")]
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "fill_value": self.fill_value, "mean": list(self.mean),
+                "std": list(self.std), "fused": self.fused}
 
 
 def build_pairs_model(

@@ -1,6 +1,8 @@
 """Evaluation of frozen encoders: KNN, classifier heads, and their ``results.json``.
 
-* `knn`: `extract_features`, `knn_classify`, `knn_accuracy` (cosine, k=10, deterministic ties).
+* `knn`: `extract_features`, `knn_classify`, `knn_accuracy` (cosine, k=10, deterministic ties),
+  `pooled_features` (uint8 images -> pooled features); `quick`: `quick_knn` (an encoder beside a
+  random init).
 * `classifier`: `build_probe_model`, `train_probe` (epoch selected on a validation split of the
   training set, test evaluated once), `split_train_val`, `probe_optimizer`, `step_lr_schedule`.
 * `results`: `write_results` / `read_results` of ``results.json`` (read by `aetv2_tf.report`).
@@ -21,6 +23,8 @@ _EXPORTS = {
     "knn_accuracy": "knn",
     "knn_classify": "knn",
     "make_feature_fn": "knn",
+    "pooled_features": "knn",
+    "quick_knn": "quick",
     "build_probe": "classifier",
     "build_probe_model": "classifier",
     "probe_optimizer": "classifier",
@@ -40,3 +44,7 @@ def __getattr__(name: str) -> Any:
         module = importlib.import_module(f"{__name__}.{_EXPORTS[name]}")
         return getattr(module, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,159 @@
+"""The library under the command line: the README's Python block on both backends, the recipes
+equal to the configs, the program building through the same public constructors, an encoder
+trained in Python probed by the CLI, models reloaded with `keras.saving.load_model`."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+import re
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+import aetv2_tf
+from aetv2_tf import recipes
+from aetv2_tf.flags import FLAGS
+from aetv2_tf.probes.results import RESULTS_FILENAME, read_results
+from tests.cli import REPO, run_module
+
+README_DATA = "../shared/data/cifar10/cifar-10-batches-py"
+
+
+def readme_python_block() -> str:
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## Use it from Python"):]
+    section = section[:section.index("\n## ", 4)]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) == 1, "the section has one Python block"
+    return blocks[0]
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_readme_python_block_runs(backend, tmp_path, cifar10_dir):
+    """The block as written (only the data path points at this machine's CIFAR-10), in a fresh
+    directory, on each backend: it trains, saves, reloads and prints its KNN score."""
+    code = readme_python_block()
+    assert README_DATA in code
+    (tmp_path / "block.py").write_text(code.replace(README_DATA, str(cifar10_dir)))
+    env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([sys.executable, "block.py"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    top1 = float(re.search(r"KNN top-1 after 8 steps: ([\d.]+)%", proc.stdout).group(1))
+    assert 10.0 < top1 <= 100.0
+    saved = json.loads((tmp_path / "runs/python/encoder/flags.json").read_text())
+    assert (saved["backbone"], saved["loss"], saved["backend"]) == ("nin", "geodesic", backend)
+    assert (tmp_path / "runs/python/encoder/encoder.weights.h5.sha256").is_file()
+
+
+def recipe_of_flagfile(name: str) -> recipes.Recipe:
+    """`Recipe.from_flags` of a config, parsed without touching the process's FLAGS: every flag
+    at its default, then the flagfile's lines."""
+    values = {flag.name: flag.default for flag in FLAGS.get_flags_for_module("aetv2_tf.flags")}
+    for line in (REPO / "configs" / f"{name}.cfg").read_text().splitlines():
+        if line.startswith("--"):
+            key, _, value = line[2:].partition("=")
+            if key.startswith("no") and not value and key[2:] in values:
+                key, value = key[2:], "false"
+            values[key] = FLAGS[key].parser.parse(value or "true")
+    return recipes.Recipe.from_flags(type("Flags", (), values))
+
+
+def test_the_recipes_are_the_configs():
+    assert recipe_of_flagfile("cifar10_aetv2") == recipes.AETV2
+    assert recipe_of_flagfile("cifar10_aetv2_paper") == recipes.AETV2_PAPER
+    assert recipe_of_flagfile("cifar10_aetv1") == recipes.AETV1
+    with pytest.raises(ValueError, match="loss"):
+        recipes.Recipe(loss="l1")
+    changed = dataclasses.replace(recipes.AETV2, learning_rate=3e-4)
+    assert changed.learning_rate == 3e-4 and changed.frame_scale == 16.0
+
+
+def test_recipe_builds_the_loss_the_paper_describes():
+    geodesic = recipes.AETV2.build_loss(image_size=32)
+    assert type(geodesic).__name__ == "GeodesicLoss"
+    assert geodesic.get_config()["frame"] == [[16.0, 0.0, 0.0], [0.0, 16.0, 0.0],
+                                               [0.0, 0.0, 1.0]]
+    assert geodesic.get_config()["projection_weight"] == 0.0
+    mse = recipes.AETV1.build_loss(image_size=32)
+    np.testing.assert_allclose(mse.get_config()["std"], recipes.parameter_std(32), rtol=1e-6)
+
+
+def hooked_cli(tmp_path, name: str, *args: str) -> dict:
+    """The program run with its public constructors watched (`tests/library_hooks.py`)."""
+    out = tmp_path / f"{name}.json"
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([sys.executable, "tests/library_hooks.py", str(out), *args],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+def test_the_program_builds_through_the_public_constructors(tmp_path, cifar10_dir):
+    """`--stage=pretext` compiles what `Recipe.build_loss` / `build_optimizer` return, for the
+    config's recipe with the command line's override; `--stage=probe --probe=knn` scores with
+    the public `pooled_features` and `knn_accuracy`."""
+    pretext = tmp_path / "pretext"
+    seen = hooked_cli(tmp_path, "pretext", "--flagfile=configs/cifar10_aetv2.cfg",
+                      f"--data_dir={cifar10_dir}", f"--model_dir={pretext}",
+                      "--train_steps=1", "--batch_size=8", "--train_examples=64",
+                      "--learning_rate=3e-4", "--export=false", "--verbose=0")
+    assert seen["calls"]["build_loss"] >= 1 and seen["calls"]["build_optimizer"] >= 1
+    assert seen["calls"]["build_aet_model"] >= 1
+    want = json.loads(json.dumps(dataclasses.asdict(  # as the JSON file has it
+        dataclasses.replace(recipes.AETV2, learning_rate=3e-4))))
+    assert all(r == want for r in seen["recipes"]), seen["recipes"]
+    seen = hooked_cli(tmp_path, "knn", "--flagfile=configs/cifar10_probe_knn.cfg",
+                      f"--data_dir={cifar10_dir}", f"--model_dir={tmp_path / 'knn'}",
+                      f"--pretrained={pretext}", "--train_examples=300", "--test_examples=100",
+                      "--verbose=0")
+    assert seen["calls"]["knn_accuracy"] == 1 and seen["calls"]["pooled_features"] >= 2
+
+
+def test_an_encoder_trained_in_python_is_probed_by_the_cli(tmp_path, cifar10_dir):
+    images, _ = aetv2_tf.load_cifar10(str(cifar10_dir), "train")
+    encoder = aetv2_tf.build_backbone("nin")
+    model = aetv2_tf.build_pairs_model(encoder, seed=0)
+    recipe = recipes.AETV1
+    _, optimizer = recipe.build_optimizer(model, steps=2)
+    model.compile(optimizer=optimizer, loss=recipe.build_loss(32), metrics=recipe.metrics())
+    model.fit(images[:64], batch_size=32, epochs=1, verbose=0)
+    directory = aetv2_tf.save_encoder(encoder, str(tmp_path / "encoder"), recipe=recipe)
+    again = aetv2_tf.load_encoder(directory, batch_norm="fused")
+    x = np.random.default_rng(0).normal(size=(2, 32, 32, 3)).astype("float32")
+    np.testing.assert_allclose(again(x, training=False)["block2"],
+                               encoder(x, training=False)["block2"], atol=1e-5)
+    model.save(tmp_path / "aet.keras")  # the compiled metrics and loss reload
+    reloaded = keras.saving.load_model(tmp_path / "aet.keras")
+    assert [m.name for m in reloaded.metrics] == [m.name for m in model.metrics]
+    run_module("aetv2_tf.train", "--flagfile=configs/cifar10_probe_knn.cfg",
+               f"--pretrained={directory}", f"--model_dir={tmp_path / 'knn'}",
+               f"--data_dir={cifar10_dir}", "--train_examples=300", "--test_examples=100",
+               "--verbose=0")
+    r = read_results(tmp_path / "knn" / RESULTS_FILENAME)
+    assert (r["method"], r["pretrained_kind"], r["probe"]) == ("AETv1", "model_dir", "knn")
+
+
+def test_train_steps_given_after_a_flagfile_in_seconds_wins(tmp_path, cifar10_dir):
+    proc = run_module("aetv2_tf.train", "--flagfile=configs/quickstart.cfg",
+                      f"--data_dir={cifar10_dir}", f"--model_dir={tmp_path / 'run'}",
+                      "--train_steps=2", "--quick_knn_train=0", "--export=false",
+                      "--train_examples=256", "--verbose=0")
+    assert re.search(r"Done \(pretext\): steps=2,", proc.stdout), proc.stdout[-2000:]
+    flags = json.loads((tmp_path / "run" / "flags.json").read_text())
+    assert (flags["train_steps"], flags["train_seconds"]) == (2, 0.0)
+
+
+def test_public_names_are_visible():
+    for name in ("AETV2", "build_pairs_model", "save_encoder", "load_encoder", "knn_accuracy",
+                 "pooled_features", "GeodesicLoss", "pretext_dataset"):
+        assert name in dir(aetv2_tf) and getattr(aetv2_tf, name) is not None
+    probes, models = (importlib.import_module(f"aetv2_tf.{m}") for m in ("probes", "models"))
+    assert {"quick_knn", "pooled_features", "knn_accuracy"} <= set(dir(probes))
+    assert {"build_pairs_model", "WarpPairs", "PairsModel"} <= set(models.__all__)
