@@ -81,7 +81,7 @@ def restore_encoder(model_dir: str) -> tuple[keras.Model, dict]:
     the TensorFlow program, whose checkpoints are `tf.train.Checkpoint` files, is read from its
     newest one under TensorFlow.
     """
-    from aetv2_tf.keras_checkpoints import (
+    from aetv2_tf.program.keras_checkpoints import (
         encoder_source,
         load_encoder_weights,
         tensorflow_run_unreadable,

@@ -145,7 +145,7 @@ class Recipe:
     # ------------------------------------------------------------------------- the flags
     @classmethod
     def from_flags(cls, flags: Any, lr_drops: tuple[float, ...] = ()) -> Recipe:
-        """The recipe of parsed absl flags (`aetv2_tf.flags`); ``lr_drops`` as fractions."""
+        """The recipe of parsed absl flags (`aetv2_tf.program.flags`); ``lr_drops`` as fractions."""
         return cls(
             loss=flags.loss, projection_weight=flags.projection_weight,
             angle_power=flags.angle_power, residual_scale=flags.residual_scale,

@@ -18,7 +18,7 @@ import os
 
 import keras
 
-from aetv2_tf.keras_checkpoints import save_encoder_weights, write_text_atomically
+from aetv2_tf.program.keras_checkpoints import save_encoder_weights, write_text_atomically
 from aetv2_tf.recipes import Recipe
 
 
@@ -52,7 +52,7 @@ def load_encoder(directory: str, batch_norm: str = "keras") -> keras.Model:
     ``--model_dir`` (its ``encoder.weights.h5``, else its newest checkpoint), on the current
     Keras backend; ``batch_norm``: "keras", or "fused" (TensorFlow's kernel, same weights)."""
     from aetv2_tf.export import load_saved_flags
-    from aetv2_tf.keras_checkpoints import load_encoder_weights
+    from aetv2_tf.program.keras_checkpoints import load_encoder_weights
 
     if not os.path.isfile(os.path.join(directory, "flags.json")):
         raise FileNotFoundError(f"{directory} has no flags.json: pass a directory written by "

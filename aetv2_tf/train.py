@@ -1,286 +1,43 @@
 """The training program: `python -m aetv2_tf.train --flagfile=configs/<experiment>.cfg`.
 
-One absl entry point for every stage (see `aetv2_tf/flags.py` or `--helpfull`):
+One absl entry point for every stage (see `aetv2_tf/program/flags.py` or `--helpfull`):
 
 - `--stage=pretext`: self-supervised pretraining, AETv2 (`--loss=geodesic`), AETv1
   (`--loss=mse`) or RotNet (`--pretext=rotation`);
 - `--stage=probe`: a frozen encoder evaluated by KNN or a trained classifier head;
 - `--stage=supervised`: the fully supervised NIN baseline.
 
-Everything a run produces lives under `--model_dir` (layout in `aetv2_tf/rundir.py`); rerunning
-the same command resumes from the newest checkpoint, at the same step and learning rate.
+Everything a run produces lives under `--model_dir` (layout in `aetv2_tf/program/rundir.py`);
+rerunning the same command resumes from the newest checkpoint, at the same step and learning
+rate.
 
-One program with backend adapters (BUILD.md): the backend-neutral parts are
-`aetv2_tf.program`, the pretext loop `aetv2_tf.pretext` and the probe stage
-`aetv2_tf.probes.stage`; the Keras backend chooses the adapter in `main`: TensorFlow (the
-default) runs this module's (`TensorFlowPretext`: tf.distribute, tf.data, TensorBoard,
-SavedModel export), any other backend
-(`KERAS_BACKEND=jax`) `aetv2_tf.portable`, with the same flags. That one needs no TensorFlow (the
-module and `--helpfull` load without it) and uses it where it is importable (TensorBoard, the
-SavedModel export in a child process).
+This module is only the entry point of the program layer (`aetv2_tf.program`, BUILD.md
+"Architecture"): it parses the flags, runs the adapter of the Keras backend, TensorFlow's
+(`program.adapter_tensorflow`: tf.distribute, tf.data, TensorBoard, SavedModel) or any other
+backend's (`KERAS_BACKEND=jax`: `program.adapter_portable`, which needs no TensorFlow: the
+module and `--helpfull` load without it), with the same flags, and turns the outcome into an
+exit code.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import re
-import shutil
 import signal
 import sys
 
-from aetv2_tf import console
+from aetv2_tf.program import console
 
 with console.quiet_native_stderr(not console.verbose_requested()):
     import keras
 
     TENSORFLOW = keras.backend.backend() == "tensorflow"
-    if TENSORFLOW:  # other backends run aetv2_tf.portable and never import TensorFlow
-        import tensorflow as tf
+    if TENSORFLOW:  # other backends run program.adapter_portable and never import TensorFlow
+        import tensorflow  # noqa: F401  (imported here, its start-up lines quieted)
 from absl import app, logging
 
-from aetv2_tf import pretext, program, rundir
 from aetv2_tf.data.sources import DataError
-from aetv2_tf.flags import (
-    ESSENTIAL,
-    FLAGS,
-    TRAJECTORY,
-    flagfile_text,
-    resolve_run_length,
-    run_flags,
-)
-from aetv2_tf.precision import choose_precision, onednn_state
-from aetv2_tf.rundir import UsageError
-
-#: A collective that lost a peer: dead worker (unavailable) or `--collective_timeout_seconds`.
-PEER_LOST = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError) if TENSORFLOW else ()
-
-
-def check_flags(num_replicas: int) -> None:
-    """`program.check_flags` for TensorFlow, then the probe stages' own checks."""
-    program.check_flags(num_replicas, "tensorflow",
-                        accelerator=bool(tf.config.list_logical_devices("GPU")))
-    if FLAGS.stage != "pretext":
-        from aetv2_tf.probes.stage import check_flags as check_probe_flags
-
-        check_probe_flags()
-    if FLAGS.data_service:
-        check_data_service(FLAGS.data_service)
-
-
-def check_data_service(address: str, timeout: float = 10.0) -> None:
-    """A `--data_service` dispatcher must answer before the run starts: tf.data's client would
-    otherwise wait for it without a word."""
-    import socket
-
-    match = re.fullmatch(r"(grpc://)?([^:/]+):(\d+)", address)
-    if match is None:
-        raise UsageError(f"--data_service={address}: expected grpc://<host>:<port> of a tf.data "
-                         "service dispatcher (BUILD.md, 'Feeding an accelerator ImageNet').")
-    if FLAGS.stage != "pretext":
-        raise UsageError("--data_service serves the pretext stage's pipeline; drop it for "
-                         f"--stage={FLAGS.stage}.")
-    try:
-        socket.create_connection((match[2], int(match[3])), timeout=timeout).close()
-    except OSError as e:
-        raise UsageError(f"--data_service={address}: no dispatcher answers ({e}); start one "
-                         "(BUILD.md, 'Feeding an accelerator ImageNet') or drop the flag.") from e
-
-
-def restore(checkpoint: tf.train.Checkpoint, directory: str) -> int:
-    """Restores the newest `tf.train.Checkpoint` in `directory` (the format of runs written
-    before the Keras `.weights.h5` checkpoints; they resume, then save in the new format);
-    returns its step (batches consumed), 0 when there is none. Only a checkpoint listed in
-    `directory/checkpoint` is read: a save cut short by a crash is never loaded."""
-    latest = tf.train.latest_checkpoint(directory)
-    if latest is None:
-        logging.info("No checkpoint in %s: starting at step 0.", directory)
-        return 0
-    checkpoint.restore(latest).assert_existing_objects_matched()
-    step = int(latest.rsplit("-", 1)[-1])
-    message = f"Resumed from checkpoint {latest} at step {step}."
-    logging.info(message)
-    print(message, flush=True)
-    return step
-
-
-class TensorFlowPretext(pretext.PretextAdapter):
-    """The TensorFlow adapter of `aetv2_tf.pretext` (its `PretextAdapter`): the pairs (or
-    rotations) made by the tf.data pipelines, the model built in the tf.distribute `strategy`'s
-    scope with `--batch_norm`, Keras `.weights.h5` checkpoints as on every backend
-    (`keras_checkpoints.KerasCheckpoints`; every worker saves, as reading distributed variables
-    may need collectives, but only the chief into the model_dir; every worker resumes from the
-    chief's checkpoints: a shared filesystem, BUILD.md), TensorBoard summaries with the image
-    pairs (chief), the SavedModel export."""
-
-    def __init__(self, strategy: tf.distribute.Strategy, chief: bool, images):
-        from aetv2_tf import distribute
-        from aetv2_tf.data import pipelines
-        from aetv2_tf.data.homographies import parameter_statistics
-
-        F = FLAGS
-        super().__init__(images)
-        self.strategy, self.chief = strategy, chief
-        # AETv1: the decoder regresses std-normalised parameters, as the AETv1 code does.
-        self.param_std = parameter_statistics(self.size, self.size, F.shift)[1]
-        self.make_data = pipelines.rotation_dataset if self.rotation else \
-            pipelines.pretext_dataset
-        self.worker_tmp = os.path.join(F.model_dir, ".worker_tmp", distribute.task_name(strategy))
-        # The AET pair's warp: on the GPU when one is there (--warp; the same pairs).
-        gpu = bool(tf.config.list_logical_devices("GPU"))
-        self.warp_on_device = not self.rotation and (
-            F.warp == "device" or (F.warp == "auto" and gpu))
-        self.other_writers = distribute.num_workers(strategy) - 1
-
-    def dataset_from(self, step: int, batch_size: int | None = None, **kwargs):
-        F = FLAGS
-        options = {"augment": F.augment} if self.rotation else \
-            {"shift": F.shift, "augment": F.augment, "warp_on_device": self.warp_on_device}
-        from aetv2_tf.data.pipelines import from_data_service
-
-        ds = self.make_data(self.images, batch_size or F.batch_size, image_size=self.size,
-                            mean=self.mean, std=self.std,
-                            **{"seed": F.seed, "start_step": step, **options, **kwargs})
-        return from_data_service(ds, F.data_service) if F.data_service else ds
-
-    def batches(self, start: int, stop: int):
-        """Steps `start .. stop - 1`. A file list on several replicas goes through
-        `distribute_datasets_from_function`: each worker decodes only its rows of every global
-        batch (`pipelines.pretext_dataset`'s `shard`), split into its replicas' batches; other
-        sources are split by Keras (`experimental_distribute_dataset`: every worker computes
-        the whole batch and keeps its part, which is cheap for CIFAR-10 arrays)."""
-        from aetv2_tf.data.files import ImageFiles
-
-        if not isinstance(self.images, ImageFiles) or self.strategy.num_replicas_in_sync == 1:
-            return self.dataset_from(start).take(stop - start)
-
-        def per_worker(context: tf.distribute.InputContext) -> tf.data.Dataset:
-            shard = (context.input_pipeline_id, context.num_input_pipelines)
-            local = context.num_replicas_in_sync // context.num_input_pipelines
-            per_replica = context.get_per_replica_batch_size(FLAGS.batch_size)
-            return self.dataset_from(start, shard=shard).rebatch(
-                per_replica, drop_remainder=True).take(
-                (stop - start) * local)
-
-        return self.strategy.distribute_datasets_from_function(per_worker)
-
-    def build(self, steps: int):
-        from aetv2_tf import distribute
-        from aetv2_tf.models import build_aet_model, build_backbone, build_rotation_model
-        from aetv2_tf.models.pairs import WarpPairs
-
-        F = FLAGS
-        keras.utils.set_random_seed(F.seed)  # the same weights whatever was built before
-        with self.strategy.scope():
-            encoder = build_backbone(F.backbone, (self.size, self.size, 3),
-                                     batch_norm=F.batch_norm)
-            scale = self.param_std if self.decoder_scaled else None
-            # The fused warp op has no XLA kernel: a TPU compiles the keras.ops warp.
-            tpu = isinstance(self.strategy, tf.distribute.TPUStrategy)
-            pairs = WarpPairs(mean=self.mean, std=self.std, fused=not tpu, name="pairs") \
-                if self.warp_on_device else None
-            model = build_rotation_model(encoder) if self.rotation else \
-                build_aet_model(encoder, param_scale=scale,
-                                init_rotation_deg=F.decoder_init_rotation, pairs=pairs)
-            schedule, optimizer = program.schedule_and_optimizer(model, steps)
-            loss, compiled_metrics = program.pretext_loss(self.param_std, self.size,
-                                                          optimizer.iterations)
-            model.compile(optimizer=optimizer, loss=loss, metrics=compiled_metrics,
-                          steps_per_execution=F.steps_per_execution, jit_compile=False)
-            optimizer.build(model.trainable_variables)
-        distribute.patch_keras_multi_worker_fit(model, self.strategy)
-        return encoder, model, schedule, optimizer
-
-    def checkpoints(self, model, optimizer):
-        from aetv2_tf.keras_checkpoints import KerasCheckpoints, restore_checkpoint
-
-        F = FLAGS
-        ckpt_dir = os.path.join(F.model_dir, "checkpoints")
-        start = restore_checkpoint(model, ckpt_dir, writer=self.chief)
-        if not start and tf.train.latest_checkpoint(ckpt_dir):  # a run of an earlier version
-            with self.strategy.scope():
-                start = restore(tf.train.Checkpoint(model=model, optimizer=optimizer), ckpt_dir)
-        # The other workers' checkpoints are throwaway copies (the chief's are read): keep one.
-        store = KerasCheckpoints(ckpt_dir if self.chief else self.worker_tmp,
-                                 F.keep_checkpoints if self.chief else 1)
-        return store, start
-
-    def signal_agreement(self):
-        from aetv2_tf import distribute
-
-        return distribute.signal_agreement(self.strategy)
-
-    def summaries(self, counter, schedule):
-        from aetv2_tf.callbacks import PretextSummaries
-        from aetv2_tf.visualize import draw_pairs
-
-        F = FLAGS
-        if not self.chief:
-            return []
-        sample = None
-        if not self.rotation:  # four pairs to draw (and the model's inputs for them)
-            def first(**kwargs):
-                return next(iter(self.dataset_from(0, batch_size=4, seed=F.seed + 1,
-                                                   augment=False, **kwargs)))
-
-            sample = first(warp_on_device=False)
-            if self.warp_on_device:
-                sample = (*sample, first()[0])
-        mean, std = self.mean, self.std
-        return [PretextSummaries(
-            os.path.join(F.model_dir, "train"), counter, lambda s: schedule(s).numpy(),
-            F.summary_every_steps, F.image_summary_every_steps or 10 * F.summary_every_steps,
-            F.batch_size, sample,
-            lambda x, tx, p, q: draw_pairs(x.numpy(), tx.numpy(), p, q, mean, std))]
-
-    def export(self, encoder, model) -> dict:
-        from aetv2_tf.export import export_encoder
-        from aetv2_tf.keras_checkpoints import save_atomically
-
-        F = FLAGS
-        save_atomically(model.save, os.path.join(F.model_dir, "aet_model.keras"))
-        out = os.path.join(F.model_dir, "export", "encoder")
-        export_encoder(encoder, out, F.dataset)
-        return {"export": out}
-
-    def close(self) -> None:
-        if not self.chief:
-            shutil.rmtree(self.worker_tmp, ignore_errors=True)
-            with contextlib.suppress(OSError):  # the last worker out removes the empty parent
-                os.rmdir(os.path.dirname(self.worker_tmp))
-
-
-def run() -> dict:
-    """Sets up devices, precision and the model_dir, then runs the chosen stage."""
-    from aetv2_tf import distribute
-
-    F = FLAGS
-    distribute.configure_cpu_devices(F.cpu_devices)
-    if F.deterministic:
-        tf.config.experimental.enable_op_determinism()
-    try:  # before any op or variable: multi-worker strategies need a fresh TensorFlow context
-        strategy = distribute.get_strategy(F.strategy, F.tpu, F.collective_timeout_seconds)
-    except ValueError as e:
-        raise UsageError(str(e)) from e
-    keras.utils.set_random_seed(F.seed)
-    check_flags(strategy.num_replicas_in_sync)
-    chief = distribute.is_chief(strategy)
-    accelerator = "tpu" if tf.config.list_logical_devices("TPU") else \
-        "gpu" if tf.config.list_logical_devices("GPU") else ""
-    precision = choose_precision(F.mixed_precision, "tensorflow", accelerator)
-    keras.mixed_precision.set_global_policy(precision.policy)
-    # Bad data fails here, before the model_dir is touched.
-    data = program.load_train_images() if F.stage == "pretext" else None
-    recorded = dict(run_flags(), precision=precision._asdict())
-    rundir.prepare(F.model_dir, recorded, flagfile_text(), ESSENTIAL, F.overwrite, chief,
-                   TRAJECTORY)
-    kernels = "" if accelerator else f"oneDNN {onednn_state()}"
-    print(program.start_line(type(strategy).__name__.lstrip("_"), strategy.num_replicas_in_sync,
-                     precision, data, kernels), flush=True)
-    if F.stage == "pretext":
-        return pretext.run(TensorFlowPretext(strategy, chief, data[0]), *data)
-    from aetv2_tf.probes import stage as probe_stage
-    return probe_stage.run(strategy, chief)
+from aetv2_tf.program.flags import FLAGS, resolve_run_length
+from aetv2_tf.program.rundir import UsageError
 
 
 def main(argv) -> None:
@@ -290,17 +47,19 @@ def main(argv) -> None:
     if (note := resolve_run_length(sys.argv)) is not None:
         logging.info(note)
     if TENSORFLOW:
-        program = run
-    else:  # KERAS_BACKEND=jax (or another non-TensorFlow backend): the portable program
-        from aetv2_tf import portable
+        from aetv2_tf.program import adapter_tensorflow as adapter
 
-        program = portable.run
+        peer_lost = adapter.PEER_LOST
+    else:  # KERAS_BACKEND=jax (or another non-TensorFlow backend): the portable program
+        from aetv2_tf.program import adapter_portable as adapter
+
+        peer_lost = ()
     try:
-        summary = program()
+        summary = adapter.run()
     except (UsageError, DataError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(2)
-    except PEER_LOST as e:
+    except peer_lost as e:
         print(f"error: a worker of the cluster stopped answering ({type(e).__name__}: "
               f"{str(e).splitlines()[0]}); stop every worker and start the same commands again: "
               "they resume from the chief's newest checkpoint.", file=sys.stderr, flush=True)
@@ -308,7 +67,7 @@ def main(argv) -> None:
     except OSError as e:
         if not disk_full(e):
             raise
-        from aetv2_tf.keras_checkpoints import list_checkpoints
+        from aetv2_tf.program.keras_checkpoints import list_checkpoints
 
         found = list_checkpoints(os.path.join(FLAGS.model_dir, "checkpoints"))
         newest = f"the newest complete checkpoint, {found[-1][1]}, is intact" if found else \

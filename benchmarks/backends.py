@@ -123,7 +123,7 @@ def main() -> None:
     """The worker (module docstring): this process's backend is KERAS_BACKEND."""
     import keras
 
-    from aetv2_tf.precision import onednn_state
+    from aetv2_tf.program.precision import onednn_state
     from benchmarks.step import Spec, StepRunner, example_batch
 
     p = argparse.ArgumentParser(description="A benchmarks.step worker of one Keras backend.")

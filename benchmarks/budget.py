@@ -112,7 +112,7 @@ def main() -> None:
     unknown = set(methods) - set(METHODS)
     if unknown:
         p.error(f"unknown --methods {sorted(unknown)}; choose from {', '.join(METHODS)}")
-    from aetv2_tf.precision import choose_precision
+    from aetv2_tf.program.precision import choose_precision
 
     precision = choose_precision("auto").policy
     load = common.load_average()

@@ -213,7 +213,7 @@ def machine_line() -> str:
     import keras
     import tensorflow as tf
 
-    from aetv2_tf.precision import onednn_state
+    from aetv2_tf.program.precision import onednn_state
 
     flags = cpu_flags()
     marks = ", ".join(f"{f} {'yes' if f in flags else 'no'}" for f in CPU_FLAGS)

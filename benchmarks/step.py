@@ -91,7 +91,7 @@ class Spec:
         elif backend != keras.backend.backend() or onednn != _here_onednn():
             precision = "auto"  # its worker decides
         else:  # the benchmark machine is a CPU
-            from aetv2_tf.precision import choose_precision
+            from aetv2_tf.program.precision import choose_precision
 
             precision = choose_precision("auto", backend).policy
         return cls(name, parts[0], precision, parts[2], spe, xla, backend, onednn)
@@ -109,7 +109,7 @@ class Spec:
 
 def _here_onednn() -> bool:
     """Whether this process runs TensorFlow's oneDNN kernels ("unknown" counts as on)."""
-    from aetv2_tf.precision import onednn_state
+    from aetv2_tf.program.precision import onednn_state
 
     return onednn_state() != "off"
 
@@ -308,7 +308,7 @@ def targets(results: dict[str, Result], peaks: dict[str, Result], flops: float) 
 def auto_precision_note(results: dict[str, Result]) -> str:
     """What `--mixed_precision=auto` picks here (its own probe, run afresh), next to the step's
     measured bfloat16/float32 ratio when both were measured: do they rank the same way?"""
-    from aetv2_tf.precision import _rates_text, decide, probe_rates
+    from aetv2_tf.program.precision import _rates_text, decide, probe_rates
 
     rates = probe_rates()
     line = f"--mixed_precision=auto: its probe ({_rates_text(rates)}) picks {decide(rates)}"

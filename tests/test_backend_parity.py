@@ -21,7 +21,7 @@ RUN_TRAIN = BLOCK_TF + ("import runpy; runpy.run_module('aetv2_tf.train', run_na
 SKIP_STEPS = """
 import numpy as np, keras
 from aetv2_tf import optim
-from aetv2_tf.callbacks import StepCounter, StopOnSkippedStep
+from aetv2_tf.program.callbacks import StepCounter, StopOnSkippedStep
 keras.utils.set_random_seed(0)
 model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
 opt = optim.build_optimizer("sgd", 0.01)

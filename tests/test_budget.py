@@ -10,8 +10,8 @@ import re
 import pytest
 from absl import flags
 
-from aetv2_tf import program
-from aetv2_tf.rundir import UsageError
+from aetv2_tf.program import common as program
+from aetv2_tf.program.rundir import UsageError
 from tests.cli import train
 
 

@@ -131,9 +131,9 @@ def test_folder_pretext_stream_resumes_exactly(tmp_path):
 def test_pretext_pairs_are_normalised_with_the_datasets_constants(dataset, tmp_path):
     """One rule (`normalization_constants`) for pretraining, probes and export: the TensorFlow
     adapter's pairs of white and black images are (1 - mean) / std and -mean / std."""
-    from aetv2_tf import flags
     from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD, normalization_constants
-    from aetv2_tf.train import TensorFlowPretext
+    from aetv2_tf.program import flags
+    from aetv2_tf.program.adapter_tensorflow import TensorFlowPretext
 
     size = 224 if dataset == "folder" else 32
     if dataset == "folder":

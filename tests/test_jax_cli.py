@@ -30,7 +30,7 @@ import json, pathlib, sys
 import numpy as np
 from aetv2_tf.data.device import CIFAR10_MEAN, CIFAR10_STD
 from aetv2_tf.data.sources import load_cifar10
-from aetv2_tf.keras_checkpoints import load_encoder_weights
+from aetv2_tf.program.keras_checkpoints import load_encoder_weights
 model_dir, data_dir, out = sys.argv[1:]
 saved = json.loads((pathlib.Path(model_dir) / "flags.json").read_text())
 encoder = load_encoder_weights(model_dir, saved, "keras")
@@ -122,8 +122,9 @@ def runs(tmp_path_factory, cifar10_dir):
 
 
 def test_import_and_helpfull_without_tensorflow():
-    code = BLOCK_TF + ("import aetv2_tf.train, aetv2_tf.portable, aetv2_tf.probes.stage, "
-                       "aetv2_tf.export, aetv2_tf.probes.encoders; print('imported')")
+    code = BLOCK_TF + ("import aetv2_tf.train, aetv2_tf.program.adapter_portable, "
+                       "aetv2_tf.probes.stage, aetv2_tf.export, aetv2_tf.probes.encoders; "
+                       "print('imported')")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                           text=True, env=_env({"KERAS_BACKEND": "jax"}), timeout=120)
     assert proc.returncode == 0 and "imported" in proc.stdout, proc.stderr[-3000:]

@@ -18,8 +18,8 @@ import pytest
 
 import aetv2_tf
 from aetv2_tf import recipes
-from aetv2_tf.flags import FLAGS
 from aetv2_tf.probes.results import RESULTS_FILENAME, read_results
+from aetv2_tf.program.flags import FLAGS
 from tests.cli import REPO, run_module
 
 README_DATA = "../shared/data/cifar10/cifar-10-batches-py"
@@ -55,7 +55,8 @@ def test_readme_python_block_runs(backend, tmp_path, cifar10_dir):
 def recipe_of_flagfile(name: str) -> recipes.Recipe:
     """`Recipe.from_flags` of a config, parsed without touching the process's FLAGS: every flag
     at its default, then the flagfile's lines."""
-    values = {flag.name: flag.default for flag in FLAGS.get_flags_for_module("aetv2_tf.flags")}
+    values = {flag.name: flag.default
+              for flag in FLAGS.get_flags_for_module("aetv2_tf.program.flags")}
     for line in (REPO / "configs" / f"{name}.cfg").read_text().splitlines():
         if line.startswith("--"):
             key, _, value = line[2:].partition("=")

@@ -19,8 +19,8 @@ import signal
 import socket
 import time
 
-from aetv2_tf.callbacks import weights_digest
 from aetv2_tf.models import build_aet_model, build_backbone
+from aetv2_tf.program.callbacks import weights_digest
 from tests.cli import finish, start_module, train_args
 from tests.test_reliability_interrupt import listed_step
 
@@ -41,7 +41,7 @@ def free_ports(count: int) -> list[int]:
 
 def checkpoint_digest(model_dir) -> str:
     """`weights_digest` of the trainable weights in the newest checkpoint of `model_dir`."""
-    from aetv2_tf.keras_checkpoints import list_checkpoints, load_model_part
+    from aetv2_tf.program.keras_checkpoints import list_checkpoints, load_model_part
 
     model = build_aet_model(build_backbone("nin", (32, 32, 3), batch_norm="fused"))
     load_model_part(model, list_checkpoints(str(model_dir / "checkpoints"))[-1][1])

@@ -75,7 +75,7 @@ def test_l2_decay_gradient_is_coupled_weight_decay():
 
 def test_skip_mode_stops_a_run_whose_every_step_is_non_finite():
     """Skipping is for the odd bad batch: 10 skipped steps in a row end the run as diverged."""
-    from aetv2_tf.callbacks import StopOnSkippedStep
+    from aetv2_tf.program.callbacks import StopOnSkippedStep
 
     class Model:
         stop_training = False
@@ -101,7 +101,7 @@ def test_skip_mode_stops_a_run_whose_every_step_is_non_finite():
 def test_a_resumed_run_counts_only_its_own_skipped_steps():
     """`skipped_steps` is restored with the optimizer: the skips of an earlier invocation must
     not stop (--on_nonfinite=stop) or divert a resumed run at its first check."""
-    from aetv2_tf.callbacks import StopOnSkippedStep
+    from aetv2_tf.program.callbacks import StopOnSkippedStep
 
     class Model:
         stop_training = False

@@ -21,7 +21,7 @@ import sys
 
 import pytest
 
-from aetv2_tf import precision
+from aetv2_tf.program import precision
 from benchmarks.budget import done_summary
 from tests.cli import read_scalars, train
 
@@ -54,7 +54,7 @@ def test_onednn_is_asked_for_unless_the_user_chose():
     AVX512_BF16, AVX_VNNI or AMX; `import aetv2_tf` asks for them on every CPU (1.6x on AVX2,
     BENCHMARKS.md) and keeps a user's TF_ENABLE_ONEDNN_OPTS=0. The cached `auto` decision is
     keyed by it (bfloat16 runs on oneDNN)."""
-    code = ("import os, aetv2_tf, tensorflow; from aetv2_tf.precision import onednn_state, "
+    code = ("import os, aetv2_tf, tensorflow; from aetv2_tf.program.precision import onednn_state, "
             "machine_key; print(os.environ['TF_ENABLE_ONEDNN_OPTS'], onednn_state(), "
             "machine_key().endswith('| oneDNN ' + onednn_state()))")
     env = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}

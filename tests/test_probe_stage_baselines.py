@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from cli import REPO, run_module
 
-from aetv2_tf.flags import FLAGS
 from aetv2_tf.probes.results import RESULTS_FILENAME, read_results
+from aetv2_tf.program.flags import FLAGS
 
 SLICE = ("--train_examples=600", "--test_examples=200", "--verbose=0")
 

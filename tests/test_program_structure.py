@@ -11,9 +11,9 @@ import sys
 import pytest
 from absl import flags
 
-from aetv2_tf import flag_support
-from aetv2_tf import flags as _defined  # noqa: F401 - defines the flags
-from aetv2_tf.rundir import UsageError
+from aetv2_tf.program import flag_support
+from aetv2_tf.program import flags as _defined  # noqa: F401 - defines the flags
+from aetv2_tf.program.rundir import UsageError
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "aetv2_tf"
 
@@ -78,14 +78,23 @@ def test_find_cycle_finds_one():
 
 def test_no_import_cycle_in_the_package():
     graph = import_graph()
-    assert "aetv2_tf.program" in graph["aetv2_tf.portable"] & graph["aetv2_tf.train"]
+    tf_adapter = "aetv2_tf.program.adapter_tensorflow"
+    portable = "aetv2_tf.program.adapter_portable"
+    assert "aetv2_tf.program.common" in graph[portable] & graph[tf_adapter]
     # one pretext loop and one probe stage, used by both adapters, importing neither
-    for shared in ("aetv2_tf.pretext", "aetv2_tf.probes.stage"):
-        assert shared in graph["aetv2_tf.portable"] & graph["aetv2_tf.train"], shared
-        assert not {"aetv2_tf.train", "aetv2_tf.portable"} & graph[shared], shared
+    for shared in ("aetv2_tf.program.pretext", "aetv2_tf.probes.stage"):
+        assert shared in graph[portable] & graph[tf_adapter], shared
+        assert not {"aetv2_tf.train", tf_adapter, portable} & graph[shared], shared
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
-    assert "aetv2_tf.train" not in graph["aetv2_tf.portable"]
-    assert "aetv2_tf.portable" not in graph["aetv2_tf.program"]
+    # the entry point picks an adapter; the adapters are siblings that do not import each other
+    assert {tf_adapter, portable} <= graph["aetv2_tf.train"]
+    assert "aetv2_tf.train" not in graph[portable] | graph[tf_adapter]
+    assert portable not in graph[tf_adapter] and tf_adapter not in graph[portable]
+    assert portable not in graph["aetv2_tf.program.common"]
+    # the library never imports the program layer's entry point or adapters
+    library = [m for m in graph if not m.startswith(("aetv2_tf.program", "aetv2_tf.train",
+                                                     "aetv2_tf.probes.stage"))]
+    assert not any({tf_adapter, portable, "aetv2_tf.train"} & graph[m] for m in library)
 
 
 def test_every_module_imports_alone():
@@ -111,7 +120,7 @@ def test_no_module_over_about_400_lines():
 
 
 def defined_flags() -> list[str]:
-    return sorted(f.name for f in flags.FLAGS.get_flags_for_module("aetv2_tf.flags"))
+    return sorted(f.name for f in flags.FLAGS.get_flags_for_module("aetv2_tf.program.flags"))
 
 
 def test_every_flag_has_a_row_in_the_support_table():
@@ -139,7 +148,7 @@ def test_each_refused_value_names_the_flag_the_backend_and_the_fix(name, monkeyp
 def test_the_defaults_run_everywhere(monkeypatch):
     monkeypatch.setattr(flag_support, "tensorflow_importable", lambda: False)
     defaults = {f.name: _Flag(f.default, present=False)
-                for f in flags.FLAGS.get_flags_for_module("aetv2_tf.flags")}
+                for f in flags.FLAGS.get_flags_for_module("aetv2_tf.program.flags")}
     assert flag_support.refusals("jax", defaults) == []
 
 
@@ -168,7 +177,7 @@ def test_tf_data_sources_run_in_the_probe_stages_where_tensorflow_is_importable(
 def test_intervals_are_due_when_crossed_not_only_on_multiples():
     """After a resume at step 1001 with --steps_per_execution=4 the steps are 1005, 1009, ...:
     checkpoints and summaries every 100 steps still fire (at 1101), once per interval."""
-    from aetv2_tf.callbacks import due
+    from aetv2_tf.program.callbacks import due
 
     steps = range(1001, 1400, 4)
     fired = [s for prev, s in zip(steps, steps[1:], strict=False) if due(s, prev, 100)]

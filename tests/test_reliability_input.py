@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from aetv2_tf import rundir
-from aetv2_tf.rundir import UsageError
+from aetv2_tf.program import rundir
+from aetv2_tf.program.rundir import UsageError
 from tests.cli import run_module, train, train_args
 
 # A pickle that runs `touch MARKER` when loaded by a plain `pickle.load` (protocol 0 opcodes:
@@ -173,7 +173,8 @@ def test_model_dir_of_another_run_is_refused_unless_overwrite(tmp_path, cifar10_
 # ------------------------------------------------------------------------------ a full disk
 def test_full_disk_fails_at_start_up(tmp_path, monkeypatch):
     """A disk with less free space than a checkpoint needs is refused by `rundir.prepare` (which
-    `train.run` calls before building anything), and the new model_dir is removed again.
+    `adapter_tensorflow.run` calls before building anything), and the new model_dir is removed
+    again.
     In-process: `shutil.disk_usage` reports 1 MiB free (mounting a small tmpfs needs root
     privileges that CI does not have)."""
     real = shutil.disk_usage
@@ -193,9 +194,9 @@ def test_the_disk_check_is_sized_from_the_model(tmp_path, monkeypatch):
     import keras
     import numpy as np
 
-    from aetv2_tf import flags, pretext
-    from aetv2_tf.keras_checkpoints import disk_bytes_needed, variables_bytes
     from aetv2_tf.models import build_aet_model, build_backbone
+    from aetv2_tf.program import flags, pretext
+    from aetv2_tf.program.keras_checkpoints import disk_bytes_needed, variables_bytes
 
     def compiled(backbone, size):
         encoder = build_backbone(backbone, (size, size, 3), batch_norm="keras")

@@ -24,8 +24,8 @@ import keras
 import numpy as np
 import pytest
 
-from aetv2_tf.callbacks import CheckpointEvery, StopOnSignal
-from aetv2_tf.keras_checkpoints import KerasCheckpoints
+from aetv2_tf.program.callbacks import CheckpointEvery, StopOnSignal
+from aetv2_tf.program.keras_checkpoints import KerasCheckpoints
 from tests.cli import finish, read_scalars, start_module, train, train_args
 
 STEPS = 8
@@ -52,7 +52,7 @@ def final_checkpoint(model_dir: pathlib.Path) -> dict[str, np.ndarray]:
     """Every variable of the newest checkpoint (`ckpt-<step>.weights.h5`), by its path there."""
     import h5py
 
-    from aetv2_tf.keras_checkpoints import list_checkpoints
+    from aetv2_tf.program.keras_checkpoints import list_checkpoints
 
     out: dict[str, np.ndarray] = {}
     with h5py.File(list_checkpoints(str(model_dir / "checkpoints"))[-1][1], "r") as f:
@@ -101,7 +101,7 @@ def resume(model_dir: pathlib.Path, cifar10_dir) -> int:
 def listed_step(model_dir: pathlib.Path) -> int:
     """The step of the newest complete checkpoint, `ckpt-<step>.weights.h5` (0 if none; a save
     cut short leaves only a temporary `.tmp<pid>-ckpt-...` file, which is not listed)."""
-    from aetv2_tf.keras_checkpoints import list_checkpoints
+    from aetv2_tf.program.keras_checkpoints import list_checkpoints
 
     found = list_checkpoints(str(model_dir / "checkpoints"))
     return found[-1][0] if found else 0
@@ -152,9 +152,9 @@ def test_sigkill_at_a_random_moment_resumes_exactly(reference, tmp_path, cifar10
 TO_LEGACY = """
 import os, sys
 import tensorflow as tf
-from aetv2_tf.flags import FLAGS
-from aetv2_tf.keras_checkpoints import list_checkpoints, load_model_part
-from aetv2_tf.train import TensorFlowPretext
+from aetv2_tf.program.flags import FLAGS
+from aetv2_tf.program.keras_checkpoints import list_checkpoints, load_model_part
+from aetv2_tf.program.adapter_tensorflow import TensorFlowPretext
 FLAGS(["train", *sys.argv[1:]])
 adapter = TensorFlowPretext(tf.distribute.get_strategy(), True, None)
 encoder, model, schedule, optimizer = adapter.build(STEPS)
@@ -166,7 +166,7 @@ for _, old in list_checkpoints(ckpt_dir):  # an earlier version's run: no checks
     os.remove(old + ".sha256")
 tf.train.CheckpointManager(tf.train.Checkpoint(model=model, optimizer=optimizer), ckpt_dir,
                            max_to_keep=3).save(checkpoint_number=step)
-from aetv2_tf.callbacks import weights_digest
+from aetv2_tf.program.callbacks import weights_digest
 print("LEGACY", step, sorted(os.listdir(ckpt_dir)), weights_digest(encoder.weights))
 """.replace("STEPS", str(STEPS))
 
@@ -188,8 +188,8 @@ def test_a_run_with_tf_checkpoints_of_an_earlier_version_resumes_exactly(referen
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "LEGACY 4 ['checkpoint', 'ckpt-4.data-00000-of-00001', " \
         "'ckpt-4.index']" in proc.stdout, proc.stderr[-3000:]
-    from aetv2_tf.callbacks import weights_digest
     from aetv2_tf.export import restore_encoder
+    from aetv2_tf.program.callbacks import weights_digest
 
     encoder, _ = restore_encoder(str(model_dir))  # what the probes and the export read
     assert weights_digest(encoder.weights) == proc.stdout.split()[-1]
@@ -291,7 +291,7 @@ def test_temporaries_of_a_live_process_are_never_removed(tmp_path):
     """`save_atomically` removes the temporaries that dead processes left, not a live one's."""
     import subprocess
 
-    from aetv2_tf.keras_checkpoints import save_atomically
+    from aetv2_tf.program.keras_checkpoints import save_atomically
 
     live = subprocess.Popen(["sleep", "60"])
     dead = subprocess.Popen(["true"])
@@ -353,7 +353,7 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_resumes_exactly(
 def test_readers_skip_a_file_whose_checksum_does_not_match(tmp_path):
     """The probes' and the export's reader (`encoder_source`) passes over a damaged
     `encoder.weights.h5` to the newest intact checkpoint, renaming nothing."""
-    from aetv2_tf.keras_checkpoints import encoder_source, save_atomically
+    from aetv2_tf.program.keras_checkpoints import encoder_source, save_atomically
 
     def write(path, data):
         save_atomically(lambda tmp: pathlib.Path(tmp).write_bytes(data), str(path))
@@ -406,7 +406,7 @@ def test_a_full_disk_mid_run_exits_5_and_keeps_the_newest_checkpoint(
 
 SECOND_SIGNAL_IN_FINAL_SAVE = """
 import os, runpy, signal
-from aetv2_tf import keras_checkpoints
+from aetv2_tf.program import keras_checkpoints
 real = keras_checkpoints.KerasCheckpoints.save
 def save(self, model, step):
     handler = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)

@@ -25,10 +25,10 @@ import pytest
 import tensorflow as tf
 
 from aetv2_tf import losses, optim
-from aetv2_tf.callbacks import CheckpointEvery, StepCounter, StopOnSkippedStep
-from aetv2_tf.keras_checkpoints import KerasCheckpoints, list_checkpoints
 from aetv2_tf.models import build_aet_model
 from aetv2_tf.models.layers import FusedBatchNormalization
+from aetv2_tf.program.callbacks import CheckpointEvery, StepCounter, StopOnSkippedStep
+from aetv2_tf.program.keras_checkpoints import KerasCheckpoints, list_checkpoints
 from tests.test_losses import adversarial_pairs
 
 BATCH, SIZE = 4, 8

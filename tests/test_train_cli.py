@@ -103,7 +103,7 @@ def test_resume_continues_the_step_and_the_learning_rate(tmp_path, cifar10_dir):
 
 MIRRORED_SCRIPT = textwrap.dedent("""
     import numpy as np, keras, tensorflow as tf
-    from aetv2_tf.distribute import configure_cpu_devices, get_strategy
+    from aetv2_tf.program.distribute import configure_cpu_devices, get_strategy
     configure_cpu_devices(2)
     from aetv2_tf.data import load_cifar10, pretext_dataset
     from aetv2_tf.losses import GeodesicLoss

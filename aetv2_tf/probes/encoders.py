@@ -18,7 +18,7 @@ A Keras encoder is cut to the layers its feature needs (`truncate`): a probe on 
 not run blocks 3-4, an AlexNet conv probe skips fc6/fc7. Every failure is a `UsageError` naming
 the problem and the fix; `check_pretrained` makes the cheap checks (path, kind, backbone) before
 the run writes anything. TensorFlow is imported only for SavedModels and TensorFlow checkpoints:
-a `--pretrained` run of `aetv2_tf.portable` (Keras checkpoints) loads on any backend.
+a `--pretrained` run of `program.adapter_portable` (Keras checkpoints) loads on any backend.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import keras
 
 from aetv2_tf.export import load_saved_flags, restore_encoder
 from aetv2_tf.models import DEFAULT_INPUT_SHAPES, build_backbone
-from aetv2_tf.rundir import UsageError
+from aetv2_tf.program.rundir import UsageError
 
 FEATURES = {"nin": ("block1", "block2", "block3", "block4"),
             "alexnet": ("conv1", "conv2", "conv3", "conv4", "conv5", "fc6", "fc7")}
@@ -106,7 +106,7 @@ def check_pretrained(pretrained: str, backbone: str) -> str:
                 f"{saved.get('backbone')} (dataset {saved.get('dataset')}), but this probe uses "
                 f"--backbone={backbone}; pass a {backbone} run, or probe this one with "
                 f"--backbone={saved.get('backbone')} on a dataset of its image size.")
-        from aetv2_tf.keras_checkpoints import tensorflow_run_unreadable
+        from aetv2_tf.program.keras_checkpoints import tensorflow_run_unreadable
 
         why = tensorflow_run_unreadable(os.path.expanduser(pretrained), saved)
         if why is not None:
@@ -209,7 +209,7 @@ def load_encoder(pretrained: str, backbone: str, feature: str, *, batch_norm: st
     except errors as e:
         raise UsageError(f"--pretrained={pretrained}: the encoder could not be restored ({e}); "
                          "pass a pretraining --model_dir with a checkpoint.") from e
-    from aetv2_tf.keras_checkpoints import encoder_source
+    from aetv2_tf.program.keras_checkpoints import encoder_source
 
     checkpoint = encoder_source(path)
     if checkpoint is None:  # a run of an earlier version: tf.train.Checkpoint files

@@ -41,9 +41,7 @@ from typing import Any, NamedTuple
 import keras
 import numpy as np
 
-from aetv2_tf import program
 from aetv2_tf.data.constants import normalization_constants
-from aetv2_tf.flags import FLAGS, run_flags
 from aetv2_tf.models import DEFAULT_INPUT_SHAPES, build_head, build_nin
 from aetv2_tf.optim import STEP_DROPS
 from aetv2_tf.probes import encoders
@@ -57,7 +55,9 @@ from aetv2_tf.probes.classifier import (
 from aetv2_tf.probes.data import ProbeData, load_probe_data
 from aetv2_tf.probes.knn import extract_features, knn_accuracy, make_feature_fn, pooled_features
 from aetv2_tf.probes.results import write_results
-from aetv2_tf.rundir import UsageError
+from aetv2_tf.program import common as program
+from aetv2_tf.program.flags import FLAGS, run_flags
+from aetv2_tf.program.rundir import UsageError
 
 PROBE_LR_SCHEDULES = ("step", "constant")
 
@@ -105,7 +105,8 @@ def backend_inputs(data: ProbeData, mean, std, image_size: int) -> Inputs:
 
 
 def check_flags() -> None:
-    """The probe/supervised flag checks, run by ``train.check_flags`` before anything is written."""
+    """The probe/supervised flag checks, run by ``adapter_tensorflow.check_flags`` (and the
+    portable adapter's) before anything is written."""
     F = FLAGS
     encoders.resolve_feature(F.backbone, F.feature)
     if F.stage == "supervised":

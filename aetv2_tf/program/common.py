@@ -1,7 +1,7 @@
 """The backend-neutral parts of the training program (`python -m aetv2_tf.train`).
 
-`aetv2_tf.train` (the command line and its TensorFlow adapter: tf.distribute, tf.data,
-TensorBoard, SavedModel) and `aetv2_tf.portable` (the adapter of the other Keras backends: JAX,
+`program.adapter_tensorflow` (tf.distribute, tf.data, TensorBoard, SavedModel) and
+`program.adapter_portable` (the adapter of the other Keras backends: JAX,
 `keras.distribution`, the NumPy stream with on-device warping) both build their stage from these
 pieces, so each idea exists once: the flag checks of every backend, the loss, metrics, schedule
 and optimizer of the flags, the training images, the step arithmetic, the stop at an exact step,
@@ -18,11 +18,11 @@ from collections.abc import Callable
 import keras
 from absl import logging
 
-from aetv2_tf import flag_support
-from aetv2_tf.flags import FLAGS
-from aetv2_tf.precision import Choice
+from aetv2_tf.program import flag_support
+from aetv2_tf.program.flags import FLAGS
+from aetv2_tf.program.precision import Choice
+from aetv2_tf.program.rundir import UsageError
 from aetv2_tf.recipes import Recipe
-from aetv2_tf.rundir import UsageError
 
 #: Input side of each backbone (square images).
 IMAGE_SIZE = {"nin": 32, "alexnet": 224}
@@ -272,7 +272,12 @@ def fit_and_summarize(model: keras.Model, data, start: int, stop: int, steps: in
     then the run's summary and whether it FINISHED (reached all `steps` cleanly: the adapter
     then writes the encoder, exports, runs the quick KNN). `callbacks` holds the run's
     `StepCounter`, `StopOnSignal`, `StopOnSkippedStep` and checkpoint saver (with `refused`)."""
-    from aetv2_tf.callbacks import StepCounter, StopOnSignal, StopOnSkippedStep, weights_digest
+    from aetv2_tf.program.callbacks import (
+        StepCounter,
+        StopOnSignal,
+        StopOnSkippedStep,
+        weights_digest,
+    )
 
     F = FLAGS
     counter, signals, skips = (next(c for c in callbacks if isinstance(c, kind))

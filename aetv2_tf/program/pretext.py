@@ -5,9 +5,10 @@
 
 What a backend does its own way is a `PretextAdapter`: how the model is built (strategy scope,
 batch norm, where the pairs are made), the batches of steps ``start .. stop - 1``, the checkpoint
-store it resumes from, the summaries and the export. TensorFlow's is `train.TensorFlowPretext`
-(tf.data pairs, tf.distribute), the others' is `portable.KerasPretext` (NumPy batches, pairs on
-the device). Both save Keras ``.weights.h5`` checkpoints (`keras_checkpoints.KerasCheckpoints`).
+store it resumes from, the summaries and the export. TensorFlow's is
+`adapter_tensorflow.TensorFlowPretext` (tf.data pairs, tf.distribute), the others' is
+`adapter_portable.KerasPretext` (NumPy batches, pairs on the device). Both save Keras
+``.weights.h5`` checkpoints (`keras_checkpoints.KerasCheckpoints`).
 Everything else is here once: the step counter (batches consumed: the data position and the
 checkpoint name), the exact stop, the signal, non-finite and checkpoint callbacks, the summary
 and what a finished run writes.
@@ -20,17 +21,17 @@ from typing import Any
 
 import keras
 
-from aetv2_tf import program
-from aetv2_tf.callbacks import (
+from aetv2_tf.data.constants import normalization_constants
+from aetv2_tf.program import common as program
+from aetv2_tf.program.callbacks import (
     CheckpointEvery,
     CheckpointStore,
     StepCounter,
     StopOnSignal,
     StopOnSkippedStep,
 )
-from aetv2_tf.data.constants import normalization_constants
-from aetv2_tf.flags import FLAGS
-from aetv2_tf.keras_checkpoints import discard_encoder_weights, save_encoder_weights
+from aetv2_tf.program.flags import FLAGS
+from aetv2_tf.program.keras_checkpoints import discard_encoder_weights, save_encoder_weights
 
 
 class PretextAdapter:
@@ -94,8 +95,8 @@ def check_disk(model: keras.Model, encoder: keras.Model, other_writers: int = 0)
     disk cannot hold what this model's run writes (`disk_bytes_needed`), counting the checkpoints
     already there as space (they are rotated out); `other_writers` workers beside the chief
     each keep one throwaway checkpoint under `<model_dir>/.worker_tmp` (a shared disk)."""
-    from aetv2_tf import rundir
-    from aetv2_tf.keras_checkpoints import disk_bytes_needed, list_checkpoints
+    from aetv2_tf.program import rundir
+    from aetv2_tf.program.keras_checkpoints import disk_bytes_needed, list_checkpoints
 
     F = FLAGS
     needed = disk_bytes_needed(model, encoder, F.keep_checkpoints, F.export, other_writers)

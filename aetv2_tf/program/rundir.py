@@ -109,7 +109,7 @@ HISTORY = "flags_history.jsonl"
 
 def _trained_step(model_dir: str) -> int:
     """The step of the run's newest checkpoint (0: nothing trained yet)."""
-    from aetv2_tf.keras_checkpoints import list_checkpoints
+    from aetv2_tf.program.keras_checkpoints import list_checkpoints
 
     found = list_checkpoints(os.path.join(model_dir, "checkpoints"))
     return found[-1][0] if found else 0
@@ -173,8 +173,8 @@ def prepare(model_dir: str, run_flags: dict, flagfile: str, essential: tuple[str
         # A flag newer than the saved run is absent from it: that run had its default behaviour.
         diff = {k: (saved.get(k), run_flags.get(k)) for k in essential
                 if k in saved and saved[k] != run_flags.get(k)}
-        # The Keras backend (recorded by aetv2_tf.portable; absent: tensorflow) fixes the
-        # checkpoint format, so a run continues only on the backend that started it.
+        # The Keras backend (recorded by program.adapter_portable; absent: tensorflow) fixes
+        # the checkpoint format, so a run continues only on the backend that started it.
         backends = saved.get("backend", "tensorflow"), run_flags.get("backend", "tensorflow")
         if backends[0] != backends[1]:
             if not overwrite:

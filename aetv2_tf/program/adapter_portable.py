@@ -5,7 +5,7 @@ tensorflow, and TensorFlow is then never imported (it need not be installed).
     KERAS_BACKEND=jax python -m aetv2_tf.train --flagfile=configs/cifar10_aetv2.cfg
 
 What is this backend's own (`KerasPretext`, the adapter of the one pretext loop
-`aetv2_tf.pretext`; the rest is `aetv2_tf.program`, shared with TensorFlow's adapter):
+`program.pretext`; the rest is `program.common`, shared with TensorFlow's adapter):
 
 * input: `data.stream.ImageBatches` (uint8 NumPy batches, a pure function of (seed, step)); the
   pretext examples are made on the device inside the jitted step (`models.pairs`: the
@@ -24,7 +24,7 @@ What is this backend's own (`KerasPretext`, the adapter of the one pretext loop
 
 `--stage=probe` (KNN and every classifier head) and `--stage=supervised` run `probes.stage.run`,
 the stage of both adapters (its input adapter: NumPy batches, crops and flips on the device).
-Which flag values run here is `aetv2_tf.flag_support`'s table.
+Which flag values run here is `aetv2_tf.program.flag_support`'s table.
 """
 
 from __future__ import annotations
@@ -35,11 +35,12 @@ import keras
 import numpy as np
 from absl import logging
 
-from aetv2_tf import pretext, program, rundir
-from aetv2_tf.flags import ESSENTIAL, FLAGS, TRAJECTORY, flagfile_text, run_flags
-from aetv2_tf.precision import choose_precision
+from aetv2_tf.program import common as program
+from aetv2_tf.program import pretext, rundir
+from aetv2_tf.program.flags import ESSENTIAL, FLAGS, TRAJECTORY, flagfile_text, run_flags
+from aetv2_tf.program.precision import choose_precision
+from aetv2_tf.program.rundir import UsageError
 from aetv2_tf.recipes import parameter_std
-from aetv2_tf.rundir import UsageError
 
 
 def check_flags(num_devices: int) -> None:
@@ -66,8 +67,8 @@ def _accelerator() -> str:
 
 
 def run() -> dict:
-    """`aetv2_tf.train.run` for this backend: devices, precision, model_dir, then the stage."""
-    from aetv2_tf.flag_support import tensorflow_importable
+    """`adapter_tensorflow.run` for this backend: devices, precision, model_dir, then the stage."""
+    from aetv2_tf.program.flag_support import tensorflow_importable
 
     F = FLAGS
     tensorflow_importable()  # Keras seeds TensorFlow too where it is there: import it quietly
@@ -94,10 +95,11 @@ def run() -> dict:
 
 
 class KerasPretext(pretext.PretextAdapter):
-    """The adapter of `aetv2_tf.pretext` on this backend (module docstring): uint8 NumPy batches
-    (`data.stream.ImageBatches`, a pure function of (seed, step)), the pairs or rotations made
-    on the device inside the jitted step (`models.pairs`), Keras `.weights.h5` checkpoints, the
-    CSV (and TensorBoard) summaries, the export through a TensorFlow child process."""
+    """The adapter of `program.pretext` on this backend (module docstring): uint8 NumPy
+    batches (`data.stream.ImageBatches`, a pure function of (seed, step)), the pairs or
+    rotations made on the device inside the jitted step (`models.pairs`), Keras `.weights.h5`
+    checkpoints, the CSV (and TensorBoard) summaries, the export through a TensorFlow child
+    process."""
 
     fit_kwargs = {"shuffle": False}  # the batches are already in their order
 
@@ -150,7 +152,7 @@ class KerasPretext(pretext.PretextAdapter):
         return encoder, model, schedule, optimizer
 
     def checkpoints(self, model, optimizer):
-        from aetv2_tf.keras_checkpoints import KerasCheckpoints, restore_checkpoint
+        from aetv2_tf.program.keras_checkpoints import KerasCheckpoints, restore_checkpoint
 
         directory = os.path.join(FLAGS.model_dir, "checkpoints")
         return KerasCheckpoints(directory, FLAGS.keep_checkpoints), \
@@ -175,7 +177,7 @@ def export_saved_model() -> dict:
     import subprocess
     import sys
 
-    from aetv2_tf.flag_support import tensorflow_importable
+    from aetv2_tf.program.flag_support import tensorflow_importable
 
     if not tensorflow_importable():
         return {"export": "none (TensorFlow is not importable here)"}
@@ -199,8 +201,8 @@ def summary_callbacks(counter, schedule, sample, mean, std) -> list[keras.callba
     train/log.csv always; where TensorFlow is importable also TensorBoard, its scalars and (AET)
     the image pairs of the 4 training images `sample` every `--image_summary_every_steps` (kept on
     the CPU: it must not take the accelerator's memory), normalised with `mean`, `std`."""
-    from aetv2_tf.callbacks import PretextSummaries
-    from aetv2_tf.summaries import CsvLog
+    from aetv2_tf.program.callbacks import PretextSummaries
+    from aetv2_tf.program.summaries import CsvLog
 
     F = FLAGS
     log_dir = os.path.join(F.model_dir, "train")
@@ -216,12 +218,13 @@ def summary_callbacks(counter, schedule, sample, mean, std) -> list[keras.callba
             self.writer.write(step, row)
 
     class Pairs(PretextSummaries):
-        def _predict(self, x, tx):  # the decoder: the pairs model's inner AET model
+        def _predict(self, inputs):  # the decoder: the pairs model's inner AET model
             aet = self.model.get_layer("aet")  # (the property syncs the JAX state)
-            return keras.ops.convert_to_numpy(aet([x, tx], training=False)).astype(np.float32)
+            return keras.ops.convert_to_numpy(aet(list(inputs), training=False)).astype(
+                np.float32)
 
     out = [Csv(*args)]
-    from aetv2_tf.flag_support import tensorflow_importable
+    from aetv2_tf.program.flag_support import tensorflow_importable
 
     try:
         if not tensorflow_importable():  # (imported there, quietly)

@@ -1,9 +1,10 @@
 """Which flag values each Keras backend runs: one table, checked before anything is written.
 
-Every flag of `aetv2_tf.flags` has a row (`tests/test_program_structure.py` walks them all). A row
-is either `EVERYWHERE` (the flag works on every backend) or a `Rule`: the values that the
-backends other than TensorFlow refuse, with what the flag needs there and the fix. TensorFlow
-runs every flag. A refusal is a `UsageError` that names the flag, the backend and the fix.
+Every flag of `aetv2_tf.program.flags` has a row (`tests/test_program_structure.py` walks them
+all). A row is either `EVERYWHERE` (the flag works on every backend) or a `Rule`: the values
+that the backends other than TensorFlow refuse, with what the flag needs there and the fix.
+TensorFlow runs every flag. A refusal is a `UsageError` that names the flag, the backend and
+the fix.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from aetv2_tf.rundir import UsageError
+from aetv2_tf.program.rundir import UsageError
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,7 @@ del _name
 @functools.cache
 def tensorflow_importable() -> bool:
     """True when `import tensorflow` works here (cached; imports it once)."""
-    from aetv2_tf import console
+    from aetv2_tf.program import console
 
     try:
         with console.quiet_native_stderr(not console.verbose_requested()):

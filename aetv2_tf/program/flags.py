@@ -148,7 +148,7 @@ flags.DEFINE_enum("on_nonfinite", "skip", ["skip", "stop"],
 # --- distribution ------------------------------------------------------------------------------
 flags.DEFINE_enum("strategy", "auto",
                   ["auto", "default", "one_device", "mirrored", "multi_worker_mirrored", "tpu"],
-                  "tf.distribute strategy (see aetv2_tf/distribute.py and BUILD.md).")
+                  "tf.distribute strategy (see aetv2_tf/program/distribute.py and BUILD.md).")
 flags.DEFINE_string("tpu", None, "TPU name or address for --strategy=tpu ('' or 'local' on a VM).")
 flags.DEFINE_integer("collective_timeout_seconds", 600,
                      "--strategy=multi_worker_mirrored: a collective (gradient all-reduce) that "

@@ -31,7 +31,7 @@ import keras
 import numpy as np
 from absl import logging
 
-from aetv2_tf.callbacks import CheckpointStore
+from aetv2_tf.program.callbacks import CheckpointStore
 
 ENCODER_WEIGHTS = "encoder.weights.h5"
 CHECKSUM = ".sha256"  # the suffix of a file's checksum beside it
@@ -255,8 +255,8 @@ def load_encoder_weights(model_dir: str, saved: dict, batch_norm: str) -> keras.
 
     Reads `model_dir/encoder.weights.h5`, else the newest `checkpoints/ckpt-*.weights.h5`: the
     run's whole pretext model is rebuilt to read it (the pairs/rotations model of
-    `aetv2_tf.portable`, the AET/rotation model of the TensorFlow program, with the run's batch
-    norm). FileNotFoundError when neither exists.
+    `program.adapter_portable`, the AET/rotation model of the TensorFlow program, with the
+    run's batch norm). FileNotFoundError when neither exists.
     """
     from aetv2_tf.models import (
         DEFAULT_INPUT_SHAPES,

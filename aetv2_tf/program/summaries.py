@@ -40,7 +40,7 @@ class CsvLog:
 
 def tensorboard_writer(log_dir: str) -> Any | None:
     """``tf.summary.create_file_writer(log_dir)``, or None where TensorFlow is not importable."""
-    from aetv2_tf.flag_support import tensorflow_importable
+    from aetv2_tf.program.flag_support import tensorflow_importable
 
     if not tensorflow_importable():
         return None
