@@ -13,7 +13,6 @@ named `block1`..`block4` (NIN) or `conv1`..`conv5`, `fc6`, `fc7` (AlexNet):
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -23,6 +22,7 @@ import keras
 from absl import app, flags, logging
 
 from aetv2_tf.models import build_backbone
+from aetv2_tf.saving import load_saved_flags
 
 FLAGS = flags.FLAGS
 
@@ -63,16 +63,6 @@ def export_encoder(encoder: keras.Model, output: str, dataset: str | None = "cif
     return output
 
 
-def load_saved_flags(model_dir: str) -> dict:
-    """The flags.json that `aetv2_tf.train` wrote in `model_dir` (clear error when absent)."""
-    path = os.path.join(model_dir, "flags.json")
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path} not found: --model_dir must be a directory written by "
-                                "`python -m aetv2_tf.train`.")
-    with open(path) as f:
-        return json.load(f)
-
-
 def restore_encoder(model_dir: str) -> tuple[keras.Model, dict]:
     """The encoder of the pretraining run in `model_dir` and its flags: its `encoder.weights.h5`
     (a finished run), else the encoder inside its newest `ckpt-*.weights.h5` checkpoint
@@ -81,7 +71,7 @@ def restore_encoder(model_dir: str) -> tuple[keras.Model, dict]:
     the TensorFlow program, whose checkpoints are `tf.train.Checkpoint` files, is read from its
     newest one under TensorFlow.
     """
-    from aetv2_tf.program.keras_checkpoints import (
+    from aetv2_tf.saving import (
         encoder_source,
         load_encoder_weights,
         tensorflow_run_unreadable,

@@ -9,17 +9,30 @@ The directory is what a pretraining run of the command line leaves for its reade
 a record of what the encoder is (``stage``, ``pretext``, ``loss``, ``backbone``, ``dataset``),
 so that ``--pretrained``, ``python -m aetv2_tf.export`` and the report treat it as the encoder
 of a pretraining run. Both files are written atomically, with their checksums.
+
+Below them, the files of a run directory that the library reads and writes and the program's
+checkpoints (`program.keras_checkpoints`) are made of: `save_atomically` (a temporary, fsync,
+its SHA-256 beside it, `os.replace`), `damage` (the checksum check), `list_checkpoints`, and the
+encoder's weights (`save_encoder_weights`, `encoder_source`, `load_encoder_weights`: from
+`encoder.weights.h5`, else from the run's newest checkpoint, on any backend).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 
 import keras
+from absl import logging
 
-from aetv2_tf.program.keras_checkpoints import save_encoder_weights, write_text_atomically
 from aetv2_tf.recipes import Recipe
+
+ENCODER_WEIGHTS = "encoder.weights.h5"
+CHECKSUM = ".sha256"  # the suffix of a file's checksum beside it
+#: A checkpoint of a run: `checkpoints/ckpt-<step>.weights.h5` (`program.keras_checkpoints`).
+CHECKPOINT_NAME = re.compile(r"^ckpt-(\d+)\.weights\.h5$")
 
 
 def save_encoder(encoder: keras.Model, directory: str, *, recipe: Recipe | None = None,
@@ -47,14 +60,192 @@ def save_encoder(encoder: keras.Model, directory: str, *, recipe: Recipe | None 
     return directory
 
 
+def load_saved_flags(model_dir: str) -> dict:
+    """The flags.json that `aetv2_tf.train` wrote in `model_dir` (clear error when absent)."""
+    path = os.path.join(model_dir, "flags.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} not found: --model_dir must be a directory written by "
+                                "`python -m aetv2_tf.train`.")
+    with open(path) as f:
+        return json.load(f)
+
+
 def load_encoder(directory: str, batch_norm: str = "keras") -> keras.Model:
     """The encoder in ``directory``: one written by `save_encoder`, or a pretraining run's
     ``--model_dir`` (its ``encoder.weights.h5``, else its newest checkpoint), on the current
     Keras backend; ``batch_norm``: "keras", or "fused" (TensorFlow's kernel, same weights)."""
-    from aetv2_tf.export import load_saved_flags
-    from aetv2_tf.program.keras_checkpoints import load_encoder_weights
-
     if not os.path.isfile(os.path.join(directory, "flags.json")):
         raise FileNotFoundError(f"{directory} has no flags.json: pass a directory written by "
                                 "save_encoder or a pretraining run's model_dir")
     return load_encoder_weights(directory, load_saved_flags(directory), batch_norm)
+
+
+# ------------------------------------------- the files of a run directory, written atomically
+def list_checkpoints(directory: str) -> list[tuple[int, str]]:
+    """`(step, path)` of every complete checkpoint in `directory`, oldest first."""
+    if not os.path.isdir(directory):
+        return []
+    found = ((CHECKPOINT_NAME.match(name), name) for name in os.listdir(directory))
+    return sorted((int(m.group(1)), os.path.join(directory, name)) for m, name in found if m)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` runs on this host (this process counts as dead: its own earlier
+    temporaries are leftovers)."""
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def save_atomically(saver, path: str) -> str:
+    """`saver(tmp)`, its bytes flushed to the disk, then `os.replace(tmp, path)`; tmp ends like
+    `path` (Keras checks suffixes). Temporaries that a killed process left beside it are
+    removed first (never those of a live process)."""
+    directory, name = os.path.split(path)
+    os.makedirs(directory or ".", exist_ok=True)
+    tmp = os.path.join(directory, f".tmp{os.getpid()}-{name}")
+    for other in os.listdir(directory or "."):  # `.tmp<pid>-<name or a checkpoint's name>`
+        head, _, rest = other.partition("-")
+        ours = rest == name or CHECKPOINT_NAME.match(rest)
+        if head.startswith(".tmp") and head[4:].isdigit() and ours and not _alive(int(head[4:])):
+            os.remove(os.path.join(directory, other))
+    try:
+        saver(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        write_text_atomically(path + CHECKSUM, f"{file_digest(tmp)}  {name}\n")  # before the file
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return path
+
+
+def write_text_atomically(path: str, text: str) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def file_digest(path: str) -> str:
+    """The SHA-256 of the file at `path`, in hex."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def damage(path: str) -> str | None:
+    """Why the file at `path` cannot be trusted (its SHA-256 is not the one written with it), or
+    None: intact, or written before checksums existed."""
+    sidecar = path + CHECKSUM
+    if not os.path.exists(sidecar):
+        return None
+    with open(sidecar) as f:
+        expected = f.read().split()[:1]
+    if expected != [file_digest(path)]:
+        return f"its SHA-256 is not the one in {os.path.basename(sidecar)}: the file changed " \
+               "on disk after it was written"
+    return None
+
+
+def save_encoder_weights(encoder: keras.Model, backbone: str, model_dir: str) -> str:
+    """Writes `<model_dir>/encoder.weights.h5` atomically in the keras-BN layout that every
+    backend reads (`load_encoder_weights`): the weights go through a keras-BN twin (the fused
+    and the Keras BN layer have the same variables in the same order)."""
+    from aetv2_tf.models import build_backbone
+
+    twin = build_backbone(backbone, tuple(encoder.input_shape[1:]), batch_norm="keras")
+    twin.set_weights(encoder.get_weights())
+    return save_atomically(twin.save_weights, os.path.join(model_dir, ENCODER_WEIGHTS))
+
+
+def encoder_source(model_dir: str) -> str | None:
+    """Where `load_encoder_weights` reads: `encoder.weights.h5`, else the newest checkpoint;
+    a file whose checksum does not match is skipped with a warning (readers do not rename)."""
+    candidates = [os.path.join(model_dir, ENCODER_WEIGHTS)] + [
+        path for _, path in reversed(list_checkpoints(os.path.join(model_dir, "checkpoints")))]
+    for path in candidates:
+        if not os.path.isfile(path):
+            continue
+        reason = damage(path)
+        if reason is None:
+            return path
+        logging.warning("Skipped %s: %s.", path, reason)
+    return None
+
+
+def load_encoder_weights(model_dir: str, saved: dict, batch_norm: str) -> keras.Model:
+    """The encoder of a run (`saved`: its flags.json), with `batch_norm`.
+
+    Reads `model_dir/encoder.weights.h5`, else the newest `checkpoints/ckpt-*.weights.h5`: the
+    run's whole pretext model is rebuilt to read it (the pairs/rotations model of
+    `program.adapter_portable`, the AET/rotation model of the TensorFlow program, with the
+    run's batch norm). FileNotFoundError when neither exists.
+    """
+    from aetv2_tf.models import (
+        DEFAULT_INPUT_SHAPES,
+        build_aet_model,
+        build_backbone,
+        build_rotation_model,
+    )
+    from aetv2_tf.models.pairs import build_pairs_model, build_rotations_model
+
+    shape = DEFAULT_INPUT_SHAPES[saved["backbone"]]
+    twin = build_backbone(saved["backbone"], shape, batch_norm="keras")
+    path = encoder_source(model_dir)
+    if path is None:
+        raise FileNotFoundError(f"neither {os.path.join(model_dir, ENCODER_WEIGHTS)} nor a "
+                                f"checkpoint in {model_dir}/checkpoints: train first.")
+    rotation = saved.get("pretext") == "rotation"
+    if path.endswith(ENCODER_WEIGHTS):
+        twin.load_weights(path)
+    elif saved.get("backend", "tensorflow") == "tensorflow":
+        owner = build_backbone(saved["backbone"], shape,
+                               batch_norm=saved.get("batch_norm", "keras"))
+        load_model_part(build_rotation_model(owner) if rotation else build_aet_model(owner),
+                         path)
+        twin.set_weights(owner.get_weights())
+    else:
+        load_model_part((build_rotations_model if rotation else build_pairs_model)(twin, seed=0),
+                         path)
+    logging.info("Loaded the encoder from %s.", path)
+    if batch_norm == "keras":
+        return twin
+    encoder = build_backbone(saved["backbone"], shape, batch_norm=batch_norm)
+    encoder.set_weights(twin.get_weights())
+    return encoder
+
+
+def load_model_part(model: keras.Model, path: str) -> None:
+    """`model.load_weights(path)` for a checkpoint that also holds optimizer variables, which
+    an uncompiled model has no place for (Keras then warns; the layers load all the same)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.load_weights(path)
+
+
+def tensorflow_run_unreadable(model_dir: str, saved: dict) -> str | None:
+    """Why a run of the TensorFlow program cannot be read on this (non-TensorFlow) backend, or
+    None: its checkpoints hold TensorFlow's layers (fused batch norm) or are in the
+    `tf.train.Checkpoint` format of earlier versions; its `encoder.weights.h5` (finished runs)
+    is read everywhere."""
+    if saved.get("backend", "tensorflow") != "tensorflow" or keras.backend.backend() == \
+            "tensorflow" or os.path.isfile(os.path.join(model_dir, ENCODER_WEIGHTS)):
+        return None
+    return (f"{model_dir} is a run of the TensorFlow program without {ENCODER_WEIGHTS} (it is "
+            f"unfinished, or older than that file): its TensorFlow checkpoints load under "
+            f"KERAS_BACKEND=tensorflow only; finish the run (rerun its command) or run this "
+            f"with KERAS_BACKEND=tensorflow.")

@@ -29,9 +29,10 @@ from collections.abc import Callable, Sequence
 
 import keras
 
-from aetv2_tf.export import load_saved_flags, restore_encoder
+from aetv2_tf.export import restore_encoder
 from aetv2_tf.models import DEFAULT_INPUT_SHAPES, build_backbone
 from aetv2_tf.program.rundir import UsageError
+from aetv2_tf.saving import load_saved_flags
 
 FEATURES = {"nin": ("block1", "block2", "block3", "block4"),
             "alexnet": ("conv1", "conv2", "conv3", "conv4", "conv5", "fc6", "fc7")}
@@ -106,7 +107,7 @@ def check_pretrained(pretrained: str, backbone: str) -> str:
                 f"{saved.get('backbone')} (dataset {saved.get('dataset')}), but this probe uses "
                 f"--backbone={backbone}; pass a {backbone} run, or probe this one with "
                 f"--backbone={saved.get('backbone')} on a dataset of its image size.")
-        from aetv2_tf.program.keras_checkpoints import tensorflow_run_unreadable
+        from aetv2_tf.saving import tensorflow_run_unreadable
 
         why = tensorflow_run_unreadable(os.path.expanduser(pretrained), saved)
         if why is not None:
@@ -209,7 +210,7 @@ def load_encoder(pretrained: str, backbone: str, feature: str, *, batch_norm: st
     except errors as e:
         raise UsageError(f"--pretrained={pretrained}: the encoder could not be restored ({e}); "
                          "pass a pretraining --model_dir with a checkpoint.") from e
-    from aetv2_tf.program.keras_checkpoints import encoder_source
+    from aetv2_tf.saving import encoder_source
 
     checkpoint = encoder_source(path)
     if checkpoint is None:  # a run of an earlier version: tf.train.Checkpoint files

@@ -13,62 +13,43 @@ checkpoint aside (renamed `<file>.bad`, never deleted) and resumes from the newe
 the probes' and the export's readers skip it. Files of earlier versions have no checksum and are
 trusted as before.
 
-`<model_dir>/encoder.weights.h5` (`ENCODER_WEIGHTS`, written at the end of a run): the encoder
-alone, a keras-BatchNorm NIN/AlexNet; `load_encoder_weights` loads it (or, for a run cut short,
-the encoder inside its newest checkpoint) into a backbone with either batch norm: the fused and
-the Keras BN layer have the same variables in the same order (`models/layers.py`), but
-`.weights.h5` files key layers by class, so the weights go through a keras-BN twin.
+The files themselves (atomic writes, checksums, the listing, `encoder.weights.h5`) are the
+library's (`aetv2_tf.saving`, re-exported here); this module adds the store, the resume and the
+disk arithmetic of a run. `<model_dir>/encoder.weights.h5` (`ENCODER_WEIGHTS`, written at the
+end of a run): the encoder alone, a keras-BatchNorm NIN/AlexNet; `load_encoder_weights` loads
+it (or, for a run cut short, the encoder inside its newest checkpoint) into a backbone with
+either batch norm: the fused and the Keras BN layer have the same variables in the same order
+(`models/layers.py`), but `.weights.h5` files key layers by class, so the weights go through a
+keras-BN twin.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
-import re
 
 import keras
 import numpy as np
 from absl import logging
 
 from aetv2_tf.program.callbacks import CheckpointStore
+from aetv2_tf.saving import (  # noqa: F401 - the run directory's files, re-exported
+    CHECKPOINT_NAME,
+    CHECKSUM,
+    ENCODER_WEIGHTS,
+    damage,
+    encoder_source,
+    file_digest,
+    list_checkpoints,
+    load_encoder_weights,
+    load_model_part,
+    save_atomically,
+    save_encoder_weights,
+    tensorflow_run_unreadable,
+    write_text_atomically,
+)
 
-ENCODER_WEIGHTS = "encoder.weights.h5"
-CHECKSUM = ".sha256"  # the suffix of a file's checksum beside it
 BAD = ".bad"  # the suffix of a file set aside
-_NAME = re.compile(r"^ckpt-(\d+)\.weights\.h5$")
-
-
-def list_checkpoints(directory: str) -> list[tuple[int, str]]:
-    """`(step, path)` of every complete checkpoint in `directory`, oldest first."""
-    if not os.path.isdir(directory):
-        return []
-    found = ((_NAME.match(name), name) for name in os.listdir(directory))
-    return sorted((int(m.group(1)), os.path.join(directory, name)) for m, name in found if m)
-
-
-def save_atomically(saver, path: str) -> str:
-    """`saver(tmp)`, its bytes flushed to the disk, then `os.replace(tmp, path)`; tmp ends like
-    `path` (Keras checks suffixes). Temporaries that a killed process left beside it are
-    removed first (never those of a live process)."""
-    directory, name = os.path.split(path)
-    os.makedirs(directory or ".", exist_ok=True)
-    tmp = os.path.join(directory, f".tmp{os.getpid()}-{name}")
-    for other in os.listdir(directory or "."):  # `.tmp<pid>-<name or a checkpoint's name>`
-        head, _, rest = other.partition("-")
-        if head.startswith(".tmp") and head[4:].isdigit() and (rest == name or _NAME.match(rest)) \
-                and not _alive(int(head[4:])):
-            os.remove(os.path.join(directory, other))
-    try:
-        saver(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        write_text_atomically(path + CHECKSUM, f"{file_digest(tmp)}  {name}\n")  # before the file
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return path
 
 
 def variables_bytes(variables) -> int:
@@ -92,38 +73,6 @@ def disk_bytes_needed(model: keras.Model, encoder: keras.Model, keep: int, expor
     return int(total * 1.02) + 2**20
 
 
-def write_text_atomically(path: str, text: str) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def file_digest(path: str) -> str:
-    """The SHA-256 of the file at `path`, in hex."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def damage(path: str) -> str | None:
-    """Why the file at `path` cannot be trusted (its SHA-256 is not the one written with it), or
-    None: intact, or written before checksums existed."""
-    sidecar = path + CHECKSUM
-    if not os.path.exists(sidecar):
-        return None
-    with open(sidecar) as f:
-        expected = f.read().split()[:1]
-    if expected != [file_digest(path)]:
-        return f"its SHA-256 is not the one in {os.path.basename(sidecar)}: the file changed " \
-               "on disk after it was written"
-    return None
-
-
 def set_aside(path: str, reason: str) -> str:
     """Renames a damaged file (and its checksum) to `<path>.bad`, says so; returns the new path."""
     os.replace(path, path + BAD)
@@ -133,20 +82,6 @@ def set_aside(path: str, reason: str) -> str:
     logging.warning(message)
     print(message, flush=True)
     return path + BAD
-
-
-def _alive(pid: int) -> bool:
-    """Whether process `pid` runs on this host (this process counts as dead: its own earlier
-    temporaries are leftovers)."""
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class KerasCheckpoints(CheckpointStore):
@@ -201,20 +136,6 @@ def restore_checkpoint(model: keras.Model, directory: str, writer: bool = True) 
                      "there.")
 
 
-def tensorflow_run_unreadable(model_dir: str, saved: dict) -> str | None:
-    """Why a run of the TensorFlow program cannot be read on this (non-TensorFlow) backend, or
-    None: its checkpoints hold TensorFlow's layers (fused batch norm) or are in the
-    `tf.train.Checkpoint` format of earlier versions; its `encoder.weights.h5` (finished runs)
-    is read everywhere."""
-    if saved.get("backend", "tensorflow") != "tensorflow" or keras.backend.backend() == \
-            "tensorflow" or os.path.isfile(os.path.join(model_dir, ENCODER_WEIGHTS)):
-        return None
-    return (f"{model_dir} is a run of the TensorFlow program without {ENCODER_WEIGHTS} (it is "
-            f"unfinished, or older than that file): its TensorFlow checkpoints load under "
-            f"KERAS_BACKEND=tensorflow only; finish the run (rerun its command) or run this "
-            f"with KERAS_BACKEND=tensorflow.")
-
-
 def discard_encoder_weights(model_dir: str) -> None:
     """Removes `<model_dir>/encoder.weights.h5` before a run trains on: from then on it would
     describe an older end of the run (the newest checkpoint is the truth until the new end)."""
@@ -224,79 +145,3 @@ def discard_encoder_weights(model_dir: str) -> None:
             os.remove(name)
 
 
-def save_encoder_weights(encoder: keras.Model, backbone: str, model_dir: str) -> str:
-    """Writes `<model_dir>/encoder.weights.h5` atomically in the keras-BN layout that every
-    backend reads (`load_encoder_weights`): the weights go through a keras-BN twin (the fused
-    and the Keras BN layer have the same variables in the same order)."""
-    from aetv2_tf.models import build_backbone
-
-    twin = build_backbone(backbone, tuple(encoder.input_shape[1:]), batch_norm="keras")
-    twin.set_weights(encoder.get_weights())
-    return save_atomically(twin.save_weights, os.path.join(model_dir, ENCODER_WEIGHTS))
-
-
-def encoder_source(model_dir: str) -> str | None:
-    """Where `load_encoder_weights` reads: `encoder.weights.h5`, else the newest checkpoint;
-    a file whose checksum does not match is skipped with a warning (readers do not rename)."""
-    candidates = [os.path.join(model_dir, ENCODER_WEIGHTS)] + [
-        path for _, path in reversed(list_checkpoints(os.path.join(model_dir, "checkpoints")))]
-    for path in candidates:
-        if not os.path.isfile(path):
-            continue
-        reason = damage(path)
-        if reason is None:
-            return path
-        logging.warning("Skipped %s: %s.", path, reason)
-    return None
-
-
-def load_encoder_weights(model_dir: str, saved: dict, batch_norm: str) -> keras.Model:
-    """The encoder of a run (`saved`: its flags.json), with `batch_norm`.
-
-    Reads `model_dir/encoder.weights.h5`, else the newest `checkpoints/ckpt-*.weights.h5`: the
-    run's whole pretext model is rebuilt to read it (the pairs/rotations model of
-    `program.adapter_portable`, the AET/rotation model of the TensorFlow program, with the
-    run's batch norm). FileNotFoundError when neither exists.
-    """
-    from aetv2_tf.models import (
-        DEFAULT_INPUT_SHAPES,
-        build_aet_model,
-        build_backbone,
-        build_rotation_model,
-    )
-    from aetv2_tf.models.pairs import build_pairs_model, build_rotations_model
-
-    shape = DEFAULT_INPUT_SHAPES[saved["backbone"]]
-    twin = build_backbone(saved["backbone"], shape, batch_norm="keras")
-    path = encoder_source(model_dir)
-    if path is None:
-        raise FileNotFoundError(f"neither {os.path.join(model_dir, ENCODER_WEIGHTS)} nor a "
-                                f"checkpoint in {model_dir}/checkpoints: train first.")
-    rotation = saved.get("pretext") == "rotation"
-    if path.endswith(ENCODER_WEIGHTS):
-        twin.load_weights(path)
-    elif saved.get("backend", "tensorflow") == "tensorflow":
-        owner = build_backbone(saved["backbone"], shape,
-                               batch_norm=saved.get("batch_norm", "keras"))
-        load_model_part(build_rotation_model(owner) if rotation else build_aet_model(owner),
-                         path)
-        twin.set_weights(owner.get_weights())
-    else:
-        load_model_part((build_rotations_model if rotation else build_pairs_model)(twin, seed=0),
-                         path)
-    logging.info("Loaded the encoder from %s.", path)
-    if batch_norm == "keras":
-        return twin
-    encoder = build_backbone(saved["backbone"], shape, batch_norm=batch_norm)
-    encoder.set_weights(twin.get_weights())
-    return encoder
-
-
-def load_model_part(model: keras.Model, path: str) -> None:
-    """`model.load_weights(path)` for a checkpoint that also holds optimizer variables, which
-    an uncompiled model has no place for (Keras then warns; the layers load all the same)."""
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model.load_weights(path)
