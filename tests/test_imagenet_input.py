@@ -126,3 +126,22 @@ def test_a_data_service_that_does_not_answer_is_refused(tmp_path):
                           check=False)
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
         assert not (tmp_path / "run").exists()
+
+
+def test_pairs_warped_in_the_step_keep_float32_homographies_under_mixed_precision(photos):
+    """Under mixed_bfloat16 (the CPU default on bf16 machines) the layer must not autocast T to
+    bfloat16: that moved the warp by up to 0.31 (in [0, 1]) from the host's."""
+    import keras
+
+    from aetv2_tf.data.homographies import warp
+
+    (images, t), _ = next(iter(pretext_dataset(photos, 4, 2, warp_on_device=True,
+                                               image_size=224)))
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        _, tx = WarpPairs(mean=(0.0,) * 3, std=(1.0,) * 3)([images, t])
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+    host = warp(tf.cast(images, tf.float32) / 255.0, t, fill_value=128 / 255).numpy()
+    assert np.abs(np.asarray(tx, np.float32) - host).max() < 1e-5

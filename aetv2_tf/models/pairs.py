@@ -93,6 +93,9 @@ class WarpPairs(keras.layers.Layer):
 
     def __init__(self, fill_value: float = AETV1_FILL, mean: Sequence[float] = CIFAR10_MEAN,
                  std: Sequence[float] = CIFAR10_STD, fused: bool | None = None, **kwargs):
+        # float32 whatever the global policy: a mixed policy would autocast T to bfloat16
+        # (8 bits of mantissa: corners off by a pixel at 224); the encoder casts x and tx itself.
+        kwargs.setdefault("dtype", "float32")
         super().__init__(**kwargs)
         self.fused = fused
         self.fill_value = float(fill_value)
