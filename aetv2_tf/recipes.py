@@ -96,10 +96,16 @@ class Recipe:
         ``param_std``: the (8,) std of the sampler's parameters, which the AETv1 MSE (and the
         geodesic loss's MSE term) divide by; None computes it for ``image_size`` and ``shift``
         (`parameter_std`). ``step``: the variable an MSE warm-up (``mse_decay_steps``) reads,
-        e.g. ``optimizer.iterations`` (None: the loss counts its own calls).
+        e.g. ``optimizer.iterations`` under TensorFlow, or ``build_pairs_model(...,
+        count_steps=True)``'s ``model.loss_step`` on any backend; required when
+        ``mse_decay_steps > 0``.
         """
         from aetv2_tf.losses import GeodesicLoss, ParameterMSELoss
 
+        if self.loss == "geodesic" and self.mse_decay_steps > 0 and step is None:
+            raise ValueError("this recipe's MSE warm-up (mse_decay_steps > 0) reads the training "
+                             "step: pass step=optimizer.iterations (TensorFlow) or a pairs "
+                             "model's loss_step (build_pairs_model(..., count_steps=True))")
         needs_std = self.mse_normalize if self.loss == "mse" else self.mse_weight > 0
         if param_std is None and needs_std:
             param_std = parameter_std(image_size, shift)

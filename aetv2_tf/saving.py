@@ -201,7 +201,8 @@ def load_encoder_weights(model_dir: str, saved: dict, batch_norm: str) -> keras.
     )
     from aetv2_tf.models.pairs import build_pairs_model, build_rotations_model
 
-    shape = DEFAULT_INPUT_SHAPES[saved["backbone"]]
+    size = saved.get("image_size")  # save_encoder records it; runs use the backbone's default
+    shape = (size, size, 3) if size else DEFAULT_INPUT_SHAPES[saved["backbone"]]
     twin = build_backbone(saved["backbone"], shape, batch_norm="keras")
     path = encoder_source(model_dir)
     if path is None:
@@ -217,8 +218,9 @@ def load_encoder_weights(model_dir: str, saved: dict, batch_norm: str) -> keras.
                          path)
         twin.set_weights(owner.get_weights())
     else:
-        load_model_part((build_rotations_model if rotation else build_pairs_model)(twin, seed=0),
-                         path)
+        pairs = build_rotations_model(twin, seed=0) if rotation else build_pairs_model(
+            twin, seed=0, count_steps=saved.get("mse_decay_steps", 0) > 0)  # its loss_step
+        load_model_part(pairs, path)
     logging.info("Loaded the encoder from %s.", path)
     if batch_norm == "keras":
         return twin

@@ -158,3 +158,20 @@ def test_public_names_are_visible():
     probes, models = (importlib.import_module(f"aetv2_tf.{m}") for m in ("probes", "models"))
     assert {"quick_knn", "pooled_features", "knn_accuracy"} <= set(dir(probes))
     assert {"build_pairs_model", "WarpPairs", "PairsModel"} <= set(models.__all__)
+
+
+def test_saved_encoders_keep_their_image_size_and_warp_pairs_their_compiler(tmp_path):
+    """An encoder of another input size reloads at that size; a model with the fused warp (no
+    XLA kernel) tells Keras's jit_compile="auto" not to compile it with XLA; a recipe with an
+    MSE warm-up asks for its step."""
+    from aetv2_tf.models.pairs import WarpPairs
+
+    encoder = aetv2_tf.build_backbone("nin", (48, 48, 3))
+    again = aetv2_tf.load_encoder(aetv2_tf.save_encoder(encoder, str(tmp_path / "nin48")))
+    assert again.input_shape == (None, 48, 48, 3)
+    np.testing.assert_allclose(again.get_weights()[0], encoder.get_weights()[0])
+    assert WarpPairs().supports_jit is False and WarpPairs(fused=False).supports_jit is True
+    warm_up = dataclasses.replace(recipes.AETV2, mse_weight=1.0, mse_decay_steps=10)
+    with pytest.raises(ValueError, match="step=optimizer.iterations"):
+        warm_up.build_loss(32)
+    assert warm_up.build_loss(32, step=keras.Variable(0, dtype="int64")).step is not None

@@ -381,8 +381,10 @@ def from_data_service(dataset: tf.data.Dataset, service: str) -> tf.data.Dataset
     """``dataset`` computed by a tf.data service (``service``: the dispatcher's
     ``grpc://host:port``) instead of this process: the training process only receives the
     batches. Each call is its own job (``ShardingPolicy.OFF``: one worker produces the whole
-    stream, in order), so the batches, and a resumed run's, are exactly the local ones; one
-    service worker per training process (more would each produce the whole stream).
+    stream, in order), so the batches, and a resumed run's, are exactly the local ones, provided
+    the dispatcher has exactly one worker: with ShardingPolicy.OFF every worker serves every job,
+    so a second worker would send each batch twice, in no fixed order. One dispatcher and one
+    worker per training process.
 
     Start a dispatcher and a worker on the input machine with TensorFlow's servers
     (``tf.data.experimental.service.DispatchServer`` / ``WorkerServer``; BUILD.md)."""

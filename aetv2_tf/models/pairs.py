@@ -101,12 +101,16 @@ class WarpPairs(keras.layers.Layer):
         self.fill_value = float(fill_value)
         self.mean = tuple(float(m) for m in mean)
         self.std = tuple(float(s) for s in std)
+        # The fused op has no XLA kernel: Keras's jit_compile="auto" must then not use XLA.
+        self.supports_jit = not self._fused()
+
+    def _fused(self) -> bool:
+        return keras.backend.backend() == "tensorflow" if self.fused is None else self.fused
 
     def call(self, inputs):
         images, t = inputs
         x = keras.ops.cast(images, "float32") / 255.0
-        fused = keras.backend.backend() == "tensorflow" if self.fused is None else self.fused
-        if fused:
+        if self._fused():
             from aetv2_tf.data.homographies import warp
 
             tx = warp(x, t, fill_value=self.fill_value)

@@ -145,7 +145,8 @@ class TensorFlowPretext(pretext.PretextAdapter):
             scale = self.param_std if self.decoder_scaled else None
             # The fused warp op has no XLA kernel: a TPU compiles the keras.ops warp.
             tpu = isinstance(self.strategy, tf.distribute.TPUStrategy)
-            pairs = WarpPairs(mean=self.mean, std=self.std, fused=not tpu, name="pairs") \
+            pairs = WarpPairs(mean=self.mean, std=self.std, fused=False if tpu else None,
+                              name="pairs") \
                 if self.warp_on_device else None
             model = build_rotation_model(encoder) if self.rotation else \
                 build_aet_model(encoder, param_scale=scale,

@@ -93,8 +93,9 @@ flags.DEFINE_string("data_service", None,
                     "pretext under TensorFlow: run the input pipeline (decode, crop, "
                     "homographies) on a tf.data service, 'grpc://<dispatcher host>:<port>', whose "
                     "worker runs on a machine with spare cores (BENCHMARKS.md, 'ImageNet-size "
-                    "input'): the same pairs in the same order (one service worker per training "
-                    "process). None: the pipeline runs in this process.")
+                    "input'): the same pairs in the same order, if that dispatcher has exactly "
+                    "one worker (a second one would serve every batch twice). None: the pipeline "
+                    "runs in this process.")
 
 # --- optimisation ------------------------------------------------------------------------------
 flags.DEFINE_string("model_dir", None, "Checkpoints, TensorBoard logs, flags and exports.")
