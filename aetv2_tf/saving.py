@@ -40,9 +40,10 @@ def save_encoder(encoder: keras.Model, directory: str, *, recipe: Recipe | None 
     """Writes ``encoder`` (a `build_backbone` model, "nin" or "alexnet") to ``directory``.
 
     ``recipe``: how it was trained (its ``loss`` names the method: geodesic = AETv2, mse =
-    AETv1); ``pretext``: "aet" or "rotation" (RotNet); ``dataset``: the training data's name,
-    which fixes the normalisation the probes and the export apply ("cifar10": CIFAR-10's mean
-    and std; anything else: ImageNet's). Returns ``directory``.
+    AETv1; None: the method is left unknown); ``pretext``: "aet" or "rotation" (RotNet);
+    ``dataset``: the training data's name, which fixes the normalisation the probes and the
+    export apply ("cifar10": CIFAR-10's mean and std; anything else: ImageNet's). Returns
+    ``directory``.
     """
     if encoder.name not in ("nin", "alexnet"):
         raise ValueError(f"save_encoder takes a build_backbone encoder named 'nin' or "
@@ -53,7 +54,7 @@ def save_encoder(encoder: keras.Model, directory: str, *, recipe: Recipe | None 
     save_encoder_weights(encoder, encoder.name, directory)
     record = {"stage": "pretext", "pretext": pretext, "backbone": encoder.name,
               "dataset": dataset, "batch_norm": "keras", "backend": keras.backend.backend(),
-              "loss": (recipe or Recipe()).loss, "saved_by": "aetv2_tf.save_encoder",
+              "loss": recipe.loss if recipe else None, "saved_by": "aetv2_tf.save_encoder",
               "image_size": int(encoder.input_shape[1])}
     write_text_atomically(os.path.join(directory, "flags.json"),
                           json.dumps(record, indent=2) + "\n")

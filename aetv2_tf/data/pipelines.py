@@ -376,7 +376,6 @@ def rotation_dataset(
     return _options(ds.map(rotations, num_parallel_calls=AUTOTUNE).prefetch(AUTOTUNE))
 
 
-
 def from_data_service(dataset: tf.data.Dataset, service: str) -> tf.data.Dataset:
     """``dataset`` computed by a tf.data service (``service``: the dispatcher's
     ``grpc://host:port``) instead of this process: the training process only receives the

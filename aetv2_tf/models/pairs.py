@@ -85,7 +85,7 @@ class WarpPairs(keras.layers.Layer):
     The tf.data pipeline (`pretext_dataset(warp_on_device=True)`) still crops the images and
     draws ``T`` and the target parameters; only the warp, the one stage whose cost is per output
     pixel, moves into the compiled step. Under TensorFlow it is the pipeline's own op
-    (`homographies.warp`, the fused ``ImageProjectiveTransformV3``, with GPU and TPU kernels):
+    (`homographies.warp`, the fused ``ImageProjectiveTransformV3``, with CPU and GPU kernels):
     the same pairs as on the host up to the uint8 rounding of x; under other backends, and with
     ``fused=False``, it is `data.device.warp` (``keras.ops``, equal to it up to float rounding):
     the fused op has no XLA kernel, so a step compiled by XLA under TensorFlow (a TPU, or
