@@ -1,4 +1,8 @@
-"""aetv2_tf: AETv2 (CVPR 2020) in Keras 3 on TensorFlow.
+"""aetv2_tf: AETv2 in Keras 3 on TensorFlow.
+
+The paper: Feng Lin, Haohang Xu, Houqiang Li, Hongkai Xiong, Guo-Jun Qi, "AETv2: AutoEncoding
+Transformations for Self-Supervised Representation Learning by Minimizing Geodesic Distances in
+Lie Groups".
 
 Self-supervised representation learning by autoencoding homographies: a Siamese encoder sees an
 image x and a warped copy t(x); a decoder regresses t, and the loss is the geodesic distance on

@@ -9,12 +9,17 @@ named `block1`..`block4` (NIN) or `conv1`..`conv5`, `fc6`, `fc7` (AlexNet):
     import tensorflow as tf
     encoder = tf.saved_model.load("runs/quickstart/export/encoder")
     features = encoder.signatures["serving_default"](images=uint8_batch)   # dict of tensors
+
+Beside `saved_model.pb` the export writes `aetv2_export.json`, the SHA-256 of each of its files
+(`aetv2_tf.trust`): an existing `--output` is replaced only when it is such an export (or empty);
+any other directory (a home folder, the working directory, a model_dir) is refused, exit 2,
+nothing touched. The probes load a SavedModel only when its manifest matches (or with
+`--trust_saved_model`).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from collections.abc import Sequence
 
@@ -23,6 +28,7 @@ from absl import app, flags, logging
 
 from aetv2_tf.models import build_backbone
 from aetv2_tf.saving import load_saved_flags
+from aetv2_tf.trust import ExportTargetError, check_export_target, replace_export
 
 FLAGS = flags.FLAGS
 
@@ -32,11 +38,17 @@ def export_encoder(encoder: keras.Model, output: str, dataset: str | None = "cif
                    std: Sequence[float] | None = None) -> str:
     """Writes `encoder` as a SavedModel at `output` with a uint8 -> named-features signature
     that normalises ``(u / 255 - mean) / std``: the given ``mean`` and ``std``, else those of
-    ``dataset`` ("cifar10", else ImageNet's). TensorFlow backend."""
+    ``dataset`` ("cifar10", else ImageNet's). TensorFlow backend.
+
+    `output` is replaced only when it does not exist, is empty, or is a previous export of this
+    project whose files match its `aetv2_export.json` (`aetv2_tf.trust.replace_export`: written
+    beside, swapped in, the old one removed once verified); anything else raises
+    `aetv2_tf.trust.ExportTargetError` (a ValueError) before anything is written."""
     import tensorflow as tf
 
     from aetv2_tf.data.constants import normalization_constants
 
+    check_export_target(output)
     height, width = encoder.input_shape[1:3]
     if (mean is None) != (std is None):
         raise ValueError("export_encoder: pass both mean and std, or neither (dataset's)")
@@ -55,12 +67,7 @@ def export_encoder(encoder: keras.Model, output: str, dataset: str | None = "cif
     archive.add_endpoint(
         "serving_default", serve,
         input_signature=[tf.TensorSpec([None, height, width, 3], tf.uint8, name="images")])
-    tmp = output.rstrip("/") + ".tmp"
-    archive.write_out(tmp, verbose=False)
-    if os.path.isdir(output):
-        shutil.rmtree(output)
-    os.replace(tmp, output)
-    return output
+    return replace_export(lambda staged: archive.write_out(staged, verbose=False), output)
 
 
 def restore_encoder(model_dir: str) -> tuple[keras.Model, dict]:
@@ -120,12 +127,21 @@ def main(argv) -> None:
     del argv
     if not FLAGS.model_dir:
         sys.exit("error: --model_dir is required.")
+    output = FLAGS.output or os.path.join(FLAGS.model_dir, "export", "encoder")
+    try:
+        check_export_target(output)  # before any work: a refused --output exits 2, untouched
+    except ExportTargetError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     try:
         encoder, saved = restore_encoder(FLAGS.model_dir)
     except (FileNotFoundError, ValueError) as e:
         sys.exit(f"error: {e}")
-    output = FLAGS.output or os.path.join(FLAGS.model_dir, "export", "encoder")
-    export_encoder(encoder, output, saved["dataset"])
+    try:
+        export_encoder(encoder, output, saved["dataset"])
+    except ExportTargetError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     print(f"Exported the encoder to {output}")
 
 

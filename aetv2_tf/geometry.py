@@ -41,6 +41,10 @@ __all__ = [
     "relative_homography",
     "aetv2_components",
     "aetv2_distance",
+    "AETV1_TARGET_MEAN",
+    "AETV1_TARGET_STD",
+    "aetv1_official_targets",
+    "params_from_aetv1_official_targets",
 ]
 
 
@@ -251,3 +255,49 @@ def aetv2_distance(t, t_hat, projection_weight: float = 1.0, eps: float | None =
     """
     angle, residual = aetv2_components(t, t_hat, eps=eps)
     return angle + projection_weight * residual
+
+
+# --- The published AETv1 code's regression targets -----------------------------------------------
+# Its dataset (maple-research-lab/AET, cifar/v16_projective_uniform/dataset.py) hands PIL's
+# `Image.transform(..., PERSPECTIVE, coeffs)` the map from OUTPUT to INPUT pixel coordinates, in
+# PIL's corner-origin frame (image edges at 0 and W, pixel centres at +0.5), and regresses those 8
+# coefficients normalised by fixed constants (its main.py: `transforms.Normalize` on the (8, 1, 1)
+# coefficient tensor).
+AETV1_TARGET_MEAN = (0.0, 0.0, 16.0, 0.0, 0.0, 16.0, 0.0, 0.0)
+AETV1_TARGET_STD = (1.0, 1.0, 20.0, 1.0, 1.0, 20.0, 0.015, 0.015)
+
+
+def _corner_frame(size: int, dtype) -> tuple:
+    """``N`` (PIL corner-origin pixel -> model frame, ``u = (x - W/2) / (W/2)``) and ``N^{-1}``,
+    for a square ``size`` image; model coordinates are conventions.md's."""
+    half = size / 2.0
+    n = np.array([[1 / half, 0, -1], [0, 1 / half, -1], [0, 0, 1]])
+    n_inv = np.array([[half, 0, half], [0, half, half], [0, 0, 1]])
+    return ops.convert_to_tensor(n, dtype), ops.convert_to_tensor(n_inv, dtype)
+
+
+def aetv1_official_targets(params, size: int = 32):
+    """Model-frame parameters of ``T`` ``(..., 8)`` -> the published AETv1 code's normalised
+    targets ``(..., 8)``: ``(c - AETV1_TARGET_MEAN) / AETV1_TARGET_STD``, where ``c`` are the 8
+    row-major entries of ``G / G[2, 2]``, ``G = (N^{-1} T N)^{-1}`` the inverse (output -> input)
+    map in PIL's corner-origin pixel coordinates of a ``size`` x ``size`` image. The inverse is
+    taken as the adjugate (a homography is defined up to scale), so only ``G[2, 2]`` divides.
+    The identity gives ``(1, 0, -0.8, 0, 1, -0.8, 0, 0)``.
+    """
+    t = params_to_matrix(params)
+    n, n_inv = _corner_frame(size, t.dtype)
+    g = _adjugate_3x3(ops.matmul(ops.matmul(n_inv, t), n))[0]
+    mean = ops.convert_to_tensor(np.array(AETV1_TARGET_MEAN), t.dtype)
+    std = ops.convert_to_tensor(np.array(AETV1_TARGET_STD), t.dtype)
+    return (matrix_to_params(g) - mean) / std
+
+
+def params_from_aetv1_official_targets(targets, size: int = 32):
+    """The inverse of `aetv1_official_targets`: normalised AETv1 targets ``(..., 8)`` ->
+    model-frame parameters of ``T`` ``(..., 8)`` (``T = N adj(G) N^{-1}``, normalised)."""
+    targets = _tensor(targets)
+    mean = ops.convert_to_tensor(np.array(AETV1_TARGET_MEAN), targets.dtype)
+    std = ops.convert_to_tensor(np.array(AETV1_TARGET_STD), targets.dtype)
+    g = params_to_matrix(targets * std + mean)
+    n, n_inv = _corner_frame(size, g.dtype)
+    return matrix_to_params(ops.matmul(ops.matmul(n, _adjugate_3x3(g)[0]), n_inv))

@@ -23,6 +23,7 @@ import numpy as np
 from keras import ops
 
 from aetv2_tf.geometry import (
+    aetv1_official_targets,
     inverse_3x3,
     matrix_to_params,
     normalize_determinant,
@@ -269,6 +270,12 @@ class ParameterMSELoss(keras.losses.Loss):
     both sides cancels, so ``mean`` is only kept for the record (config); ``std`` (8 positive
     floats) rescales each parameter; ``None`` means 1. Inputs ``(batch, 8)``, computed in
     float32, ``call`` returns ``(batch,)``. No non-finite protection (plain MSE).
+
+    ``target="official"``: the error is taken on the published code's own targets instead,
+    `geometry.aetv1_official_targets` of both sides (PIL's inverse map in corner-origin pixels of
+    ``image_size`` images, normalised by its fixed constants; ``std`` must then be None). With a
+    model built with ``build_aet_model(..., target="official")``, whose decoder outputs exactly
+    those targets, this is the plain MSE on the decoder's output, as in that code.
     """
 
     def __init__(
@@ -277,20 +284,32 @@ class ParameterMSELoss(keras.losses.Loss):
         std: Sequence[float] | None = None,
         name: str = "parameter_mse",
         reduction: str | None = "sum_over_batch_size",
+        target: str = "model",
+        image_size: int = 32,
     ):
         super().__init__(name=name, reduction=reduction, dtype="float32")
         self.mean = _check_vector("mean", mean, positive=False)
         self.std = _check_vector("std", std, positive=True)
+        if target not in ("model", "official"):
+            raise ValueError(f"target must be 'model' or 'official', got {target!r}")
+        if target == "official" and std is not None:
+            raise ValueError("target='official' normalises with the AETv1 code's fixed "
+                             "constants: pass std=None")
+        self.target, self.image_size = target, int(image_size)
 
     def call(self, y_true, y_pred) -> Tensor:
         y_true, y_pred = _as_float32_params(y_true, y_pred)
+        if self.target == "official":
+            y_true = aetv1_official_targets(y_true, self.image_size)
+            y_pred = aetv1_official_targets(y_pred, self.image_size)
         diff = y_pred - y_true
         if self.std is not None:
             diff = diff / ops.convert_to_tensor(np.array(self.std, np.float32))
         return ops.mean(ops.square(diff), axis=-1)
 
     def get_config(self) -> dict:
-        return {**super().get_config(), "mean": self.mean, "std": self.std}
+        return {**super().get_config(), "mean": self.mean, "std": self.std,
+                "target": self.target, "image_size": self.image_size}
 
 
 @keras.saving.register_keras_serializable(package="aetv2_tf")

@@ -36,11 +36,15 @@ class Recipe:
     ``angle_power``, ``residual_scale``, ``chordal_weight``, ``mse_weight`` and
     ``mse_decay_steps``; its frame: ``frame`` "model" (centred, normalised; its coordinates
     multiplied by ``frame_scale``) or "pixel"; ``mse_normalize``: the MSE divides by the
-    parameters' std under the sampler (AETv1). The optimizer: ``optimizer`` "adam" or "sgd"
-    (Nesterov), ``learning_rate`` (peak), ``lr_schedule`` ("constant", "aetv1", "cosine",
-    "step"), ``warmup_steps``, ``lr_drops`` (fractions of the run for "step"; () = 30/60/80 %),
-    ``lr_drop_factor``, ``momentum``, ``adam_beta1/2``, ``weight_decay`` and
-    ``weight_decay_mode`` ("l2": added to the model's losses, as PyTorch; "decoupled").
+    parameters' std under the sampler (AETv1); ``mse_target``: "model" (the MSE on T's
+    model-frame parameters) or "official" (on the published AETv1 code's own targets, PIL's
+    inverse map normalised by its fixed constants, `geometry.aetv1_official_targets`; the model
+    is then built with ``build_aet_model(..., target="official")``). The optimizer:
+    ``optimizer`` "adam" or "sgd" (Nesterov), ``learning_rate`` (peak), ``lr_schedule``
+    ("constant", "aetv1", "cosine", "step"), ``warmup_steps``, ``lr_drops`` (fractions of the
+    run for "step"; () = 30/60/80 %), ``lr_drop_factor``, ``momentum``, ``adam_beta1/2``,
+    ``weight_decay`` and ``weight_decay_mode`` ("l2": added to the model's losses, as
+    PyTorch; "decoupled").
     """
 
     loss: str = "geodesic"
@@ -53,6 +57,7 @@ class Recipe:
     frame: str = "model"
     frame_scale: float = 1.0
     mse_normalize: bool = True
+    mse_target: str = "model"
     optimizer: str = "adam"
     learning_rate: float = 1e-5
     lr_schedule: str = "constant"
@@ -67,11 +72,14 @@ class Recipe:
 
     def __post_init__(self) -> None:
         for name, allowed in (("loss", ("geodesic", "mse")), ("frame", ("model", "pixel")),
+                              ("mse_target", ("model", "official")),
                               ("optimizer", ("adam", "sgd")),
                               ("lr_schedule", ("constant", "aetv1", "cosine", "step")),
                               ("weight_decay_mode", ("l2", "decoupled"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"Recipe {name}={getattr(self, name)!r}: one of {allowed}")
+        if self.mse_target == "official" and self.loss != "mse":
+            raise ValueError("Recipe mse_target='official' is the AETv1 MSE's: needs loss='mse'")
         if self.learning_rate <= 0 or self.frame_scale <= 0 or self.weight_decay < 0:
             raise ValueError("Recipe needs learning_rate > 0, frame_scale > 0 and "
                              f"weight_decay >= 0; got {self.learning_rate}, {self.frame_scale}, "
@@ -106,6 +114,8 @@ class Recipe:
             raise ValueError("this recipe's MSE warm-up (mse_decay_steps > 0) reads the training "
                              "step: pass step=optimizer.iterations (TensorFlow) or a pairs "
                              "model's loss_step (build_pairs_model(..., count_steps=True))")
+        if self.loss == "mse" and self.mse_target == "official":
+            return ParameterMSELoss(target="official", image_size=image_size)
         needs_std = self.mse_normalize if self.loss == "mse" else self.mse_weight > 0
         if param_std is None and needs_std:
             param_std = parameter_std(image_size, shift)
@@ -158,7 +168,8 @@ class Recipe:
             chordal_weight=flags.chordal_weight, mse_weight=flags.mse_weight,
             mse_decay_steps=flags.mse_decay_steps, frame=flags.loss_frame,
             frame_scale=flags.loss_frame_scale, mse_normalize=flags.mse_normalize,
-            optimizer=flags.optimizer, learning_rate=flags.learning_rate,
+            mse_target=flags.mse_target, optimizer=flags.optimizer,
+            learning_rate=flags.learning_rate,
             lr_schedule=flags.lr_schedule, warmup_steps=flags.warmup_steps,
             lr_drops=tuple(lr_drops), lr_drop_factor=flags.lr_drop_factor,
             momentum=flags.momentum, adam_beta1=flags.adam_beta1, adam_beta2=flags.adam_beta2,
@@ -185,3 +196,6 @@ AETV2_PAPER = Recipe(loss="geodesic", projection_weight=1.0, optimizer="adam",
 #: AETv1 (configs/cifar10_aetv1.cfg): the std-normalised MSE, SGD Nesterov, AETv1's schedule.
 AETV1 = Recipe(loss="mse", mse_normalize=True, optimizer="sgd", momentum=0.9,
                learning_rate=0.1, lr_schedule="aetv1", weight_decay=5e-4)
+#: The paper's AETv1 as its published code trains it (configs/cifar10_aetv1_official.cfg): the
+#: MSE on its own targets (PIL's inverse map, fixed normalisation), otherwise as `AETV1`.
+AETV1_OFFICIAL = dataclasses.replace(AETV1, mse_target="official")

@@ -15,20 +15,28 @@ Every argument is a ``results.json`` file or a directory searched recursively fo
 
 Methods (rows) come from the results' ``method`` key, else from the ``pretrained`` path (see
 `method_of`). Several runs of one cell are averaged and shown as ``mean ± std (n=...)``. A ``*``
-marks cells with a run on fewer test images than the full test set. Exits non-zero with a message
-when an argument is missing, a file is invalid, or nothing is found.
+marks cells with a run on fewer test images than the full test set.
+
+Inputs are not trusted (`aetv2_tf.report_inputs`): a missing argument, a file that is not a
+regular results file (a FIFO, not UTF-8 or JSON, nested too deeply, a value of the wrong type or
+range) ends the report with exit 2, the file and the problem named. A NaN or infinite value is
+shown as ``nan (diverged?)`` with a warning naming the file. Text from the files is escaped in
+the table cells (newlines, ``|``, backticks, ``<``), so a ``method`` cannot add rows or tables.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import statistics
 import sys
+import unicodedata
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from aetv2_tf.probes.results import RESULTS_FILENAME, ResultsError, read_results
+from aetv2_tf.probes.results import RESULTS_FILENAME, ResultsError
+from aetv2_tf.report_inputs import ReportError, read_checked
 
 # The paper's numbers, in one place (REFERENCE.md, section 1). "metric" is the results key shown:
 # test_error (%, lower is better) for CIFAR-10, test_top1 (%, higher is better) elsewhere.
@@ -77,10 +85,8 @@ CANONICAL_METHODS = {"aetv1": "AETv1", "aetv2": "AETv2", "rotnet": "RotNet",
                      "supervised": "supervised", "random": "random"}
 FULL_TEST_SIZE = {"cifar10": 10000, "imagenet": 50000}
 MISSING = "-"
-
-
-class ReportError(ValueError):
-    """Nothing to report, or an argument that is not a results file or directory."""
+#: Exit status of every refusal (docs/reliability.md: 2, input the program rejects).
+EXIT_BAD_INPUT = 2
 
 
 # --- gathering ---------------------------------------------------------------------------------
@@ -92,13 +98,13 @@ def find_results(paths: Sequence[str]) -> list[str]:
         raise ReportError("give at least one results.json or directory")
     found: list[str] = []
     for path in paths:
-        if os.path.isfile(path):
-            found.append(path)
-        elif os.path.isdir(path):
+        if os.path.isdir(path):
             for root, dirs, files in os.walk(path):
                 dirs.sort()
                 if RESULTS_FILENAME in files:
                     found.append(os.path.join(root, RESULTS_FILENAME))
+        elif os.path.lexists(path):  # a file, or something else that read_checked refuses
+            found.append(path)
         else:
             raise ReportError(f"{path}: no such file or directory")
     if not found:
@@ -106,9 +112,16 @@ def find_results(paths: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def load_all(paths: Sequence[str]) -> list[dict[str, Any]]:
-    """Validated results of every file found, each with its ``_path``."""
-    return [{**read_results(path), "_path": path} for path in find_results(paths)]
+def load_all(paths: Sequence[str], warnings: list[str] | None = None) -> list[dict[str, Any]]:
+    """Checked results of every file found, each with its ``_path``; their warnings are
+    appended to `warnings` (when given)."""
+    loaded = []
+    for path in find_results(paths):
+        result, found = read_checked(path)
+        loaded.append({**result, "_path": path})
+        if warnings is not None:
+            warnings += found
+    return loaded
 
 
 def dataset_key(name: Any) -> str:
@@ -147,10 +160,40 @@ def method_of(result: dict[str, Any]) -> str:
 def _fmt(values: list[float], digits: int, partial: bool) -> str:
     if not values:
         return MISSING
-    text = f"{statistics.fmean(values):.{digits}f}"
+    finite = all(map(math.isfinite, values))
+    if finite:
+        text = f"{statistics.fmean(values):.{digits}f}"
+    else:  # fmean and stdev refuse inf - inf: the cell names the non-finite value it holds
+        odd = {str(v) for v in values if not math.isfinite(v)}
+        text = _number(float(odd.pop()) if len(odd) == 1 else math.nan, digits)
     if len(values) > 1:
-        text += f" ± {statistics.stdev(values):.{digits}f} (n={len(values)})"
+        spread = f" ± {statistics.stdev(values):.{digits}f}" if finite else ""
+        text += f"{spread} (n={len(values)})"
     return text + ("*" if partial else "")
+
+
+def _number(value: Any, digits: int = 2) -> str:
+    """A cell's number: `MISSING` for None, ``nan (diverged?)`` for a non-finite value."""
+    if value is None:
+        return MISSING
+    return f"{float(value):.{digits}f}" if math.isfinite(value) else f"{value} (diverged?)"
+
+
+def _cell(text: Any) -> str:
+    """`text` safe in a markdown table cell: control and line-separator characters become
+    spaces, ``\\ | ` <`` are escaped, lone surrogates become ``?`` (stdout is UTF-8)."""
+    text = str(text).encode("utf-8", "replace").decode("utf-8")
+    text = "".join(" " if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") else c for c in text)
+    for char, escaped in (("\\", "\\\\"), ("|", "\\|"), ("`", "\\`"), ("<", "&lt;")):
+        text = text.replace(char, escaped)
+    return text
+
+
+def _code(path: str) -> str:
+    """`path` as an inline code cell, or escaped plain text when it holds what a code span
+    cannot (a backtick, a pipe, a backslash, a control character)."""
+    plain = _cell(path)
+    return f"`{path}`" if plain == path.replace("<", "&lt;") else plain
 
 
 def _markdown(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
@@ -196,7 +239,7 @@ def render_table(spec: dict[str, Any], results: list[dict[str, Any]]) -> list[st
     methods = [m for m in paper_rows] + sorted(m for m in cells if m not in paper_rows)
     rows = []
     for method in methods:
-        label = ROW_LABELS.get(method, method)
+        label = _cell(ROW_LABELS.get(method, method))
         if method in cells:
             rows.append([label, "ours", *(_fmt(v, 2, p) for v, p in cells[method])])
         if method in paper_rows:
@@ -211,19 +254,18 @@ def render_table(spec: dict[str, Any], results: list[dict[str, Any]]) -> list[st
 def render_runs(results: list[dict[str, Any]], base: str | None = None) -> list[str]:
     """Markdown lines of a table with one row per run (every probe, feature and dataset)."""
 
-    def num(value, digits=2):
-        return MISSING if value is None else f"{float(value):.{digits}f}"
-
+    num = _number
     rows = []
     ordered = sorted(results, key=lambda r: (str(r["dataset"]), method_of(r), str(r["probe"]),
                                              str(r["feature"]), r["_path"]))
     for r in ordered:
         path = os.path.relpath(r["_path"], base) if base else r["_path"]
-        rows.append([method_of(r), str(r["dataset"]), str(r["probe"]), str(r["feature"]),
-                     num(r["test_error"]), num(r["test_top1"]), num(r["val_top1"]),
+        rows.append([_cell(method_of(r)), _cell(r["dataset"]), _cell(r["probe"]),
+                     _cell(r["feature"]), num(r["test_error"]), num(r["test_top1"]),
+                     num(r["val_top1"]),
                      MISSING if r["selected_epoch"] is None else str(r["selected_epoch"]),
                      f"{r['train_examples']}/{r['val_examples']}/{r['test_examples']}",
-                     num(r["wall_time_s"], 0), f"`{path}`"])
+                     num(r["wall_time_s"], 0), _code(path)])
     header = ["Method", "Dataset", "Probe", "Feature", "Test error %", "Test top-1 %",
               "Val top-1 %", "Epoch", "Train/val/test", "Time s", "File"]
     return ["### All runs", ""] + _markdown(header, rows)
@@ -235,7 +277,8 @@ def render_report(results: list[dict[str, Any]], base: str | None = None) -> str
         raise ReportError("no results to report")
     lines = ["# aetv2_tf evaluation report", "",
              "Ours: epoch selected on a held-out part of the training set, test set evaluated "
-             "once. Paper: AETv2, CVPR 2020 (the published predecessors selected on test).", ""]
+             "once. Paper: AETv2 (Lin, Xu, Li, Xiong, Qi; the published predecessors "
+             "selected on test).", ""]
     for spec in PAPER_TABLES.values():
         table = render_table(spec, results)
         if table:
@@ -247,21 +290,28 @@ def render_report(results: list[dict[str, Any]], base: str | None = None) -> str
 # --- command line --------------------------------------------------------------------------------
 
 
-def main(argv: Sequence[str]) -> int:
-    from absl import flags
-
+def main(argv: Sequence[str], output: str | None = None) -> int:
+    """The report of the results files and directories `argv[1:]`, printed (and written to
+    `output`); returns the exit status: 0, or `EXIT_BAD_INPUT` after a message on stderr."""
     paths = list(argv[1:])
+    warnings: list[str] = []
     try:
-        results = load_all(paths)
+        results = load_all(paths, warnings)
         report = render_report(results, base=os.getcwd())
     except (ReportError, ResultsError) as err:
         print(f"aetv2_tf.report: error: {err}", file=sys.stderr)
-        return 1
-    output = flags.FLAGS.output
+        return EXIT_BAD_INPUT
+    for warning in warnings:
+        print(f"aetv2_tf.report: warning: {warning}", file=sys.stderr)
     if output:
-        os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-        with open(output, "w", encoding="utf-8") as handle:
-            handle.write(report)
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+            with open(output, "w", encoding="utf-8") as handle:
+                handle.write(report)
+        except OSError as err:
+            print(f"aetv2_tf.report: error: --output={output} cannot be written ({err}); "
+                  "choose another file", file=sys.stderr)
+            return EXIT_BAD_INPUT
     sys.stdout.write(report)
     return 0
 
@@ -270,8 +320,10 @@ def run() -> None:
     """Entry point: define the flags (only here, so importing this module defines none)."""
     from absl import app, flags
 
-    flags.DEFINE_string("output", None, "Also write the markdown report to this file.")
-    app.run(main)
+    from aetv2_tf.program.flag_support import PathParser
+
+    flags.DEFINE(PathParser(), "output", None, "Also write the markdown report to this file.")
+    app.run(lambda argv: main(argv, flags.FLAGS.output))
 
 
 if __name__ == "__main__":

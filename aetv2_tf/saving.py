@@ -67,8 +67,16 @@ def load_saved_flags(model_dir: str) -> dict:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path} not found: --model_dir must be a directory written by "
                                 "`python -m aetv2_tf.train`.")
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"{path} is not a readable JSON record of a run ({e}); pass a directory "
+                         "written by `python -m aetv2_tf.train`, or restore its flags.json.") from e
+    if not isinstance(saved, dict):
+        raise ValueError(f"{path} holds a JSON {type(saved).__name__}, not the object of flags "
+                         "`python -m aetv2_tf.train` writes; restore its flags.json.")
+    return saved
 
 
 def load_encoder(directory: str, batch_norm: str = "keras") -> keras.Model:

@@ -25,6 +25,13 @@ import os
 import signal
 import sys
 
+# A SIGINT before training ends the process at once, as a SIGTERM does (docs/reliability.md),
+# until training installs its own handler (`callbacks.StopOnSignal`, which restores this one):
+# Python's KeyboardInterrupt waits for the C call under way (importing TensorFlow, reading the
+# data, tracing) and ends in a traceback. A SIGINT ignored by the parent stays ignored.
+if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
 from aetv2_tf.program import console
 
 with console.quiet_native_stderr(not console.verbose_requested()):

@@ -4,8 +4,9 @@
         --train_flag=--warmup_steps=40
 
 runs `python -m aetv2_tf.train --flagfile=F --model_dir=runs/screen/NAME --train_steps=STEPS
-[train flags]` and then the KNN probe (`configs/cifar10_probe_knn.cfg`: k = 10, cosine,
-average-pooled block-2 features, 50,000 training vs 10,000 test images) on its newest checkpoint.
+[train flags]` and then the KNN probe (`configs/cifar10_probe_knn.cfg`: the published AETv1
+code's KNN, k = 10, Euclidean, block 2 pooled 2x2 to 3,072 values, float32, 50,000 training vs
+10,000 test images) on its newest checkpoint.
 `--flagfile=none` scores a random-init encoder instead (its `--train_flag`s go to the probe,
 e.g. `--train_flag=--seed=1` for another init). The markdown row
 (name, the exact pretraining command, steps x batch, wall times, final loss, the held-out

@@ -1,4 +1,5 @@
-"""KNN probe: exact agreement with an independent float64 brute force, tie rules included."""
+"""KNN probe: exact agreement with an independent float64 brute force, tie rules included, and
+with scikit-learn's KNeighborsClassifier (the published AETv1 code's classifier)."""
 
 import numpy as np
 import pytest
@@ -7,11 +8,12 @@ import tensorflow as tf
 from aetv2_tf.probes.knn import extract_features, knn_accuracy, knn_classify, make_feature_fn
 
 
-def brute_force_knn(train, labels, queries, k, metric, num_classes):
+def brute_force_knn(train, labels, queries, k, metric, num_classes, ties="nearest"):
     """Reference: one query at a time in float64, written from the tie rules, not from the code.
 
     Neighbours: sort by similarity (descending), equal similarities by training index (ascending).
-    Vote: most frequent class; among classes with equal counts, the one met first in that order.
+    Vote: most frequent class; among classes with equal counts, the one met first in that order
+    (ties="nearest") or the smallest (ties="smallest_label").
     """
     train = np.asarray(train, np.float64)
     queries = np.asarray(queries, np.float64)
@@ -30,7 +32,8 @@ def brute_force_knn(train, labels, queries, k, metric, num_classes):
         neighbour_labels = labels[order]
         votes = np.bincount(neighbour_labels, minlength=num_classes)
         tied = set(np.flatnonzero(votes == votes.max()))
-        out.append(next(c for c in neighbour_labels if c in tied))
+        out.append(min(tied) if ties == "smallest_label"
+                   else next(c for c in neighbour_labels if c in tied))
     return np.array(out)
 
 
@@ -48,16 +51,18 @@ def top_gap(train, queries, k, metric):
     return float(np.min(best[:, :-1] - best[:, 1:]))
 
 
+@pytest.mark.parametrize("ties", ["smallest_label", "nearest"])
 @pytest.mark.parametrize("metric", ["cosine", "euclidean"])
-def test_random_continuous_features_match_brute_force(metric):
+def test_random_continuous_features_match_brute_force(metric, ties):
     rng = np.random.default_rng(7)
     train = rng.standard_normal((400, 24)).astype(np.float32)
     labels = rng.integers(0, 10, size=400)
     queries = rng.standard_normal((150, 24)).astype(np.float32)
     # Precondition: no near-ties that float32 rounding could reorder (general position).
     assert top_gap(train, queries, 10, metric) > 1e-5
-    got = knn_classify(train, labels, queries, k=10, metric=metric, query_batch_size=64)
-    want = brute_force_knn(train, labels, queries, 10, metric, 10)
+    got = knn_classify(train, labels, queries, k=10, metric=metric, query_batch_size=64,
+                       ties=ties)
+    want = brute_force_knn(train, labels, queries, 10, metric, 10, ties)
     np.testing.assert_array_equal(got, want)
 
 
@@ -85,14 +90,15 @@ def _tied_dataset(rng, metric, n=600, q=300):
     return train, labels, queries
 
 
+@pytest.mark.parametrize("ties", ["smallest_label", "nearest"])
 @pytest.mark.parametrize("metric", ["cosine", "euclidean"])
-@pytest.mark.parametrize("k", [1, 2, 4, 10])
-def test_ties_match_brute_force(metric, k):
+@pytest.mark.parametrize("k", [1, 4, 10])
+def test_ties_match_brute_force(metric, k, ties):
     rng = np.random.default_rng(3 + k)
     train, labels, queries = _tied_dataset(rng, metric)
     got = knn_classify(train, labels, queries, k=k, metric=metric, num_classes=7,
-                       query_batch_size=128)
-    want = brute_force_knn(train, labels, queries, k, metric, 7)
+                       query_batch_size=128, ties=ties)
+    want = brute_force_knn(train, labels, queries, k, metric, 7, ties)
     np.testing.assert_array_equal(got, want)
 
 
@@ -122,18 +128,21 @@ def test_crafted_ties(metric):
     assert knn_classify(train, labels, query, k=1, metric=metric)[0] == 2
     assert knn_classify(train[[1, 0, 2, 3, 4, 5]], labels[[1, 0, 2, 3, 4, 5]], query, k=1,
                         metric=metric)[0] == 0
-    # Rule 2: one vote each for 2, 0, 1 (k = 3): the class of the best-ranked neighbour, 2,
-    # not the smallest class id.
-    assert knn_classify(train, labels, query, k=3, metric=metric)[0] == 2
+    # Rule 2: one vote each for 2, 0, 1 (k = 3): "nearest" takes the class of the best-ranked
+    # neighbour, 2; "smallest_label" (scikit-learn's, the default) takes 0.
+    assert knn_classify(train, labels, query, k=3, metric=metric, ties="nearest")[0] == 2
+    assert knn_classify(train, labels, query, k=3, metric=metric)[0] == 0
     # Rule 2 with 2 votes each: ranks 0..3 have classes 3, 1, 1, 3 -> 3 wins the tie.
     line = np.array([[0.0, 0.0], [1.0, 0.1], [2.0, 0.2], [3.0, 0.3], [9.0, 5.0]], np.float32)
     train2 = np.array([[1.0, 0.0], [1.0, 0.1], [1.0, 0.2], [1.0, 0.3], [0.0, 1.0]], np.float32)
     feats = line if metric == "euclidean" else train2
     labels2 = np.array([3, 1, 1, 3, 0])
     q2 = np.array([[0.0, 0.0]]) if metric == "euclidean" else np.array([[1.0, 0.0]])
-    assert knn_classify(feats, labels2, q2, k=4, metric=metric)[0] == 3
+    assert knn_classify(feats, labels2, q2, k=4, metric=metric, ties="nearest")[0] == 3
+    assert knn_classify(feats, labels2, q2, k=4, metric=metric)[0] == 1
     # A strict majority beats an earlier first neighbour: ranks 0..2 are 3, 1, 1 -> 1.
-    assert knn_classify(feats, labels2, q2, k=3, metric=metric)[0] == 1
+    for ties in ("nearest", "smallest_label"):
+        assert knn_classify(feats, labels2, q2, k=3, metric=metric, ties=ties)[0] == 1
 
 
 def test_chunking_does_not_change_predictions_and_scale_runs():
@@ -169,6 +178,8 @@ def test_argument_errors():
         knn_classify(x, np.zeros(5, int), x, k=6)
     with pytest.raises(ValueError, match="num_classes"):
         knn_classify(x, np.array([0, 1, 2, 3, 4]), x, k=1, num_classes=3)
+    with pytest.raises(ValueError, match="ties"):
+        knn_classify(x, np.zeros(5, int), x, k=1, ties="random")
 
 
 def test_extract_features_pools_and_keeps_order():
@@ -184,10 +195,16 @@ def test_extract_features_pools_and_keeps_order():
     ds = tf.data.Dataset.from_tensor_slices((images, labels)).batch(4)
     want_map = encoder(images, training=False)["map"].numpy()
 
-    feats, got_labels = extract_features(make_feature_fn(encoder, "map"), ds)
+    feats, got_labels = extract_features(make_feature_fn(encoder, "map"), ds, pool="global")
     np.testing.assert_array_equal(got_labels, labels)
     assert feats.shape == (10, 5) and feats.dtype == np.float32
     np.testing.assert_allclose(feats, want_map.mean(axis=(1, 2)), rtol=1e-5, atol=1e-6)
+
+    # The authors' 2x2 pooling, channel-major (a PyTorch (B, C, 4, 4) tensor flattened).
+    authors, _ = extract_features(make_feature_fn(encoder, "map"), ds)
+    want = want_map.reshape(10, 4, 2, 4, 2, 5).mean(axis=(2, 4)).transpose(0, 3, 1, 2)
+    np.testing.assert_allclose(authors, want.reshape(10, -1), rtol=1e-5, atol=1e-6)
+    assert extract_features(make_feature_fn(encoder, "map"), ds, pool=True)[0].shape == (10, 5)
 
     flat_feats, _ = extract_features(make_feature_fn(encoder, "flat"), ds)
     np.testing.assert_allclose(flat_feats, feats, rtol=1e-5, atol=1e-6)
@@ -195,3 +212,42 @@ def test_extract_features_pools_and_keeps_order():
     assert unpooled.shape == (10, 8 * 8 * 5)
     with pytest.raises(ValueError, match="feature="):
         make_feature_fn(encoder)(images)
+
+
+def test_matches_scikit_learn_on_real_block2_features(cifar_slice_for_knn):
+    """The default protocol against scikit-learn's KNeighborsClassifier (the published AETv1
+    code's classifier: k = 10, uniform weights, Euclidean) on the same 3,072-value features of
+    real CIFAR-10 images, to the last query; the features are checked against a NumPy float64
+    2x2 pooling of the block-2 map."""
+    import keras
+    from sklearn.neighbors import KNeighborsClassifier
+
+    from aetv2_tf.data.constants import normalization_constants
+    from aetv2_tf.models import build_backbone
+    from aetv2_tf.probes.knn import pooled_features
+
+    (train_x, train_y), (test_x, test_y) = cifar_slice_for_knn
+    keras.utils.set_random_seed(0)
+    encoder = build_backbone("nin", (32, 32, 3))
+    mean, std = normalization_constants("cifar10")
+    gallery = pooled_features(encoder, "block2", train_x, mean, std)
+    queries = pooled_features(encoder, "block2", test_x, mean, std)
+    assert gallery.shape == (len(train_x), 3072)
+    maps = encoder((test_x[:8] / 255.0 - np.float32(mean)) / np.float32(std),
+                   training=False)["block2"]
+    maps = np.asarray(maps, np.float64).reshape(8, 4, 2, 4, 2, 192).mean(axis=(2, 4))
+    np.testing.assert_allclose(queries[:8], maps.transpose(0, 3, 1, 2).reshape(8, -1),
+                               rtol=1e-4, atol=1e-4)
+    got = knn_classify(gallery, train_y, queries, k=10, num_classes=10)
+    want = KNeighborsClassifier(n_neighbors=10).fit(gallery, train_y).predict(queries)
+    np.testing.assert_array_equal(got, want)
+    assert len(set(got.tolist())) > 3  # a real classification, not one class
+
+
+@pytest.fixture(scope="module")
+def cifar_slice_for_knn(cifar10_dir):
+    from aetv2_tf.data.sources import load_cifar10
+
+    train_x, train_y = load_cifar10(cifar10_dir, "train")
+    test_x, test_y = load_cifar10(cifar10_dir, "test")
+    return (train_x[:3000], train_y[:3000]), (test_x[:1000], test_y[:1000])

@@ -57,7 +57,15 @@ def recipe_of_flagfile(name: str) -> recipes.Recipe:
     at its default, then the flagfile's lines."""
     values = {flag.name: flag.default
               for flag in FLAGS.get_flags_for_module("aetv2_tf.program.flags")}
-    for line in (REPO / "configs" / f"{name}.cfg").read_text().splitlines():
+
+    def lines(path):  # nested --flagfile= lines expanded in place (paths from REPO)
+        for line in path.read_text().splitlines():
+            if line.startswith("--flagfile="):
+                yield from lines(REPO / line.split("=", 1)[1])
+            else:
+                yield line
+
+    for line in lines(REPO / "configs" / f"{name}.cfg"):
         if line.startswith("--"):
             key, _, value = line[2:].partition("=")
             if key.startswith("no") and not value and key[2:] in values:
@@ -70,6 +78,9 @@ def test_the_recipes_are_the_configs():
     assert recipe_of_flagfile("cifar10_aetv2") == recipes.AETV2
     assert recipe_of_flagfile("cifar10_aetv2_paper") == recipes.AETV2_PAPER
     assert recipe_of_flagfile("cifar10_aetv1") == recipes.AETV1
+    assert recipe_of_flagfile("cifar10_aetv1_official") == recipes.AETV1_OFFICIAL
+    with pytest.raises(ValueError, match="mse_target"):
+        recipes.Recipe(loss="geodesic", mse_target="official")
     with pytest.raises(ValueError, match="loss"):
         recipes.Recipe(loss="l1")
     changed = dataclasses.replace(recipes.AETV2, learning_rate=3e-4)

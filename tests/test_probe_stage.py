@@ -40,7 +40,7 @@ def runs(tmp_path_factory) -> pathlib.Path:
 
 @pytest.fixture(scope="module")
 def knn_saved_model(pretrained, runs, cifar10_dir) -> dict:
-    return probe(runs / "knn_saved_model", cifar10_dir, "--probe=knn",
+    return probe(runs / "knn_saved_model", cifar10_dir, "--probe=knn", "--mixed_precision=none",
                  f"--pretrained={pretrained / 'export' / 'encoder'}")
 
 
@@ -55,14 +55,19 @@ def test_knn_from_saved_model(knn_saved_model, pretrained):
     assert r["selected_epoch"] is None and r["val_top1"] is None
     assert 0.0 <= r["test_top1"] <= 100.0
     assert r["test_error"] == pytest.approx(100.0 - r["test_top1"])
-    assert r["knn"] == {"k": 10, "metric": "cosine", "feature_dim": 192}
+    # The published AETv1 code's KNN by default: block 2 pooled 2x2 to 3,072 values, Euclidean.
+    assert r["knn"] == {"k": 10, "metric": "euclidean", "pool": "avg2x2",
+                        "ties": "smallest_label", "feature_dim": 3072}
     assert r["flags"]["probe"] == "knn" and r["wall_time_s"] > 0
 
 
 def test_knn_from_model_dir_equals_saved_model(knn_saved_model, pretrained, runs, cifar10_dir):
     # The checkpoint and the SavedModel hold the same encoder, and the SavedModel is fed the exact
-    # uint8 pixels: identical features, identical predictions.
-    r = probe(runs / "knn_model_dir", cifar10_dir, "--probe=knn", f"--pretrained={pretrained}")
+    # uint8 pixels: identical float32 features (the SavedModel computes in float32; under
+    # --mixed_precision=auto a CPU with bfloat16 would give the Keras encoder bfloat16 features),
+    # identical predictions.
+    r = probe(runs / "knn_model_dir", cifar10_dir, "--probe=knn", "--mixed_precision=none",
+              f"--pretrained={pretrained}")
     assert r["pretrained_kind"] == "model_dir" and r["method"] == "AETv2"
     assert r["pretrained_checkpoint"] == str(pretrained / "encoder.weights.h5")  # finished
     assert r["test_top1"] == knn_saved_model["test_top1"]
@@ -70,9 +75,10 @@ def test_knn_from_model_dir_equals_saved_model(knn_saved_model, pretrained, runs
 
 def test_knn_random_init(runs, cifar10_dir):
     r = probe(runs / "knn_random", cifar10_dir, "--probe=knn", "--pretrained=none",
-              "--knn_metric=euclidean", "--knn_k=5")
+              "--knn_metric=cosine", "--knn_pool=global", "--knn_ties=nearest", "--knn_k=5")
     assert r["method"] == "random" and r["pretrained"] is None
-    assert r["knn"]["metric"] == "euclidean" and r["knn"]["k"] == 5
+    assert r["knn"] == {"k": 5, "metric": "cosine", "pool": "global", "ties": "nearest",
+                        "feature_dim": 192}
     assert 0.0 <= r["test_top1"] <= 100.0
 
 
@@ -122,9 +128,11 @@ def test_bad_pretrained_is_refused(case, tmp_path, cifar10_dir):
         pretrained, expected = tmp_path / "empty", "neither a pretraining --model_dir"
         pretrained.mkdir()
     model_dir = tmp_path / "probe"
+    # a foreign SavedModel is refused unread unless trusted (test_trust_files.py): trust this one
+    trust = ("--trust_saved_model",) if case == "no_signature" else ()
     proc = run_module("aetv2_tf.train", "--stage=probe", "--probe=knn",
                       f"--pretrained={pretrained}", f"--model_dir={model_dir}",
-                      f"--data_dir={cifar10_dir}", *SLICE, check=False)
+                      f"--data_dir={cifar10_dir}", *SLICE, *trust, check=False)
     assert proc.returncode != 0
     assert expected in proc.stderr and str(pretrained) in proc.stderr
     assert "Traceback" not in proc.stderr

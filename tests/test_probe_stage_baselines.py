@@ -19,7 +19,9 @@ SLICE = ("--train_examples=600", "--test_examples=200", "--verbose=0")
 PROBE_CONFIGS = ("cifar10_probe_knn", "cifar10_probe_fc1", "cifar10_probe_fc2",
                  "cifar10_probe_fc3", "cifar10_probe_conv", "cifar10_random_conv",
                  "cifar10_supervised", "cifar10_rotnet", "imagenet_alexnet_linear",
-                 "imagenet_alexnet_nonlinear", "places205_alexnet_linear")
+                 "imagenet_alexnet_nonlinear", "places205_alexnet_linear",
+                 "cifar10_probe_knn_gap_cosine", "imagenet_alexnet_linear_aetv1",
+                 "imagenet_alexnet_nonlinear_aetv1", "places205_alexnet_linear_aetv1")
 
 
 def test_supervised_stage(tmp_path, cifar10_dir):
@@ -89,6 +91,25 @@ def test_config_flags_exist(name):
         assert flag in FLAGS, f"{name}.cfg: unknown flag --{flag}"
     if name.startswith(("cifar10_probe", "imagenet", "places")):
         assert "--stage=probe" in lines
+
+
+@pytest.mark.parametrize("name, epochs, drops", [
+    ("imagenet_alexnet_linear", "35", "5,15,25"),  # RotNet's code
+    ("imagenet_alexnet_nonlinear", "40", "10,20,30"),
+    ("imagenet_alexnet_linear_aetv1", "65", "5,25,45"),  # the AETv1 code's LUT_lr
+    ("imagenet_alexnet_nonlinear_aetv1", "50", "20,30,40"),
+    ("places205_alexnet_linear_aetv1", "65", "5,25,45"),
+])
+def test_probe_schedules_follow_their_code(name, epochs, drops):
+    """The value a flagfile leaves (the last one given wins in absl) for the schedule: lr 0.01
+    x0.2 at the drops, as the RotNet and AETv1 codes' probe configs."""
+    last = {}
+    for line in _expand(REPO / "configs" / f"{name}.cfg"):
+        flag, _, value = line[2:].partition("=")
+        last[flag] = value
+    assert (last["epochs"], last["lr_drop_epochs"]) == (epochs, drops)
+    assert (last["learning_rate"], last["lr_drop_factor"], last["batch_size"]) == \
+        ("0.01", "0.2", "192")
 
 
 def _expand(path: pathlib.Path) -> list[str]:

@@ -7,13 +7,18 @@ are left out of the list with their names and reasons logged (`image_files`). Th
 order is then a pure function of (seed, epoch) over the good files (`pipelines`), whatever the
 bad files were.
 
-The check reads the first 16 bytes and the last 1 KiB of each file:
+The check reads the first 64 bytes, the header (up to the JPEG frame header, `headers`) and
+the last 1 KiB of each file:
 
 * empty file, or no JPEG / PNG / GIF / BMP signature (a text or HTML file named ``.jpg``);
 * a JPEG with no end-of-image marker ``FF D9`` in its last 1 KiB (a truncated download: TF's
   decoder fails on it with "Premature end of JPEG file"); JPEG entropy data cannot hold
   ``FF D9`` (``FF`` is always stuffed there), so the marker only appears as a real end;
-* a PNG with no ``IEND`` chunk in its last 1 KiB (truncated).
+* a PNG with no ``IEND`` chunk in its last 1 KiB (truncated);
+* a header TensorFlow cannot decode (12-bit or lossless JPEG, a 1-bit BMP, a damaged PNG IHDR)
+  or one declaring more than `headers.MAX_IMAGE_PIXELS` pixels (89.5 M, Pillow's limit: a
+  decompression bomb, whose decode would fail or exhaust memory at its first batch on every
+  rerun): `aetv2_tf.data.headers`.
 
 A PNG named ``.JPEG`` (ImageNet has one) and CMYK JPEGs (22 in ImageNet) decode: they pass.
 What the check cannot see (a JPEG corrupt in the middle) decodes with libjpeg's warnings, as
@@ -32,7 +37,9 @@ from typing import NamedTuple
 import numpy as np
 from absl import logging
 
-_TAIL = 1024
+from aetv2_tf.data.headers import MAX_IMAGE_PIXELS, header_problem  # noqa: F401
+
+_HEAD, _TAIL = 64, 1024
 _SIGNATURES = {b"\xff\xd8\xff": "jpeg", b"\x89PNG\r\n\x1a\n": "png", b"GIF87a": "gif",
                b"GIF89a": "gif", b"BM": "bmp"}
 
@@ -59,20 +66,20 @@ def check_image_file(path: str) -> str | None:
     trouble, not the file's, and leaving it out on one worker only would give the workers of a
     run different file lists."""
     with open(path, "rb") as f:
-        head = f.read(16)
+        head = f.read(_HEAD)
         size = f.seek(0, os.SEEK_END)
         f.seek(max(0, size - _TAIL))
         tail = f.read()
-    if not head:
-        return "empty file"
-    kind = next((k for sig, k in _SIGNATURES.items() if head.startswith(sig)), None)
-    if kind is None:
-        return f"not an image (starts with {head[:8]!r})"
-    if kind == "jpeg" and b"\xff\xd9" not in tail:
-        return "truncated JPEG (no end-of-image marker)"
-    if kind == "png" and b"IEND" not in tail:
-        return "truncated PNG (no IEND chunk)"
-    return None
+        if not head:
+            return "empty file"
+        kind = next((k for sig, k in _SIGNATURES.items() if head.startswith(sig)), None)
+        if kind is None:
+            return f"not an image (starts with {head[:8]!r})"
+        if kind == "jpeg" and b"\xff\xd9" not in tail:
+            return "truncated JPEG (no end-of-image marker)"
+        if kind == "png" and b"IEND" not in tail:
+            return "truncated PNG (no IEND chunk)"
+        return header_problem(f, kind, head)
 
 
 def check_image_files(paths: Sequence[str], threads: int = 4) -> list[tuple[str, str]]:

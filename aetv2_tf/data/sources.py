@@ -4,8 +4,9 @@ Nothing here downloads unless asked (``download=True``); offline, a missing data
 :class:`DataError` that says how to prepare it.
 
 * :func:`load_cifar10` reads the official python layout (``cifar-10-batches-py``) with a restricted
-  unpickler: only the numpy array reconstructors those files use are admitted, so a crafted file
-  raises a :class:`DataError` instead of running code.
+  unpickler (`aetv2_tf.data.pickles`): only checked stand-ins of the numpy array reconstructors
+  those files use are admitted, so a crafted file raises a :class:`DataError` instead of running
+  code or asking for more memory than the file holds.
 * :func:`load_tfds` wraps a prepared tensorflow-datasets directory.
 * :func:`list_image_folder` lists (and checks) ``root/split/<class>/<image>`` (ImageNet/Places
   style folders); :func:`load_image_folder` decodes them in that order.
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from aetv2_tf.data.files import ImageFiles, decode_image_file, image_files
+from aetv2_tf.data.pickles import unpickle_batch
 
 if TYPE_CHECKING:  # TensorFlow is imported lazily: the CIFAR-10 reader works without it.
     import tensorflow as tf
@@ -47,38 +49,9 @@ class DataError(ValueError):
 
 
 # ------------------------------------------------------------------------------------ CIFAR-10
-def _numpy_reconstruct():
-    try:  # numpy >= 2
-        from numpy._core.multiarray import _reconstruct
-    except ImportError:  # numpy 1.x
-        from numpy.core.multiarray import _reconstruct
-    return _reconstruct
-
-
-_ALLOWED_GLOBALS = {
-    ("numpy.core.multiarray", "_reconstruct"): _numpy_reconstruct,
-    ("numpy._core.multiarray", "_reconstruct"): _numpy_reconstruct,
-    ("numpy", "ndarray"): lambda: np.ndarray,
-    ("numpy", "dtype"): lambda: np.dtype,
-}
-
-
-class _RestrictedUnpickler(pickle.Unpickler):
-    """Admits only numpy's array reconstruction globals; anything else is refused."""
-
-    def find_class(self, module: str, name: str):
-        factory = _ALLOWED_GLOBALS.get((module, name))
-        if factory is None:
-            raise pickle.UnpicklingError(
-                f"refused global {module}.{name}: a CIFAR-10 batch holds only numpy arrays"
-            )
-        return factory()
-
-
 def _unpickle(path: pathlib.Path) -> dict:
     try:
-        with open(path, "rb") as f:
-            obj = _RestrictedUnpickler(f, encoding="bytes").load()
+        obj = unpickle_batch(path)
     except pickle.UnpicklingError as e:
         raise DataError(
             f"{path}: not unpickled ({e}); this is not an official CIFAR-10 batch (corrupt, or "
@@ -93,6 +66,40 @@ def _unpickle(path: pathlib.Path) -> dict:
     if not isinstance(obj, dict):
         raise DataError(f"{path}: expected a dict, got {type(obj).__name__}; {_CIFAR10_HELP}")
     return obj
+
+
+def _batch_arrays(path: pathlib.Path, data, labels) -> tuple[np.ndarray, np.ndarray]:
+    """A batch's ``data`` -> (N, 3072) uint8 and ``labels`` -> (N,) int64 in 0..9, checked
+    before any conversion (`aetv2_tf.data.pickles`: a list is never handed to ``np.asarray``
+    before its length and element types are known). DataError naming ``path`` otherwise."""
+    if not isinstance(data, np.ndarray):
+        raise DataError(f"{path}: data is a {type(data).__name__}, expected a numpy (N, 3072) "
+                        f"uint8 array (10,000 rows in an official batch); {_CIFAR10_HELP}")
+    if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
+        raise DataError(
+            f"{path}: data has shape {data.shape} dtype {data.dtype}, expected (N, 3072) "
+            f"uint8; {_CIFAR10_HELP}"
+        )
+    n = data.shape[0]
+    if n == 0:
+        raise DataError(f"{path}: data holds no image (shape {data.shape}); an official batch "
+                        f"holds 10,000; {_CIFAR10_HELP}")
+    if isinstance(labels, list):
+        if len(labels) != n or not all(type(v) is int for v in labels):
+            kinds = sorted({type(v).__name__ for v in labels[:n + 1]})
+            raise DataError(
+                f"{path}: labels have shape ({len(labels)},) of {'/'.join(kinds) or 'nothing'}, "
+                f"expected ({n},) integers, one per image; {_CIFAR10_HELP}")
+        labels = np.asarray(labels, np.int64)
+    elif not isinstance(labels, np.ndarray) or labels.shape != (n,) \
+            or not np.issubdtype(labels.dtype, np.integer):
+        what = (f"shape {labels.shape} dtype {labels.dtype}" if isinstance(labels, np.ndarray)
+                else f"a {type(labels).__name__}")
+        raise DataError(f"{path}: labels have {what}, expected ({n},) integers, one per image; "
+                        f"{_CIFAR10_HELP}")
+    if labels.min() < 0 or labels.max() > 9:
+        raise DataError(f"{path}: labels outside 0..9; {_CIFAR10_HELP}")
+    return data, labels.astype(np.int64)
 
 
 def _cifar10_root(data_dir) -> pathlib.Path:
@@ -139,20 +146,7 @@ def load_cifar10(data_dir, split: str = "train") -> tuple[np.ndarray, np.ndarray
         batch = _unpickle(path)
         if b"data" not in batch or b"labels" not in batch:
             raise DataError(f"{path}: no b'data'/b'labels' entries; {_CIFAR10_HELP}")
-        data = np.asarray(batch[b"data"])
-        label = np.asarray(batch[b"labels"])
-        if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
-            raise DataError(
-                f"{path}: data has shape {data.shape} dtype {data.dtype}, expected (N, 3072) "
-                f"uint8; {_CIFAR10_HELP}"
-            )
-        if label.shape != (data.shape[0],) or not np.issubdtype(label.dtype, np.integer):
-            raise DataError(
-                f"{path}: labels have shape {label.shape}, expected ({data.shape[0]},) integers; "
-                f"{_CIFAR10_HELP}"
-            )
-        if label.size and (label.min() < 0 or label.max() > 9):
-            raise DataError(f"{path}: labels outside 0..9; {_CIFAR10_HELP}")
+        data, label = _batch_arrays(path, batch[b"data"], batch[b"labels"])
         images.append(data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
         labels.append(label.astype(np.int64))
     return np.ascontiguousarray(np.concatenate(images)), np.concatenate(labels)
@@ -196,12 +190,49 @@ def load_tfds(name: str, split: str, data_dir=None, download: bool = False,
 
 
 # ------------------------------------------------------------------------- folders of images
+def _entries(folder: pathlib.Path) -> list[os.DirEntry]:
+    """The entries of ``folder``, sorted by name; DataError naming it when it cannot be read
+    (a PermissionError or an I/O error is the user's to fix, not a traceback)."""
+    try:
+        with os.scandir(folder) as it:
+            return sorted(it, key=lambda e: e.name)
+    except OSError as e:
+        raise DataError(f"image folder {folder} cannot be read ({e.strerror or e}); give this "
+                        "user read and execute permission on it (chmod a+rx), or remove it") from e
+
+
+def _class_folders(folder: pathlib.Path) -> list[str]:
+    """The class sub-directories of ``folder``, sorted. A symbolic link to another directory
+    (a class kept on another disk, as ImageNet copies often are) is a class like any other, but
+    one to ``folder`` itself or to a folder that contains it (``/``, the dataset's root) is
+    refused: it is a loop or a mistake, not a class, and would list files that are not images of
+    one class."""
+    real = folder.resolve()
+    names = []
+    for entry in _entries(folder):
+        if not entry.is_dir():
+            continue
+        if entry.is_symlink():
+            target = pathlib.Path(entry.path).resolve()
+            if real.is_relative_to(target):
+                raise DataError(
+                    f"image folder {folder}: class folder {entry.name} is a symbolic link to "
+                    f"{target}, which contains the image folder itself; remove the link or "
+                    f"point it at the class's own folder")
+        names.append(entry.name)
+    return names
+
+
 def list_image_folder(root, split: str | None = None) -> ImageFiles:
     """The checked files of ``root/split/<class>/*``, in sorted (class, file name) order.
 
     Class names are the sorted sub-directory names; label ``i`` is ``class_names[i]``. Files are
     those with extensions in ``IMAGE_EXTENSIONS`` (case-insensitive); the undecodable ones are
-    left out, named in the log and in ``skipped`` (`aetv2_tf.data.files`).
+    left out, named in the log and in ``skipped`` (`aetv2_tf.data.files`). DataError, naming
+    the folder and the fix, for: an unreadable folder, a class folder linked to a folder that
+    contains the split folder (`/`, the root: `_class_folders`), fewer than 2 classes (one
+    class would make a probe's top-1 100%), and a class folder with no decodable image (the
+    label space would hold a class without examples).
     """
     base = pathlib.Path(root).expanduser()
     folder = base / split if split else base
@@ -210,17 +241,20 @@ def list_image_folder(root, split: str | None = None) -> ImageFiles:
             f"image folder {folder} does not exist; expected ROOT/{split or ''}/<class>/<image> "
             f"with one sub-directory per class"
         )
-    class_names = sorted(p.name for p in folder.iterdir() if p.is_dir())
-    if not class_names:
-        raise DataError(f"image folder {folder} has no class sub-directories")
+    class_names = _class_folders(folder)
+    if len(class_names) < 2:
+        raise DataError(f"image folder {folder} has {len(class_names)} class sub-director"
+                        f"{'y' if len(class_names) == 1 else 'ies'} ({', '.join(class_names)}); "
+                        "expected ROOT/<split>/<class>/<image> with at least 2 classes")
     paths, labels = [], []
     for label, name in enumerate(class_names):
-        files = sorted(p for p in (folder / name).iterdir()
-                       if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
-        paths += [os.fspath(p) for p in files]
+        files = [e.path for e in _entries(folder / name)
+                 if e.is_file() and os.path.splitext(e.name)[1].lower() in IMAGE_EXTENSIONS]
+        if not files:
+            raise DataError(f"image folder {folder}: class folder {name} holds no image "
+                            f"{IMAGE_EXTENSIONS}; add its images or remove the folder")
+        paths += files
         labels += [label] * len(files)
-    if not paths:
-        raise DataError(f"image folder {folder} has class folders but no images {IMAGE_EXTENSIONS}")
     try:
         files = image_files(paths, np.asarray(labels, np.int64), class_names, os.fspath(folder))
     except OSError as e:
@@ -230,6 +264,11 @@ def list_image_folder(root, split: str | None = None) -> ImageFiles:
     if not len(files.paths):
         raise DataError(f"image folder {folder}: none of its {len(paths)} images can be decoded "
                         f"(first: {files.skipped[0][0]}: {files.skipped[0][1]})")
+    empty = sorted(set(class_names) - {class_names[i] for i in np.unique(files.labels)})
+    if empty:
+        raise DataError(f"image folder {folder}: no image of class folder(s) {', '.join(empty)} "
+                        "can be decoded (see the skipped files above); replace them or remove "
+                        "the folder(s)")
     return files
 
 

@@ -7,9 +7,15 @@ parameters of t (docs/conventions.md) from the concatenated features [E(x), E(t(
     (B,H,W,3) x 2  ->  (2B,H,W,3)  ->  (2B,h,w,C)  ->  (2B,C)  ->  (B,2C)  ->  (B,8) float32
 
 Choices:
-* Weight sharing: ONE encoder runs ONCE on the joint batch `concat([x, t(x)], axis=0)`; one
-  larger batch is faster on CPU than two calls. Batch norm therefore normalizes with the joint
-  statistics of the original and the transformed images (in training mode).
+* Weight sharing, `siamese_batch_norm="joint"` (default): ONE encoder runs ONCE on the joint batch
+  `concat([x, t(x)], axis=0)`; one larger batch is faster on CPU than two calls. Batch norm
+  therefore normalizes with the joint statistics of the original and the transformed images (in
+  training mode) and updates its moving averages once a step.
+* `siamese_batch_norm="per_branch"`: the published AETv1 code's way (`Regressor.forward` in
+  maple-research-lab/AET: two forward passes of the shared network, x first, then t(x)): the
+  encoder is called on x and on t(x) separately, each branch normalised by its own batch
+  statistics, and the moving averages updated twice a step, x's batch first, then t(x)'s. The
+  same variables either way: checkpoints of one load into the other.
 * Decoder init: the bias is the identity `(1, 0, 0, 0, 1, 0, 0, 0)` and the kernel is small
   (truncated normal, std `0.1 / sqrt(fan_in)`), so at step 0 `T_hat` is close to the identity, a
   regular matrix: the geodesic loss needs `T^{-1} T_hat` well away from singular. A non-zero
@@ -60,6 +66,44 @@ class PairConcat(keras.layers.Layer):
         return (batch, 2 * input_shape[-1])
 
 
+@keras.saving.register_keras_serializable(package="aetv2_tf")
+class After(keras.layers.Layer):
+    """`[value, earlier] -> value`, unchanged: a node that makes the layer fed with `value` run
+    after the one that produced `earlier`. Keras runs a functional graph's nodes by depth, and
+    two calls of one encoder on two inputs have the same depth (measured: t(x)'s ran first);
+    with `After` the t(x) branch depends on the x branch, so the x branch's BatchNorm update
+    comes first on every backend (the AETv1 code's order)."""
+
+    def call(self, inputs):
+        return inputs[0]
+
+    def compute_output_shape(self, input_shape):
+        return input_shape[0]
+
+
+@keras.saving.register_keras_serializable(package="aetv2_tf")
+class FromAETv1Targets(keras.layers.Layer):
+    """The published AETv1 code's normalised targets ``(B, 8)`` -> model-frame parameters of T
+    ``(B, 8)`` float32 (`geometry.params_from_aetv1_official_targets`, fixed, no weights): the
+    decoder of ``build_aet_model(..., target="official")`` regresses those targets, and every
+    consumer downstream still reads T's parameters."""
+
+    def __init__(self, image_size: int = 32, **kwargs):
+        super().__init__(**kwargs)
+        self.image_size = int(image_size)
+
+    def call(self, inputs):
+        from aetv2_tf.geometry import params_from_aetv1_official_targets
+
+        return params_from_aetv1_official_targets(ops.cast(inputs, "float32"), self.image_size)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "image_size": self.image_size}
+
+
 def default_feature(encoder: keras.Model) -> str:
     """The ONE rule for the feature an AET or RotNet model regresses from: `DEFAULT_FEATURES` of
     the backbone, named by the encoder (`build_backbone` names it "nin" or "alexnet")."""
@@ -69,14 +113,14 @@ def default_feature(encoder: keras.Model) -> str:
     return DEFAULT_FEATURES[encoder.name]
 
 
-def _vector_feature(features, feature: str, pooled: bool):
+def _vector_feature(features, feature: str, pooled: bool, suffix: str = ""):
     """Pick `features[feature]`; reduce a map `(N, h, w, C)` to `(N, C)` (GAP) or flatten it."""
     if feature not in features:
         raise KeyError(f"encoder has no output {feature!r}; it has {sorted(features)}")
     x = features[feature]
     if len(x.shape) == 4:
         layer = keras.layers.GlobalAveragePooling2D if pooled else keras.layers.Flatten
-        x = layer(name=f"{feature}_{'gap' if pooled else 'flatten'}")(x)
+        x = layer(name=f"{feature}_{'gap' if pooled else 'flatten'}{suffix}")(x)
     return x
 
 
@@ -89,6 +133,8 @@ def build_aet_model(
     param_scale: Sequence[float] | None = None,
     init_rotation_deg: float = 0.0,
     pairs: keras.layers.Layer | None = None,
+    siamese_batch_norm: str = "joint",
+    target: str = "model",
 ) -> keras.Model:
     """The AET pretext model: inputs `[x, tx]`, each `(B, H, W, 3)`; output `(B, num_params)`.
 
@@ -110,6 +156,14 @@ def build_aet_model(
             about the image centre instead of the identity. At 0 every 180-degree pair starts on
             the cut locus of the geodesic loss (theta = pi, no gradient); at 45 no quarter turn
             does (docs/reproduction.md).
+        siamese_batch_norm: "joint" (one encoder call on `concat([x, tx])`) or "per_branch"
+            (two calls, each branch with its own batch statistics, as the AETv1 code): module
+            docstring.
+        target: "model" (the decoder regresses T's model-frame parameters) or "official" (it
+            regresses the published AETv1 code's normalised targets, PIL's inverse map in
+            corner-origin pixels, `geometry.aetv1_official_targets`; starting at the identity's;
+            a fixed `FromAETv1Targets` layer, "from_aetv1_targets", turns them into T's
+            parameters). Not with `param_scale`.
 
     Returns:
         A `keras.Model` mapping `[x, tx]` to float32 parameters; the decoder layer is "decoder"
@@ -125,18 +179,40 @@ def build_aet_model(
         inputs = [keras.Input(shape=input_shape, dtype="uint8", name="images"),
                   keras.Input(shape=(3, 3), name="t")]
         x, tx = pairs(inputs)
-    joint = keras.layers.Concatenate(axis=0, name="joint_batch")([x, tx])
-    features = _vector_feature(encoder(joint), feature, pooled)
-    pair = PairConcat(name="pair_features")(features)
+    if siamese_batch_norm == "joint":
+        joint = keras.layers.Concatenate(axis=0, name="joint_batch")([x, tx])
+        features = _vector_feature(encoder(joint), feature, pooled)
+        pair = PairConcat(name="pair_features")(features)
+    elif siamese_batch_norm == "per_branch":  # x's call first: its BN update comes first
+        first = _vector_feature(encoder(x), feature, pooled, "_x")
+        second = _vector_feature(encoder(After(name="after_x")([tx, first])), feature, pooled,
+                                 "_tx")
+        pair = keras.layers.Concatenate(axis=-1, name="pair_features")([first, second])
+    else:
+        raise ValueError(f"siamese_batch_norm must be 'joint' or 'per_branch', got "
+                         f"{siamese_batch_norm!r}")
     scale = np.ones(num_params) if param_scale is None else np.asarray(param_scale, np.float64)
+    initial = identity_params(num_params, init_rotation_deg) / scale
+    if target == "official":
+        from aetv2_tf.geometry import aetv1_official_targets
+
+        if param_scale is not None or num_params != 8:
+            raise ValueError("target='official' regresses the AETv1 code's 8 normalised "
+                             "targets: no param_scale")
+        initial = keras.ops.convert_to_numpy(aetv1_official_targets(
+            identity_params(8, init_rotation_deg)[None].astype(np.float64), input_shape[0]))[0]
+    elif target != "model":
+        raise ValueError(f"target must be 'model' or 'official', got {target!r}")
     params = keras.layers.Dense(
         num_params,
         dtype="float32",
         kernel_initializer=keras.initializers.VarianceScaling(0.01, "fan_in", "truncated_normal"),
-        bias_initializer=keras.initializers.Constant(
-            identity_params(num_params, init_rotation_deg) / scale),
+        bias_initializer=keras.initializers.Constant(initial),
         name="decoder",
     )(pair)
+    if target == "official":
+        params = FromAETv1Targets(input_shape[0], dtype="float32", name="from_aetv1_targets")(
+            params)
     if param_scale is not None:
         params = keras.layers.Rescaling([float(v) for v in scale], dtype="float32",
                                         name="decoder_scale")(params)

@@ -140,10 +140,13 @@ def build_pairs_model(
     param_scale: Sequence[float] | None = None,
     init_rotation_deg: float = 0.0,
     count_steps: bool = False,
+    siamese_batch_norm: str = "joint",
+    target: str = "model",
 ) -> PairsModel:
     """uint8 images `(B, H, W, 3)` -> `(B, 16)` = `[T_hat params, T params]` (module docstring).
 
-    `encoder`, `param_scale`, `init_rotation_deg`: as `build_aet_model` (same decoder and init).
+    `encoder`, `param_scale`, `init_rotation_deg`, `siamese_batch_norm`, `target`: as
+    `build_aet_model` (same decoder and init).
     `seed`, `shift`, `augment`, `mean`, `std`: the `HomographyPairs` sampler and normalisation.
     `count_steps`: add the training-step counter `loss_step` (module docstring).
     """
@@ -151,7 +154,8 @@ def build_pairs_model(
     images = keras.Input(shape=size, dtype="uint8", name="images")
     x, tx, params = HomographyPairs(seed=seed, shift=shift, augment=augment, mean=mean, std=std,
                                     name="pairs")(images)
-    aet = build_aet_model(encoder, param_scale=param_scale, init_rotation_deg=init_rotation_deg)
+    aet = build_aet_model(encoder, param_scale=param_scale, init_rotation_deg=init_rotation_deg,
+                          siamese_batch_norm=siamese_batch_norm, target=target)
     predicted = aet([x, tx])
     output = keras.layers.Concatenate(axis=-1, dtype="float32", name="pred_and_true")(
         [predicted, params])

@@ -8,8 +8,9 @@ Protocol (REFERENCE.md, section 2, with the one deliberate change it asks for):
 * The head is trained on the training set minus a seeded validation split (`split_train_val`,
   5,000 images for CIFAR-10), validated after every epoch; the weights of the epoch with the best
   validation top-1 are restored at the end (the earliest such epoch on ties), and the TEST set is
-  evaluated exactly once, with those weights. The published AETv1/RotNet code selected the epoch
-  on test accuracy; this does not.
+  evaluated exactly once, with those weights. The published AETv1/RotNet CIFAR-10 code keeps the
+  epoch best on test accuracy (their ImageNet and Places configs report the last epoch); this
+  does neither.
 * Optimiser (`probe_optimizer`, `step_lr_schedule`): SGD, momentum 0.9, Nesterov, lr 0.1, weight
   decay 5e-4 added to the gradient (PyTorch's coupled ``weight_decay``, applied to every trainable
   variable as in the AETv1 code), lr x0.2 at 30%, 60% and 80% of the epochs (60/120/160 of 200,

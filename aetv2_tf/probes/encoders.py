@@ -12,6 +12,15 @@
   and calls the signature. For CIFAR-10 this is exact (crops, zero padding and flips only move or
   zero pixels); in the 224 protocol the resized image is rounded to 8 bits, which is what any
   caller of the uint8 signature gives it. The whole SavedModel runs (all its outputs).
+  A SavedModel is a program: loading it runs its graph (initialisers, restore functions, and
+  the signature, which may read and write files). So only an export of this project whose files
+  match its ``aetv2_export.json`` digests (`aetv2_tf.trust.verify_export`) is loaded, unless
+  ``--trust_saved_model`` (``trust_saved_model=True``). The digest catches a swapped graph and a
+  folder that is not an export; it does not authenticate a hostile author, who can write a
+  matching manifest: prefer ``--pretrained=<model_dir>``, which loads weights into an encoder
+  this project builds and runs nothing from the file. An export given inside a model_dir is
+  still loaded as the SavedModel asked for (not replaced by the run's ``encoder.weights.h5``):
+  `aetv2_tf.export` may have written it from another checkpoint than the final weights.
 * ``none``: a randomly initialised backbone, seeded by ``--seed`` (the "random init" rows).
 
 A Keras encoder is cut to the layers its feature needs (`truncate`): a probe on NIN block 2 does
@@ -33,6 +42,7 @@ from aetv2_tf.export import restore_encoder
 from aetv2_tf.models import DEFAULT_INPUT_SHAPES, build_backbone
 from aetv2_tf.program.rundir import UsageError
 from aetv2_tf.saving import load_saved_flags
+from aetv2_tf.trust import verify_export
 
 FEATURES = {"nin": ("block1", "block2", "block3", "block4"),
             "alexnet": ("conv1", "conv2", "conv3", "conv4", "conv5", "fc6", "fc7")}
@@ -88,15 +98,37 @@ def pretrained_kind(pretrained: str) -> str:
                      "of a `python -m aetv2_tf.train --stage=pretext` run or its export/encoder.")
 
 
-def check_pretrained(pretrained: str, backbone: str) -> str:
-    """The cheap checks of ``--pretrained`` (exists, kind, a run's backbone); returns the kind."""
+def check_saved_model_trusted(path: str, trust_saved_model: bool = False) -> None:
+    """UsageError unless the SavedModel at ``path`` may be loaded (run): a project export whose
+    files match its manifest, or any SavedModel with ``trust_saved_model`` (module docstring)."""
+    if trust_saved_model:
+        return
+    why = verify_export(os.path.expanduser(path))
+    if why is not None:
+        raise UsageError(
+            f"--pretrained={path} is a SavedModel that this project cannot recognise as its own "
+            f"export ({why}). A SavedModel is a program: loading it runs its graph, which can "
+            "read and write files, so it is not loaded. Pass the pretraining --model_dir "
+            "instead (its weights are loaded, nothing is run), re-export it with `python -m "
+            "aetv2_tf.export --model_dir=...`, or, only if you trust whoever wrote it, add "
+            "--trust_saved_model.")
+
+
+def check_pretrained(pretrained: str, backbone: str, *, trust_saved_model: bool = False) -> str:
+    """The cheap checks of ``--pretrained`` (exists, kind, a run's backbone, a SavedModel's
+    manifest unless ``trust_saved_model``); returns the kind."""
     kind = pretrained_kind(pretrained)
     if kind == "saved_model" and keras.backend.backend() != "tensorflow":
         raise UsageError(f"--pretrained={pretrained} is a TensorFlow SavedModel, which runs "
                          f"under KERAS_BACKEND=tensorflow only; pass the pretraining --model_dir "
                          f"it was exported from (its encoder.weights.h5 loads on every backend).")
+    if kind == "saved_model":
+        check_saved_model_trusted(pretrained, trust_saved_model)
     if kind == "model_dir":
-        saved = load_saved_flags(os.path.expanduser(pretrained))
+        try:
+            saved = load_saved_flags(os.path.expanduser(pretrained))
+        except ValueError as e:
+            raise UsageError(f"--pretrained={pretrained}: {e}") from e
         if saved.get("stage") != "pretext":
             raise UsageError(f"--pretrained={pretrained} holds a --stage={saved.get('stage')} "
                              "run, not a pretraining run; pass the --model_dir of a "
@@ -135,14 +167,17 @@ def truncate(encoder: keras.Model, feature: str) -> keras.Model:
 
 
 def saved_model_features(path: str, feature: str, image_size: int, mean: Sequence[float],
-                         std: Sequence[float]) -> Callable:
+                         std: Sequence[float], *, trust_saved_model: bool = False) -> Callable:
     """A feature function on normalised images, backed by the SavedModel at ``path``.
 
     Returns ``fn(images (B, S, S, 3) float32, training=None) -> dict`` of the signature's
-    outputs; the images are mapped back to uint8 exactly (module docstring).
+    outputs; the images are mapped back to uint8 exactly (module docstring). Loads only a
+    verified project export unless ``trust_saved_model`` (`check_saved_model_trusted`): the
+    digests are checked right before ``tf.saved_model.load``.
     """
     import tensorflow as tf
 
+    check_saved_model_trusted(path, trust_saved_model)
     try:
         loaded = tf.saved_model.load(path)
     except Exception as e:  # noqa: BLE001 - any load failure is the user's path
@@ -185,20 +220,26 @@ def _exporting_run_flags(saved_model: str) -> dict | None:
     if os.path.basename(export_dir) != "export" or not os.path.isfile(
             os.path.join(run_dir, "flags.json")):
         return None
-    return load_saved_flags(run_dir)
+    try:
+        return load_saved_flags(run_dir)
+    except ValueError:  # a damaged record only loses the method label
+        return None
 
 
 def load_encoder(pretrained: str, backbone: str, feature: str, *, batch_norm: str,
-                 mean: Sequence[float], std: Sequence[float]) -> Encoder:
-    """The frozen encoder named by ``--pretrained`` (module docstring), cut to ``feature``."""
-    kind = check_pretrained(pretrained, backbone)
+                 mean: Sequence[float], std: Sequence[float],
+                 trust_saved_model: bool = False) -> Encoder:
+    """The frozen encoder named by ``--pretrained`` (module docstring), cut to ``feature``;
+    a SavedModel only when it is a verified export of this project or ``trust_saved_model``."""
+    kind = check_pretrained(pretrained, backbone, trust_saved_model=trust_saved_model)
     input_shape = DEFAULT_INPUT_SHAPES[backbone]
     if kind == "none":
         model = build_backbone(backbone, input_shape, batch_norm=batch_norm)
         return Encoder(truncate(model, feature), feature, kind, None, "random")
     path = os.path.abspath(os.path.expanduser(pretrained))
     if kind == "saved_model":
-        fn = saved_model_features(path, feature, input_shape[0], mean, std)
+        fn = saved_model_features(path, feature, input_shape[0], mean, std,
+                                  trust_saved_model=trust_saved_model)
         return Encoder(fn, feature, kind, path, method_from_flags(_exporting_run_flags(path)))
     errors: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, OSError)
     if keras.backend.backend() == "tensorflow":

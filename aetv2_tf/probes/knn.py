@@ -1,28 +1,38 @@
 """K-nearest-neighbour evaluation of frozen features (the paper's "KNN (k=10)" column).
 
-The paper reports a KNN error on average-pooled block-2 NIN features of CIFAR-10 (REFERENCE.md,
-section 1) but publishes no code. This module fixes every choice explicitly:
+The paper reports a KNN error "on the averaged-pooled features from the second convolutional
+block" of NIN on CIFAR-10. Its text gives no more, but the same lab's published AETv1 code does
+(GitHub maple-research-lab/AET, folder ``cifar/v16_projective_uniform/``, files
+``extract_feat_pooling.py`` and ``knn.py`` / ``knn3.py`` ... ``knn20.py``; read there, not copied).
+Its protocol, the DEFAULT here (``AUTHORS``):
 
-* Features: the encoder's feature map ``(B, h, w, C)`` is average-pooled over space to ``(B, C)``
-  (``extract_features(pool=True)``); already flat features ``(B, D)`` are used as they are.
-* Metric: cosine similarity by default, the usual choice for evaluating self-supervised features
-  with a KNN (it ignores the overall scale of a feature vector, which the pretext task does not
-  constrain), or negative squared Euclidean distance.
-* Vote: plain majority over the ``k`` nearest training examples (unweighted).
+* Features: the block-2 map of the encoder in inference mode, ``(B, 8, 8, 192)``, average-pooled
+  with a 2x2 window and stride 2 (PyTorch ``avg_pool2d(kernel_size=2)``: no padding, odd sides
+  floored) to ``(B, 4, 4, 192)`` and flattened channel-major like a PyTorch ``(B, 192, 4, 4)``
+  tensor: **3,072 values** per image (``pool="avg2x2"``). Images normalised with the dataset's
+  constants, no augmentation.
+* Metric: **Euclidean** distance (scikit-learn ``KNeighborsClassifier``'s default Minkowski p=2),
+  computed in float64 as scikit-learn does for float32 features.
+* Vote: ``weights='uniform'``, a plain majority over the ``k = 10`` nearest training images; among
+  classes with equal votes the SMALLEST label wins (scikit-learn's mode; ``ties="smallest_label"``).
+* Sets: the 50,000 training images against the 10,000 test images.
+
+The protocol this project used before (``GAP_COSINE``), kept as an option: global average pooling
+to ``(B, 192)`` (``pool="global"``), cosine similarity, and among tied classes the class of the
+nearest neighbour (``ties="nearest"``). Its numbers are not comparable with the paper's.
 
 Tie rules (deterministic, implemented exactly; `knn_classify`):
 
-1. Neighbours with EQUAL similarity are ranked by training index, the lower index first. This is
-   what ``tf.math.top_k`` does: its documentation states "If two elements are equal, the
-   lower-index element appears first" (checked on TF 2.21 CPU, also for all-equal rows).
-2. Classes with EQUAL vote counts: the class whose best-ranked neighbour comes first wins (the
-   class of the nearest neighbour among the tied classes). Implemented as the integer score
-   ``votes * (k + 1) + (k - first_rank)``, where ``first_rank`` in ``0..k-1`` is the rank of the
-   class's first neighbour; one extra vote (worth ``k + 1``) always beats any rank bonus (at most
-   ``k``), and two different classes never share a first rank, so the arg-max is unique.
+1. Neighbours with EQUAL similarity are ranked by training index, the lower index first (what
+   ``tf.math.top_k`` documents; scikit-learn leaves this order unspecified).
+2. Classes with EQUAL vote counts: ``"smallest_label"``, the smallest class index (scikit-learn);
+   or ``"nearest"``, the class whose best-ranked neighbour comes first, implemented as the integer
+   score ``votes * (k + 1) + (k - first_rank)`` (one extra vote, worth ``k + 1``, always beats any
+   rank bonus, at most ``k``; two classes never share a first rank, so the arg-max is unique).
 
-Similarities are computed in float32 with batched matrix products, one chunk of queries at a time
-(``query_batch_size`` x ``num_train`` similarities in memory), so 50k x 10k x 192 takes seconds.
+Similarities are computed with batched matrix products, one chunk of queries at a time
+(``query_batch_size`` x ``num_train`` similarities in memory): 50k x 10k x 3,072 in float64 takes
+about a minute on two cores.
 
 One implementation for every Keras backend: the rule is NumPy; features come from a Keras model
 or a feature function, through ``predict`` (`pooled_features`: uint8 images) or over batches of
@@ -38,6 +48,39 @@ import keras
 import numpy as np
 
 METRICS = ("cosine", "euclidean")
+POOLS = ("avg2x2", "global", "flatten")
+TIES = ("smallest_label", "nearest")
+# The published AETv1 code's KNN (module docstring) and the project's earlier one.
+AUTHORS = dict(pool="avg2x2", metric="euclidean", ties="smallest_label", k=10)
+GAP_COSINE = dict(pool="global", metric="cosine", ties="nearest", k=10)
+
+
+def pool_feature_map(maps, pool: str = "avg2x2"):
+    """``(B, h, w, C)`` feature maps -> ``(B, D)`` float32 features (Keras ops, any backend).
+
+    ``"avg2x2"``: 2x2 average pooling, stride 2, no padding (``(B, h // 2, w // 2, C)``), then
+    flattened channel-major, i.e. in the order of a PyTorch ``(B, C, h // 2, w // 2)`` tensor
+    (NIN block 2: 8x8x192 -> 3,072); ``"global"``: the mean over ``h, w`` (``(B, C)``);
+    ``"flatten"``: the map as it is, flattened. Rank-2 features pass through unchanged.
+    """
+    if pool not in POOLS:
+        raise ValueError(f"pool must be one of {POOLS}, got {pool!r}")
+    ops = keras.ops
+    if not isinstance(maps, keras.KerasTensor):
+        maps = ops.convert_to_tensor(maps)
+    if len(maps.shape) == 2:
+        return ops.cast(maps, "float32")
+    if len(maps.shape) != 4:
+        raise ValueError(f"expected (B, h, w, C) feature maps or (B, D) features, got "
+                         f"shape {tuple(maps.shape)}")
+    maps = ops.cast(maps, "float32")
+    if pool == "global":
+        return ops.mean(maps, axis=(1, 2))
+    if pool == "avg2x2":
+        maps = ops.transpose(ops.average_pool(maps, 2, strides=2, padding="valid"), (0, 3, 1, 2))
+    if any(d is None for d in maps.shape[1:]):
+        return ops.reshape(maps, (ops.shape(maps)[0], -1))
+    return ops.reshape(maps, (-1, int(np.prod(maps.shape[1:]))))
 
 
 def make_feature_fn(encoder: Callable, feature: str | None = None) -> Callable:
@@ -59,7 +102,7 @@ def make_feature_fn(encoder: Callable, feature: str | None = None) -> Callable:
 
 
 def extract_features(
-    feature_fn: Callable, dataset: Iterable, pool: bool = True
+    feature_fn: Callable, dataset: Iterable, pool: bool | str = "avg2x2"
 ) -> tuple[np.ndarray, np.ndarray]:
     """Run ``feature_fn`` over a batched dataset and collect features and labels.
 
@@ -68,22 +111,20 @@ def extract_features(
         flat features ``(B, D)``; under TensorFlow it is wrapped in a ``tf.function`` (traced once
         per batch shape).
       dataset: iterable of ``(images, labels)`` batches, e.g. a ``tf.data.Dataset``.
-      pool: average-pool rank-4 feature maps over ``h, w`` to ``(B, C)``; if False they are
-        flattened to ``(B, h*w*C)``.
+      pool: how rank-4 feature maps become vectors (`pool_feature_map`): ``"avg2x2"`` (the
+        authors' KNN), ``"global"`` (also ``True``) or ``"flatten"`` (also ``False``).
 
     Returns:
       ``features`` float32 ``(N, D)`` and ``labels`` ``(N,)`` (dtype of the dataset's labels),
       in dataset order.
     """
     ops = keras.ops
+    pool = {True: "global", False: "flatten"}.get(pool, pool)
+    if pool not in POOLS:
+        raise ValueError(f"pool must be one of {POOLS} (or a bool), got {pool!r}")
 
     def features(images):
-        maps = ops.convert_to_tensor(feature_fn(images))
-        if len(maps.shape) == 4 and pool:
-            maps = ops.mean(maps, axis=(1, 2))
-        elif len(maps.shape) != 2:
-            maps = ops.reshape(maps, (ops.shape(maps)[0], -1))
-        return ops.cast(maps, "float32")
+        return pool_feature_map(feature_fn(images), pool)
 
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
@@ -100,17 +141,19 @@ def extract_features(
 
 def pooled_features(encoder: keras.Model, feature: str, images: np.ndarray,
                     mean: Sequence[float], std: Sequence[float],
-                    batch_size: int = 256) -> np.ndarray:
-    """`(N, H, W, 3)` uint8 -> `(N, C)` float32: the average-pooled `feature` map of `encoder`
-    (inference mode) on the normalised images `(u / 255 - mean) / std`."""
+                    batch_size: int = 256, pool: str = "avg2x2") -> np.ndarray:
+    """`(N, H, W, 3)` uint8 -> `(N, D)` float32: the `feature` map of `encoder` (inference
+    mode) on the normalised images `(u / 255 - mean) / std`, pooled by `pool_feature_map`:
+    ``"avg2x2"`` (default, the authors' KNN: NIN block 2 -> 3,072 values), ``"global"``
+    (``(N, C)``) or ``"flatten"``."""
+    if pool not in POOLS:
+        raise ValueError(f"pool must be one of {POOLS}, got {pool!r}")
     inputs = keras.Input(tuple(images.shape[1:]), dtype="uint8", name="images")
     x = (keras.ops.cast(inputs, "float32") / 255.0 - np.asarray(mean, np.float32)) \
         / np.asarray(std, np.float32)
     maps = encoder(x, training=False)
     maps = maps[feature] if isinstance(maps, dict) else maps
-    pooled = keras.layers.GlobalAveragePooling2D(dtype="float32")(maps) if len(maps.shape) == 4 \
-        else keras.layers.Flatten(dtype="float32")(maps)
-    model = keras.Model(inputs, pooled)
+    model = keras.Model(inputs, pool_feature_map(maps, pool))
     # Whole batches only (several devices split each evenly): the last one is padded with
     # copies, dropped after; the others are read in place (no copy of the whole set).
     whole = len(images) - len(images) % batch_size
@@ -147,9 +190,10 @@ def knn_classify(
     train_labels,
     query_features,
     k: int = 10,
-    metric: str = "cosine",
+    metric: str = "euclidean",
     num_classes: int | None = None,
     query_batch_size: int = 256,
+    ties: str = "smallest_label",
 ) -> np.ndarray:
     """Majority-vote KNN classification with the deterministic tie rules of the module docstring.
 
@@ -158,19 +202,26 @@ def knn_classify(
       train_labels: ``(N,)`` integer labels in ``[0, num_classes)``.
       query_features: ``(Q, D)`` array-like.
       k: number of neighbours, ``1 <= k <= N``.
-      metric: ``"cosine"`` (default; similarity of L2-normalised vectors) or ``"euclidean"``
-        (similarity ``-||a - b||^2``).
+      metric: ``"euclidean"`` (default, the authors'; similarity ``-||a - b||^2`` computed in
+        float64) or ``"cosine"`` (similarity of L2-normalised vectors, float32).
       num_classes: number of classes; defaults to ``max(train_labels) + 1``.
-      query_batch_size: queries per matrix product; memory is about ``12 * query_batch_size * N``
+      query_batch_size: queries per matrix product; memory is about ``16 * query_batch_size * N``
         bytes (the similarities and the partition's indices).
+      ties: among classes with equal votes, ``"smallest_label"`` (default, scikit-learn's) or
+        ``"nearest"`` (the class of the best-ranked neighbour among them).
 
     Returns:
       ``(Q,)`` int64 numpy array of predicted classes.
     """
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
-    train = np.asarray(train_features, np.float32)
-    queries = np.asarray(query_features, np.float32)
+    if ties not in TIES:
+        raise ValueError(f"ties must be one of {TIES}, got {ties!r}")
+    euclidean = metric == "euclidean"
+    # float32 features; Euclidean distances in float64 (scikit-learn upcasts float32 likewise).
+    dtype = np.float64 if euclidean else np.float32
+    train = np.asarray(np.asarray(train_features, np.float32), dtype)
+    queries = np.asarray(np.asarray(query_features, np.float32), dtype)
     labels = np.asarray(train_labels).astype(np.int64).reshape(-1)
     if train.ndim != 2 or queries.ndim != 2 or train.shape[1] != queries.shape[1]:
         raise ValueError(f"need (N, D) and (Q, D) features, got {train.shape}, {queries.shape}")
@@ -184,10 +235,9 @@ def knn_classify(
         num_classes = int(labels.max()) + 1
     elif labels.max() >= num_classes:
         raise ValueError(f"label {labels.max()} >= num_classes={num_classes}")
-    euclidean = metric == "euclidean"
     if not euclidean:
         train, queries = _l2_normalise(train), _l2_normalise(queries)
-    train_sq = np.sum(np.square(train), axis=1, dtype=np.float32)
+    train_sq = np.sum(np.square(train), axis=1)
     rank_bonus = np.arange(k, 0, -1, dtype=np.int64)  # k - rank
     predictions = []
     for start in range(0, queries.shape[0], query_batch_size):
@@ -196,9 +246,10 @@ def knn_classify(
         if euclidean:  # -||a - b||^2 = 2 a.b - |a|^2 - |b|^2
             sim = 2.0 * sim - np.sum(np.square(chunk), axis=1, keepdims=True) - train_sq[None]
         one_hot = np.eye(num_classes, dtype=np.int64)[labels[_top_k(sim, k)]]  # (Q, k, C)
-        # votes * (k + 1) + (k - first_rank): a unique maximum (module docstring).
-        score = one_hot.sum(axis=1) * (k + 1) + (one_hot * rank_bonus[None, :, None]).max(axis=1)
-        predictions.append(np.argmax(score, axis=1))
+        votes = one_hot.sum(axis=1)
+        if ties == "nearest":  # votes * (k + 1) + (k - first_rank): a unique maximum
+            votes = votes * (k + 1) + (one_hot * rank_bonus[None, :, None]).max(axis=1)
+        predictions.append(np.argmax(votes, axis=1))  # the first maximum: the smallest label
     return np.concatenate(predictions).astype(np.int64) if predictions else np.zeros(0, np.int64)
 
 
@@ -208,14 +259,15 @@ def knn_accuracy(
     query_features,
     query_labels,
     k: int = 10,
-    metric: str = "cosine",
+    metric: str = "euclidean",
     num_classes: int | None = None,
     query_batch_size: int = 256,
+    ties: str = "smallest_label",
 ) -> float:
     """Top-1 accuracy in PERCENT of `knn_classify` on labelled queries ``(Q, D)``, ``(Q,)``."""
     predictions = knn_classify(
         train_features, train_labels, query_features, k=k, metric=metric,
-        num_classes=num_classes, query_batch_size=query_batch_size,
+        num_classes=num_classes, query_batch_size=query_batch_size, ties=ties,
     )
     query_labels = np.asarray(query_labels).astype(np.int64).reshape(-1)
     if query_labels.shape != predictions.shape:

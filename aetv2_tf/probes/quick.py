@@ -2,8 +2,9 @@
 
 The full KNN probe (`--stage=probe --probe=knn`, 50,000 vs 10,000 images) takes minutes on a CPU;
 this one scores a fixed subset, the FIRST `train_examples` training images as the gallery and the
-first `test_examples` test images as queries, with the same rule (k = 10 cosine neighbours of the
-average-pooled block-2 feature), for the trained encoder and for a random-init encoder of the same
+first `test_examples` test images as queries, with the same rule (the published AETv1 code's KNN,
+`probes.knn.AUTHORS`: k = 10 Euclidean neighbours of the 2x2-pooled block-2 map, 3,072 values;
+cheap at this size), for the trained encoder and for a random-init encoder of the same
 architecture and seed. Both numbers use the same images, so their difference is what the
 pretraining bought; they are not comparable to the paper's full-test-set numbers.
 Any Keras backend: features through `predict`, the KNN rule of `probes.knn`.
@@ -34,17 +35,19 @@ def quick_knn(
 
     Returns ``{"knn_top1": .., "random_knn_top1": .., "knn_gain": .., "knn_seconds": ..}``.
     """
-    from aetv2_tf.probes.knn import knn_accuracy, pooled_features
+    from aetv2_tf.probes.knn import AUTHORS, knn_accuracy, pooled_features
 
     start = time.perf_counter()
 
     def features(model, images, labels):
-        return pooled_features(model, feature, images, mean, std, batch_size), labels
+        return pooled_features(model, feature, images, mean, std, batch_size,
+                               pool=AUTHORS["pool"]), labels
 
     scores = []
     for model in (encoder, random_encoder):
         gallery, queries = features(model, *train), features(model, *test)
-        scores.append(knn_accuracy(*gallery, *queries, k=k, metric="cosine",
+        scores.append(knn_accuracy(*gallery, *queries, k=k, metric=AUTHORS["metric"],
+                                   ties=AUTHORS["ties"],
                                    num_classes=int(max(train[1].max(), test[1].max())) + 1))
     return dict(knn_top1=scores[0], random_knn_top1=scores[1], knn_gain=scores[0] - scores[1],
                 knn_seconds=round(time.perf_counter() - start, 1))

@@ -1,9 +1,11 @@
 """``--stage=probe`` and ``--stage=supervised`` of ``python -m aetv2_tf.train``.
 
-* ``--stage=probe --probe=knn``: a k-nearest-neighbour classifier (``--knn_k``, ``--knn_metric``)
-  on the average-pooled frozen ``--feature`` of ``--pretrained``: features of the whole training
-  pool and of the test set are extracted once (no augmentation), then every test image is
-  classified (`aetv2_tf.probes.knn`). There is nothing to select, so no validation split.
+* ``--stage=probe --probe=knn``: a k-nearest-neighbour classifier (``--knn_k``, ``--knn_metric``,
+  ``--knn_pool``, ``--knn_ties``; by default the published AETv1 code's: 2x2-pooled block 2,
+  Euclidean, scikit-learn's vote) on the frozen ``--feature`` of ``--pretrained``: features of
+  the whole training pool and of the test set are extracted once (no augmentation), then every
+  test image is classified (`aetv2_tf.probes.knn`). There is nothing to select, so no
+  validation split.
 * ``--stage=probe --probe=fc1|fc2|fc3|conv|linear|nonlinear``: a head (`aetv2_tf.models.heads`)
   trained on the frozen feature for ``--epochs`` with ``--optimizer`` (SGD Nesterov in the
   configs), ``--learning_rate``, ``--momentum``, ``--weight_decay`` (PyTorch-style coupled L2) and
@@ -34,6 +36,7 @@ TensorFlow is importable, TensorBoard scalars (``train/``, ``validation/``, ``te
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -120,7 +123,9 @@ def check_flags() -> None:
             raise UsageError("--stage=supervised trains from scratch: drop --pretrained (or "
                              "use --stage=probe to evaluate a pretrained encoder).")
     else:
-        encoders.check_pretrained(F.pretrained, F.backbone)
+        check_pretrained_is_not_model_dir(F.pretrained, F.model_dir)
+        encoders.check_pretrained(F.pretrained, F.backbone,
+                                  trust_saved_model=F.trust_saved_model)
     if F.stage == "supervised" or F.probe != "knn":
         if not F.epochs or F.train_steps:
             raise UsageError("probe heads and --stage=supervised train whole epochs: pass "
@@ -137,22 +142,71 @@ def check_flags() -> None:
                              "--weight_decay_mode=l2.")
 
 
-def run(strategy: Any = None, chief: bool = True) -> dict[str, Any]:
-    """Runs the probe or supervised stage; writes results.json; returns the summary.
+def check_pretrained_is_not_model_dir(pretrained: str | None, model_dir: str | None) -> None:
+    """A probe writes its own run (flags, results, logs) into ``--model_dir``: refused when that
+    is the ``--pretrained`` run itself or holds it (its export), which the probe's records would
+    be mixed with, or which ``--overwrite`` would set aside under the probe's feet."""
+    if not pretrained or not model_dir or pretrained.strip().lower() == "none":
+        return
+    source = os.path.realpath(os.path.expanduser(pretrained))
+    target = os.path.realpath(os.path.expanduser(model_dir))
+    if source == target or source.startswith(target + os.sep):
+        raise UsageError(f"--model_dir={model_dir} is (or holds) the --pretrained={pretrained} "
+                         "run that this probe reads; a probe writes its own run, so choose "
+                         "another --model_dir (e.g. a new folder beside it). Nothing was "
+                         "changed.")
 
-    ``strategy``: the tf.distribute strategy of the TensorFlow adapter (None elsewhere: the
-    Keras distribution, if any, is already set); ``chief``: this worker writes the outputs.
-    """
+
+class Loaded(NamedTuple):
+    """What `load` reads before the model_dir is touched: the stage's data, its input adapter,
+    the frozen encoder (None for --stage=supervised), the feature and normalisation."""
+
+    data: ProbeData
+    inputs: Inputs
+    encoder: encoders.Encoder | None
+    feature: str
+    normalization: tuple
+
+
+def load() -> Loaded:
+    """Reads and checks everything the stage needs (data, sizes against --batch_size and
+    --knn_k, the --pretrained encoder) BEFORE the adapter prepares --model_dir: a failure
+    leaves nothing behind, so the corrected command is not refused as another run."""
     F = FLAGS
-    start = time.perf_counter()
     feature = encoders.resolve_feature(F.backbone, F.feature)
     knn = F.stage == "probe" and F.probe == "knn"
     data = load_probe_data(F.dataset, F.data_dir, val_examples=0 if knn else F.val_examples,
                            train_examples=F.train_examples, test_examples=F.test_examples,
                            seed=F.seed, download=F.download)
+    if knn and F.knn_k > data.sizes["train"]:
+        raise UsageError(f"--knn_k={F.knn_k} exceeds the {data.sizes['train']} training images; "
+                         "lower --knn_k or raise --train_examples.")
+    if not knn and data.sizes["train"] < F.batch_size:
+        raise UsageError(f"--batch_size={F.batch_size} is larger than the {data.sizes['train']} "
+                         "training images (after --val_examples are held out); lower "
+                         f"--batch_size to at most {data.sizes['train']} or use more images.")
     mean, std = normalization_constants(F.dataset)
+    inputs = backend_inputs(data, mean, std, DEFAULT_INPUT_SHAPES[F.backbone][0])
+    encoder = None
+    if F.stage != "supervised":
+        encoder = encoders.load_encoder(F.pretrained, F.backbone, feature,
+                                        batch_norm=program.batch_norm(), mean=mean, std=std,
+                                        trust_saved_model=F.trust_saved_model)
+    return Loaded(data, inputs, encoder, feature, (mean, std))
+
+
+def run(strategy: Any = None, chief: bool = True, loaded: Loaded | None = None) -> dict[str, Any]:
+    """Runs the probe or supervised stage; writes results.json; returns the summary.
+
+    ``strategy``: the tf.distribute strategy of the TensorFlow adapter (None elsewhere: the
+    Keras distribution, if any, is already set); ``chief``: this worker writes the outputs;
+    ``loaded``: what `load` read before the model_dir was prepared (read here when None).
+    """
+    F = FLAGS
+    start = time.perf_counter()
+    data, inputs, encoder, feature, (mean, std) = loaded or load()
+    knn = F.stage == "probe" and F.probe == "knn"
     input_shape = DEFAULT_INPUT_SHAPES[F.backbone]
-    inputs = backend_inputs(data, mean, std, input_shape[0])
     scope = strategy.scope() if strategy is not None else contextlib.nullcontext()
 
     if F.stage == "supervised":
@@ -161,8 +215,7 @@ def run(strategy: Any = None, chief: bool = True) -> dict[str, Any]:
             model = supervised_model(feature, data.num_classes, inputs.preprocess())
             outcome = fit_head(model, data, inputs.batches, chief)
     else:
-        encoder = encoders.load_encoder(F.pretrained, F.backbone, feature,
-                                        batch_norm=program.batch_norm(), mean=mean, std=std)
+        assert encoder is not None
         source = dict(pretrained=encoder.source, pretrained_kind=encoder.kind,
                       pretrained_checkpoint=encoder.checkpoint, method=encoder.method)
         if knn:
@@ -191,32 +244,31 @@ def run(strategy: Any = None, chief: bool = True) -> dict[str, Any]:
 
 def knn_probe(encoder: encoders.Encoder, data: ProbeData, batches: Callable,
               normalization: tuple, chief: bool) -> dict:
-    """KNN on the average-pooled feature: whole training pool vs the test set. Arrays and a Keras
-    encoder go through ``predict``; streams (tf.data) and SavedModels through the feature
-    function over the evaluation ``batches``."""
+    """KNN on the pooled feature (``--knn_pool``, ``--knn_metric``, ``--knn_ties``; by default
+    the published AETv1 code's protocol, `probes.knn`): whole training pool vs the test set.
+    Arrays and a Keras encoder go through ``predict``; streams (tf.data) and SavedModels through
+    the feature function over the evaluation ``batches``."""
     F = FLAGS
-    if F.knn_k > data.sizes["train"]:
-        raise UsageError(f"--knn_k={F.knn_k} exceeds the {data.sizes['train']} training images; "
-                         "lower --knn_k or raise --train_examples.")
 
     def features(images, labels) -> tuple[np.ndarray, np.ndarray]:
         if isinstance(images, np.ndarray) and isinstance(encoder.model, keras.Model):
             return pooled_features(encoder.model, encoder.feature, images,
-                                   *normalization), labels
+                                   *normalization, pool=F.knn_pool), labels
         return extract_features(make_feature_fn(encoder.model, encoder.feature),
-                                batches(images, labels, False))
+                                batches(images, labels, False), pool=F.knn_pool)
 
     t0 = time.perf_counter()
     train_x, train_y = features(data.train, data.train_labels)
     test_x, test_y = features(data.test, data.test_labels)
     t1 = time.perf_counter()
     top1 = knn_accuracy(train_x, train_y, test_x, test_y, k=F.knn_k, metric=F.knn_metric,
-                        num_classes=data.num_classes)
+                        num_classes=data.num_classes, ties=F.knn_ties)
     t2 = time.perf_counter()
     if chief:
         write_test_top1(F.model_dir, top1, step=0)
     return dict(selected_epoch=None, val_top1=None, test_top1=top1,
-                knn=dict(k=F.knn_k, metric=F.knn_metric, feature_dim=int(train_x.shape[1])),
+                knn=dict(k=F.knn_k, metric=F.knn_metric, pool=F.knn_pool, ties=F.knn_ties,
+                         feature_dim=int(train_x.shape[1])),
                 timing_s=dict(features=round(t1 - t0, 1), knn=round(t2 - t1, 1)))
 
 

@@ -80,6 +80,11 @@ def run() -> dict:
     precision = choose_precision(F.mixed_precision, keras.backend.backend(), _accelerator())
     keras.mixed_precision.set_global_policy(precision.policy)
     data = program.load_train_images() if F.stage == "pretext" else None
+    if data is not None:
+        pretext.check_batch_fits(data[2])
+    from aetv2_tf.probes import stage
+    # A probe reads its data and --pretrained encoder here too: a failure writes nothing.
+    loaded = stage.load() if F.stage != "pretext" else None
     recorded = dict(run_flags(), precision=precision._asdict(), backend=keras.backend.backend())
     rundir.prepare(F.model_dir, recorded, flagfile_text(), ESSENTIAL, F.overwrite,
                    trajectory=TRAJECTORY)
@@ -89,9 +94,7 @@ def run() -> dict:
                            data) + note, flush=True)
     if F.stage == "pretext":
         return pretext.run(KerasPretext(data[0]), *data)
-    from aetv2_tf.probes import stage
-
-    return stage.run()
+    return stage.run(loaded=loaded)
 
 
 class KerasPretext(pretext.PretextAdapter):
@@ -142,6 +145,8 @@ class KerasPretext(pretext.PretextAdapter):
                                       mean=self.mean, std=self.std,
                                       param_scale=self.param_std if self.decoder_scaled else None,
                                       init_rotation_deg=F.decoder_init_rotation,
+                                      siamese_batch_norm=F.siamese_batch_norm,
+                                      target=F.mse_target if F.loss == "mse" else "model",
                                       count_steps=F.mse_decay_steps > 0)
         schedule, optimizer = program.schedule_and_optimizer(model, steps)
         # An MSE warm-up reads the step a jitted JAX step carries (models.pairs).

@@ -150,7 +150,9 @@ class TensorFlowPretext(pretext.PretextAdapter):
                 if self.warp_on_device else None
             model = build_rotation_model(encoder) if self.rotation else \
                 build_aet_model(encoder, param_scale=scale,
-                                init_rotation_deg=F.decoder_init_rotation, pairs=pairs)
+                                init_rotation_deg=F.decoder_init_rotation, pairs=pairs,
+                                siamese_batch_norm=F.siamese_batch_norm,
+                                target=F.mse_target if F.loss == "mse" else "model")
             schedule, optimizer = program.schedule_and_optimizer(model, steps)
             loss, compiled_metrics = program.pretext_loss(self.param_std, self.size,
                                                           optimizer.iterations)
@@ -240,6 +242,11 @@ def run() -> dict:
     keras.mixed_precision.set_global_policy(precision.policy)
     # Bad data fails here, before the model_dir is touched.
     data = program.load_train_images() if F.stage == "pretext" else None
+    if data is not None:
+        pretext.check_batch_fits(data[2])
+    from aetv2_tf.probes import stage as probe_stage
+    # A probe reads its data and --pretrained encoder here too: a failure writes nothing.
+    loaded = probe_stage.load() if F.stage != "pretext" else None
     recorded = dict(run_flags(), precision=precision._asdict())
     rundir.prepare(F.model_dir, recorded, flagfile_text(), ESSENTIAL, F.overwrite, chief,
                    TRAJECTORY)
@@ -248,5 +255,4 @@ def run() -> dict:
                      precision, data, kernels), flush=True)
     if F.stage == "pretext":
         return pretext.run(TensorFlowPretext(strategy, chief, data[0]), *data)
-    from aetv2_tf.probes import stage as probe_stage
-    return probe_stage.run(strategy, chief)
+    return probe_stage.run(strategy, chief, loaded)

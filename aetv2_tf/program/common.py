@@ -59,6 +59,12 @@ def check_flags(num_replicas: int, backend: str, accelerator: bool) -> None:
         raise UsageError(f"--pretext=rotation shows each image in its 4 rotations: "
                          f"--batch_size={F.batch_size} must be a multiple of 4.")
     lr_drops()  # a bad --lr_drop_epochs fails here
+    if F.mse_target == "official" and F.pretext == "aet" and F.loss != "mse":
+        raise UsageError("--mse_target=official is the AETv1 MSE's target: use it with "
+                         "--loss=mse (configs/cifar10_aetv1_official.cfg).")
+    if F.mse_target == "official" and F.decoder_scale:
+        raise UsageError("--mse_target=official regresses the AETv1 code's own normalised "
+                         "targets: drop --decoder_scale.")
     if F.pretext == "rotation" and F.loss == "mse" and F.stage == "pretext":
         logging.info("--loss is ignored by --pretext=rotation (cross-entropy over 4 rotations).")
     flag_support.check(backend, {name: FLAGS[name] for name in flag_support.TABLE})
@@ -162,6 +168,9 @@ def total_steps(num_examples: int | None, images_per_step: int,
         raise UsageError("the dataset size is unknown here: pass --train_steps.")
     per_epoch = max((num_examples or train_steps * images_per_step) // images_per_step, 1)
     steps = train_steps or FLAGS.epochs * per_epoch
+    if steps > flag_support.MAX_INT:
+        raise UsageError(f"--epochs={FLAGS.epochs} of {per_epoch} steps is {steps} steps, more "
+                         f"than the {flag_support.MAX_INT} a run counts; pass fewer --epochs.")
     return min(per_epoch, steps), steps
 
 
@@ -228,7 +237,7 @@ def budget_steps(fit_first_steps: Callable[[int, keras.callbacks.Callback], None
     fit_first_steps(executions * F.steps_per_execution, timer)
     (s0, t0), (s1, t1) = timer.marks[1], timer.marks[-1]
     rate = (s1 - s0) / max(t1 - t0, 1e-9)  # steps per second
-    steps = max(int(F.train_seconds * rate), 1)
+    steps = min(max(int(F.train_seconds * rate), 1), flag_support.MAX_INT)
     record = dict(train_seconds=F.train_seconds, train_steps=steps,
                   pairs_per_sec=round(rate * F.batch_size, 1), timed_steps=s1 - s0,
                   measured=time.strftime("%Y-%m-%d %H:%M:%S"))

@@ -18,8 +18,15 @@ STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker_mirrore
 def configure_cpu_devices(num_logical_devices: int) -> None:
     """Split the first CPU into `num_logical_devices` logical devices (tests, CPU-only mirrored).
 
-    Must run before TensorFlow initialises its devices (before any op is executed).
+    Must run before TensorFlow initialises its devices (before any op is executed). More than
+    `flag_support.MAX_CPU_DEVICES` is refused with a `ValueError` (100000 hung the start).
     """
+    from aetv2_tf.program.flag_support import MAX_CPU_DEVICES
+
+    if num_logical_devices > MAX_CPU_DEVICES:
+        raise ValueError(f"--cpu_devices={num_logical_devices}: at most {MAX_CPU_DEVICES} "
+                         "logical CPU devices (they share the same cores); pass 2 to 8 to "
+                         "exercise --strategy=mirrored on a CPU.")
     if num_logical_devices <= 1:
         return
     cpus = tf.config.list_physical_devices("CPU")

@@ -5,14 +5,20 @@ all). A row is either `EVERYWHERE` (the flag works on every backend) or a `Rule`
 that the backends other than TensorFlow refuse, with what the flag needs there and the fix.
 TensorFlow runs every flag. A refusal is a `UsageError` that names the flag, the backend and
 the fix.
+
+Also the limits and parsers that every program's flags share (`strict_flags`): integer flags
+take digits up to `MAX_INT`, and path flags expand `~` wherever they are given.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from absl import flags
 
 from aetv2_tf.program.rundir import UsageError
 
@@ -83,7 +89,8 @@ for _name in (
     "stage", "probe", "pretext", "loss", "projection_weight", "angle_power", "residual_scale",
     "chordal_weight", "mse_weight", "mse_decay_steps", "loss_frame", "loss_frame_scale",
     "decoder_scale",
-    "decoder_init_rotation", "mse_normalize", "backbone", "batch_norm", "data_dir",
+    "decoder_init_rotation", "siamese_batch_norm", "mse_target", "mse_normalize", "backbone",
+    "batch_norm", "data_dir",
     "train_examples", "shift", "augment", "model_dir", "overwrite", "batch_size", "epochs",
     "train_steps", "train_seconds", "stop_after_steps", "steps_per_execution", "optimizer",
     "learning_rate", "lr_schedule", "lr_drop_epochs", "lr_drop_factor", "warmup_steps",
@@ -91,8 +98,9 @@ for _name in (
     "weight_decay", "weight_decay_mode", "seed", "mixed_precision", "on_nonfinite",
     "allow_flag_changes", "checkpoint_every_steps", "keep_checkpoints", "summary_every_steps",
     "quick_knn_train",
-    "quick_knn_test", "verbose", "pretrained", "feature", "probe_pool", "method", "dataset_name",
-    "knn_k", "knn_metric", "val_examples", "test_examples",
+    "quick_knn_test", "verbose", "pretrained", "trust_saved_model", "feature", "probe_pool",
+    "method", "dataset_name",
+    "knn_k", "knn_metric", "knn_pool", "knn_ties", "val_examples", "test_examples",
 ):
     TABLE[_name] = EVERYWHERE
 del _name
@@ -139,3 +147,59 @@ def check(backend: str, flags: dict[str, Any]) -> None:
     found = refusals(backend, flags)
     if found:
         raise UsageError(found[0])
+
+
+# --- the limits and parsers every program's flags share ----------------------------------------
+
+#: The largest value of an integer flag (steps, epochs, examples, seeds, intervals, seconds):
+#: int32's. A step counter is an int32 under Keras on JAX (no x64), NumPy's seeds stop at 2**32,
+#: and a larger count (`--train_steps=10**21`) ended in a traceback deep in the run.
+MAX_INT = 2**31 - 1
+#: `--cpu_devices`: logical devices on one CPU share its cores (they exercise the mirrored path,
+#: they add no speed) and Keras traces the train step once per replica, so more only stalls the
+#: start: 100000 hung before the first step. 64 starts within a minute here.
+MAX_CPU_DEVICES = 64
+#: `--train_seconds`: a year. A larger budget is a typo, and its step count would pass MAX_INT.
+MAX_TRAIN_SECONDS = 365 * 24 * 3600.0
+
+
+class WholeNumberParser(flags.IntegerParser):
+    """An integer flag's parser whose refusal names the fix (`--train_steps=1e21`, `=1.5`)."""
+
+    def convert(self, argument: int | str) -> int:
+        """The int of `argument` (digits; 0x/0o prefixes as absl's); a ValueError that says how
+        to write it otherwise."""
+        try:
+            return super().convert(argument)
+        except ValueError:
+            raise ValueError(f"not a whole number: write it in digits, from 0 to {MAX_INT} "
+                             f"(1e6 and 1.5 are not whole numbers here)") from None
+
+
+class PathParser(flags.ArgumentParser):
+    """A path flag's parser: `~` and `~user` are expanded, as the shell does on a command line,
+    so that a flagfile's `--model_dir=~/runs/x` names the same directory (absl already expands
+    `--flagfile=~/...`). `$VARIABLES` are left alone: a path may hold a `$`, and the shell has
+    expanded them on the command line already."""
+
+    def parse(self, argument: str) -> str:
+        """`argument` with `~` expanded."""
+        return os.path.expanduser(super().parse(argument))
+
+
+def strict_flags(flag_values: flags.FlagValues, module: str) -> None:
+    """Every integer flag of `module` gets `WholeNumberParser` and the upper bound `MAX_INT`;
+    every flag named in `PATH_FLAGS` gets `PathParser`. Call once, after defining the flags."""
+    for flag in flag_values.get_flags_for_module(module):
+        if isinstance(flag.parser, flags.IntegerParser):
+            flag.parser = WholeNumberParser()
+            flags.register_validator(
+                flag.name, lambda v: v is None or v <= MAX_INT, flag_values=flag_values,
+                message=f"--{flag.name} must be at most {MAX_INT} (2**31 - 1, the int32 range "
+                        "of step counters and seeds); pass a smaller whole number.")
+        elif flag.name in PATH_FLAGS:
+            flag.parser = PathParser()
+
+
+#: The flags that name a file or a directory (of `aetv2_tf.program.flags`, `aetv2_tf.report`).
+PATH_FLAGS = ("data_dir", "model_dir", "pretrained", "output")

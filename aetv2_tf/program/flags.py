@@ -12,6 +12,8 @@ import math
 
 from absl import flags
 
+from aetv2_tf.program import flag_support
+
 # --- what to run -----------------------------------------------------------------------------
 flags.DEFINE_enum("stage", "pretext", ["pretext", "probe", "supervised"],
                   "pretext: self-supervised pretraining; probe: evaluate a frozen encoder "
@@ -53,6 +55,15 @@ flags.DEFINE_float("decoder_init_rotation", 0.0,
                    "The decoder starts at the rotation by this many degrees about the image "
                    "centre instead of the identity (45 keeps every quarter turn off the "
                    "geodesic loss's cut locus at theta = pi).")
+flags.DEFINE_enum("siamese_batch_norm", "joint", ["joint", "per_branch"],
+                  "AET pretext: joint (one encoder call on the batch of x and t(x) together: one "
+                  "set of BatchNorm statistics) or per_branch (two calls, x then t(x), each with "
+                  "its own statistics and moving-average update: the published AETv1 code).")
+flags.DEFINE_enum("mse_target", "model", ["model", "official"],
+                  "mse loss only: model (the MSE on T's model-frame parameters, see "
+                  "--mse_normalize) or official (the published AETv1 code's targets: PIL's "
+                  "inverse map in corner-origin pixels, normalised by its fixed constants; the "
+                  "decoder regresses them; configs/cifar10_aetv1_official.cfg).")
 flags.DEFINE_bool("mse_normalize", True,
                   "mse loss only: divide each parameter error by the parameter's fixed std under "
                   "the sampler (the AETv1 normalisation).")
@@ -101,7 +112,8 @@ flags.DEFINE_string("data_service", None,
 flags.DEFINE_string("model_dir", None, "Checkpoints, TensorBoard logs, flags and exports.")
 flags.DEFINE_bool("overwrite", False,
                   "Start afresh in a --model_dir that holds a run with different essential flags "
-                  "(its checkpoints are deleted). Without it such a run is refused.")
+                  "(its files are moved into <model_dir>/overwritten-<time>/, nothing is "
+                  "deleted). Without it such a run is refused.")
 flags.DEFINE_integer("batch_size", 128, "Global batch size (pairs), split across replicas.")
 flags.DEFINE_integer("epochs", 0, "Training epochs over the training set (0: use --train_steps).")
 flags.DEFINE_integer("train_steps", 0, "Training steps (overrides --epochs when > 0).")
@@ -182,6 +194,12 @@ flags.DEFINE_string("pretrained", None,
                     "probe: a pretraining --model_dir (its newest checkpoint), an exported "
                     "SavedModel dir (<model_dir>/export/encoder), or 'none' (random-init encoder "
                     "seeded by --seed).")
+flags.DEFINE_bool("trust_saved_model", False,
+                  "probe: load a --pretrained SavedModel that is not a verified export of this "
+                  "project (no aetv2_export.json, or files that differ from it). A SavedModel is "
+                  "a program: loading it runs its graph, which can read and write files; pass "
+                  "this only for a SavedModel from someone you trust. Prefer --pretrained="
+                  "<model_dir>, which loads weights and runs nothing from the file.")
 flags.DEFINE_string("feature", None,
                     "probe/supervised: the frozen feature (NIN: block1..block4, default block2; "
                     "AlexNet: conv1..conv5, fc6, fc7, no default).")
@@ -200,9 +218,16 @@ flags.DEFINE_string("dataset_name", None,
                     "probe/supervised: the dataset's name in results.json and reports (default "
                     "--dataset; e.g. places205 for --dataset=folder holding Places205).")
 flags.DEFINE_integer("knn_k", 10, "probe=knn: number of neighbours.")
-flags.DEFINE_enum("knn_metric", "cosine", ["cosine", "euclidean"],
-                  "probe=knn: similarity of average-pooled features (cosine is the usual "
-                  "self-supervised protocol).")
+flags.DEFINE_enum("knn_metric", "euclidean", ["euclidean", "cosine"],
+                  "probe=knn: distance between features. Default: Euclidean, as the published "
+                  "AETv1 code's KNN (scikit-learn); cosine was this project's earlier protocol.")
+flags.DEFINE_enum("knn_pool", "avg2x2", ["avg2x2", "global"],
+                  "probe=knn: how the feature map becomes a vector. avg2x2 (default): 2x2 average "
+                  "pooling, stride 2, flattened (NIN block 2: 3,072 values), the published AETv1 "
+                  "code's KNN; global: global average pooling (192 values), the earlier protocol.")
+flags.DEFINE_enum("knn_ties", "smallest_label", ["smallest_label", "nearest"],
+                  "probe=knn: the class chosen among classes with equal votes: the smallest label "
+                  "(default, scikit-learn's KNeighborsClassifier) or the nearest neighbour's.")
 flags.DEFINE_integer("val_examples", 5000,
                      "probe heads and supervised: training examples held out for model "
                      "selection (never the test set); KNN uses the whole training set.")
@@ -219,7 +244,9 @@ TRAJECTORY = ("learning_rate", "lr_schedule", "lr_drop_epochs", "lr_drop_factor"
               "on_nonfinite")
 ESSENTIAL = ("stage", "pretext", "loss", "angle_power", "residual_scale", "chordal_weight",
              "mse_weight", "mse_decay_steps", "loss_frame", "loss_frame_scale", "decoder_scale",
-             "decoder_init_rotation", "backbone", "dataset", "batch_norm", "shift", "optimizer",
+             "decoder_init_rotation", "siamese_batch_norm", "mse_target", "backbone", "dataset",
+             "batch_norm",
+             "shift", "optimizer",
              "projection_weight", "batch_size", "seed", "probe", "feature", "pretrained")
 
 
@@ -261,6 +288,19 @@ flags.register_validator("weight_decay", lambda v: v >= 0, message="--weight_dec
 flags.register_validator("learning_rate", lambda v: v > 0, message="--learning_rate must be > 0.")
 flags.register_validator("model_dir", lambda v: bool(v),
                          message="--model_dir is required: where checkpoints and logs go.")
+# Integer flags: digits up to flag_support.MAX_INT; path flags: `~` expanded, also in a flagfile.
+flag_support.strict_flags(FLAGS, __name__)
+_positive("seed", allow_zero=True)  # NumPy refuses negative seeds
+_positive("collective_timeout_seconds", allow_zero=True)
+flags.register_validator(
+    "cpu_devices", lambda v: v <= flag_support.MAX_CPU_DEVICES,
+    message=f"--cpu_devices must be at most {flag_support.MAX_CPU_DEVICES}: logical CPU devices "
+            "share the same cores and each adds a traced copy of the step; pass 2 to 8 to "
+            "exercise --strategy=mirrored on a CPU.")
+flags.register_validator(
+    "train_seconds", lambda v: v <= flag_support.MAX_TRAIN_SECONDS,
+    message=f"--train_seconds must be at most {flag_support.MAX_TRAIN_SECONDS:.0f} (a year); "
+            "for longer runs pass --train_steps or --epochs.")
 
 
 def resolve_run_length(argv: list[str]) -> str | None:

@@ -57,7 +57,8 @@ class PretextAdapter:
         self.size = program.IMAGE_SIZE[F.backbone]
         self.rotation = F.pretext == "rotation"
         self.images_per_step = F.batch_size // 4 if self.rotation else F.batch_size
-        self.decoder_scaled = F.loss == "mse" if F.decoder_scale is None else F.decoder_scale
+        self.decoder_scaled = (F.loss == "mse" and F.mse_target == "model") \
+            if F.decoder_scale is None else F.decoder_scale
         self.mean, self.std = normalization_constants(F.dataset)
 
     def build(self, steps: int) -> tuple[keras.Model, keras.Model, Any, Any]:
@@ -88,6 +89,21 @@ class PretextAdapter:
 
     def close(self) -> None:
         """Called once at the end (e.g. a non-chief worker's scratch directory)."""
+
+
+def check_batch_fits(num_examples: int | None) -> None:
+    """A step takes `--batch_size` distinct images (RotNet: a quarter, in 4 rotations): fewer
+    training images than that is refused before the model_dir is written (UsageError)."""
+    from aetv2_tf.program.rundir import UsageError
+
+    F = FLAGS
+    per_step = F.batch_size // 4 if F.pretext == "rotation" else F.batch_size
+    if num_examples is not None and num_examples < per_step:
+        images = "a quarter of --batch_size (RotNet shows each in 4 rotations)" \
+            if F.pretext == "rotation" else "--batch_size"
+        raise UsageError(f"--batch_size={F.batch_size}: a step takes {per_step} training images "
+                         f"({images}), but the data has only {num_examples} (--train_examples="
+                         f"{F.train_examples}); lower --batch_size or raise --train_examples.")
 
 
 def check_disk(model: keras.Model, encoder: keras.Model, other_writers: int = 0) -> None:

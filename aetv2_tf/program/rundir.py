@@ -8,7 +8,9 @@ Layout of a `--model_dir`:
     train/             TensorBoard event files (and log.csv on backends other than TensorFlow)
     encoder.weights.h5 the encoder alone, read by every backend (end of training)
     aet_model.keras    the whole pretext model (end of training, TensorFlow)
-    export/encoder/    SavedModel of the encoder for feature extraction (end of training)
+    export/encoder/    SavedModel of the encoder for feature extraction (end of training),
+                       with aetv2_export.json (`aetv2_tf.trust`)
+    overwritten-<time>/  a previous run, set aside by --overwrite (nothing is deleted)
 
 Runs of earlier versions of the TensorFlow program have `tf.train.Checkpoint` files in
 checkpoints/ (ckpt-<step>.{index,data-*}, checkpoint); they resume under TensorFlow.
@@ -139,17 +141,126 @@ def _trajectory_changes(model_dir: str, saved: dict, run_flags: dict,
                   if k in before and before[k] != run_flags.get(k)}
 
 
-def _remove_run(model_dir: str) -> None:
-    """What `--overwrite` deletes: the run's checkpoints, logs, exports and records."""
-    for name in ("checkpoints", "train", "export", "aet_model.keras", "results.json", "probe",
-                 "encoder.weights.h5", "budget.json", "epochs.csv", "best.weights.h5",
-                 "validation", "test", HISTORY, "encoder.weights.h5.sha256",
-                 "aet_model.keras.sha256"):
+#: What a run writes at the top of its model_dir (files and folders), set aside by --overwrite.
+RUN_ENTRIES = ("checkpoints", "train", "validation", "test", "probe", "export", ".worker_tmp",
+               "aet_model.keras", "aet_model.keras.sha256", "encoder.weights.h5",
+               "encoder.weights.h5.sha256", "results.json", "budget.json", "epochs.csv",
+               "best.weights.h5", HISTORY, "flags.json", "flags.cfg")
+#: The names a run writes inside its folders (fnmatch patterns on the file's base name); any
+#: other file there is not the project's (e.g. the images of a folder dataset's train/).
+RUN_FILES = {
+    "checkpoints": ("ckpt-*", "checkpoint", ".tmp*", "*.sha256", "*.bad"),
+    "train": ("events.out.tfevents.*", "log.csv", "*.profile-empty", "*.pb", "*.trace.json.gz"),
+    "validation": ("events.out.tfevents.*",), "test": ("events.out.tfevents.*",),
+    "probe": ("events.out.tfevents.*", "*.csv", "*.json", "*.weights.h5"),
+    "export": ("saved_model.pb", "fingerprint.pb", "keras_metadata.pb", "aetv2_export.json",
+               "variables.index", "variables.data-*", ".tmp*"),
+    ".worker_tmp": ("ckpt-*", ".tmp*", "*.sha256", "*.bad"),
+}
+
+
+def foreign_files(model_dir: str, limit: int = 5) -> list[str]:
+    """Up to `limit` files under the run's folders of `model_dir` (`RUN_FILES`) whose names no
+    run writes, e.g. a folder dataset's images in train/ and test/: a model_dir there is refused
+    rather than mixed with them or set aside with them. Stops at `limit` (a dataset's millions of
+    files are not listed)."""
+    import fnmatch
+
+    found: list[str] = []
+    for folder, patterns in RUN_FILES.items():
+        top = os.path.join(model_dir, folder)
+        if os.path.islink(top) or not os.path.isdir(top):
+            continue  # a link is moved aside as a link, never followed; a file makes the write fail
+        for root, _, files in os.walk(top):
+            for name in files:
+                if not any(fnmatch.fnmatch(name, p) for p in patterns):
+                    found.append(os.path.join(root, name))
+                    if len(found) >= limit:
+                        return found
+    return found
+
+
+def check_no_foreign_files(model_dir: str) -> None:
+    """UsageError naming the files of `model_dir` that a run would mix its own with, or set
+    aside (`foreign_files`)."""
+    found = foreign_files(model_dir)
+    if found:
+        raise UsageError(f"--model_dir={model_dir} holds files this project did not write where "
+                         f"a run writes ({', '.join(found)}{', ...' if len(found) >= 5 else ''})"
+                         "; is it a dataset's folder? Nothing was changed; choose a new, empty "
+                         "--model_dir.")
+
+
+def _set_aside_run(model_dir: str, why: str = "--overwrite") -> str:
+    """What `--overwrite` does: moves the previous run's entries (`RUN_ENTRIES`) into a new
+    `<model_dir>/overwritten-<time>/` and returns its path.
+
+    Moving aside rather than deleting: nothing is ever lost by a mistyped --model_dir or a
+    misunderstood flag (a run read by another one, a dataset folder), and it costs no time (one
+    rename per entry, on the same disk); the user deletes the folder when it is not needed. Only
+    names that runs write are moved, and `prepare` has refused a model_dir whose run folders hold
+    other files (`check_no_foreign_files`); anything else in the model_dir stays where it is.
+    """
+    import time
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    aside = os.path.join(model_dir, f"overwritten-{stamp}")
+    n = 1
+    while os.path.lexists(aside):
+        n += 1
+        aside = os.path.join(model_dir, f"overwritten-{stamp}-{n}")
+    os.makedirs(aside)
+    for name in RUN_ENTRIES:
         path = os.path.join(model_dir, name)
-        if os.path.isdir(path):
-            shutil.rmtree(path)
-        elif os.path.exists(path):
-            os.remove(path)
+        if os.path.lexists(path):
+            os.replace(path, os.path.join(aside, name))
+    print(f"{why}: the previous run in {model_dir} was moved to {aside} (delete it when you no "
+          "longer need it).", flush=True)
+    return aside
+
+
+#: What shows that a run trained or produced something (besides its flags and logs).
+RESULTS = ("checkpoints", "encoder.weights.h5", "aet_model.keras", "export", "results.json",
+           "best.weights.h5", "epochs.csv", "probe", HISTORY)
+
+
+def holds_results(model_dir: str) -> bool:
+    """Whether the run in `model_dir` trained or wrote a result (`RESULTS`; an empty
+    checkpoints/ does not count): such a run is never replaced without --overwrite."""
+    for name in RESULTS:
+        path = os.path.join(model_dir, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            if os.listdir(path):
+                return True
+        elif os.path.lexists(path):
+            return True
+    return False
+
+
+def read_flags_record(path: str, run_flags: dict | None = None) -> dict:
+    """The run record `path` (a flags.json), checked: a JSON object whose values have the
+    types of `run_flags`' (a string where a string is expected, ...); else a UsageError naming
+    the file and the fix."""
+    fix = ("move it away (or restore it from a backup), or choose another --model_dir; a "
+           "folder holding a run of this project has the flags.json its first start wrote")
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise UsageError(f"{path} is not a readable JSON record of a run ({e}); {fix}.") from e
+    if not isinstance(saved, dict):
+        raise UsageError(f"{path} holds a JSON {type(saved).__name__}, not the object of flags "
+                         f"a run writes; {fix}.")
+    for key, value in (run_flags or {}).items():
+        got = saved.get(key)
+        if got is None or value is None:
+            continue
+        kinds = (int, float) if isinstance(value, (int, float)) and not isinstance(
+            value, bool) else type(value)
+        if not isinstance(got, kinds) or (isinstance(got, bool) != isinstance(value, bool)):
+            raise UsageError(f"{path}: --{key} is {json.dumps(got)[:60]}, not a "
+                             f"{type(value).__name__} as a run writes it; {fix}.")
+    return saved
 
 
 def prepare(model_dir: str, run_flags: dict, flagfile: str, essential: tuple[str, ...],
@@ -157,7 +268,11 @@ def prepare(model_dir: str, run_flags: dict, flagfile: str, essential: tuple[str
     """Checks `model_dir`, refuses to mix runs, and writes this run's flags beside the checkpoints.
 
     A directory holding a run whose essential flags differ is refused (the differing flags are
-    listed) unless `overwrite`, which deletes its checkpoints, logs and exports first. A
+    listed) unless it never trained nor wrote a result (`holds_results`: a failed start, whose
+    record is set aside) or `overwrite`, which first moves the run's files into a new
+    `<model_dir>/overwritten-<time>/` (`_set_aside_run`: nothing is deleted). A model_dir whose
+    run folders (train/, test/, checkpoints/, ...) hold files no run writes, e.g. a folder
+    dataset's root, is refused, naming them (`check_no_foreign_files`). A
     pretraining run that has trained resumes only with the values of its `trajectory` flags,
     unless `--allow_flag_changes` (each accepted change appended to `flags_history.jsonl` with
     the step from which it applies) or `overwrite`; its first record (`flags.json`) is kept,
@@ -168,8 +283,13 @@ def prepare(model_dir: str, run_flags: dict, flagfile: str, essential: tuple[str
     saved_path = os.path.join(model_dir, "flags.json")
     first_record, step, changed, diff = True, 0, {}, {}
     if os.path.exists(saved_path):
-        with open(saved_path) as f:
-            saved = json.load(f)
+        checked = {"stage", "backend", *essential, *trajectory}
+        saved = read_flags_record(saved_path, {k: v for k, v in run_flags.items()
+                                               if k in checked})
+        # A start that failed before it trained or wrote a result (a bad --pretrained, an
+        # out-of-memory batch) left only its record: the corrected command starts afresh there,
+        # the old record set aside (`_set_aside_run`), instead of being refused as another run.
+        restart = overwrite or not holds_results(model_dir)
         # A flag newer than the saved run is absent from it: that run had its default behaviour.
         diff = {k: (saved.get(k), run_flags.get(k)) for k in essential
                 if k in saved and saved[k] != run_flags.get(k)}
@@ -177,13 +297,13 @@ def prepare(model_dir: str, run_flags: dict, flagfile: str, essential: tuple[str
         # the checkpoint format, so a run continues only on the backend that started it.
         backends = saved.get("backend", "tensorflow"), run_flags.get("backend", "tensorflow")
         if backends[0] != backends[1]:
-            if not overwrite:
+            if not restart:
                 raise UsageError(f"--model_dir={model_dir} holds a run of the {backends[0]} "
                                  f"backend, whose checkpoints KERAS_BACKEND={backends[1]} cannot "
                                  f"continue; rerun it with KERAS_BACKEND={backends[0]}, pass "
                                  "--overwrite to start afresh there, or choose a new --model_dir.")
             diff["backend"] = backends
-        if diff and not overwrite:
+        if diff and not restart:
             lines = ", ".join(f"--{k}: saved {a!r}, now {b!r}" for k, (a, b) in diff.items())
             raise UsageError(f"--model_dir={model_dir} holds a run with different essential "
                              f"flags ({lines}). Resume with the saved flags "
@@ -200,9 +320,11 @@ def prepare(model_dir: str, run_flags: dict, flagfile: str, essential: tuple[str
                              "choose a new --model_dir.")
     if not chief:
         return
+    check_no_foreign_files(model_dir)
     lock(model_dir)
-    if overwrite and (diff or changed):
-        _remove_run(model_dir)
+    if diff or (overwrite and changed):  # diff: with --overwrite, or nothing trained yet
+        _set_aside_run(model_dir, "--overwrite" if overwrite else
+                       "Other essential flags where the last start trained nothing")
     elif step and run_flags.get("stage") == "pretext":
         first_record = False  # the record of what trained so far stays
         if changed:

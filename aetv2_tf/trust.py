@@ -1,0 +1,194 @@
+"""What this project wrote, recognised before anything is replaced, removed or run.
+
+An export (`aetv2_tf.export.export_encoder`) writes ``aetv2_export.json`` beside its
+``saved_model.pb``: the SHA-256 of every file of the SavedModel (``saved_model.pb``,
+``fingerprint.pb``, every file under ``variables/`` and ``assets/``), relative paths with ``/``.
+A directory is "a project export" (`verify_export` returns None) when that manifest is there and
+the files of the directory are exactly the files it lists, each with its digest.
+
+Two uses, and what the digest does and does not promise:
+
+* **Replacing an export** (`check_export_target`, `replace_export`): a folder is replaced (moved
+  aside, then removed) only when it is a project export, or empty; anything else (a home folder,
+  the working directory, a model_dir, a SavedModel of someone else, an export with a file
+  added) is refused and left as it was. Every file that is removed is listed in a manifest that
+  matches it, so no user file is ever deleted.
+* **Loading a SavedModel** given to ``--pretrained`` (`aetv2_tf.probes.encoders`): a SavedModel is
+  a program (loading it runs its graph: resource initialisers, restore functions, and the
+  signature when called, which can read and write files), so only a verified project export is
+  loaded unless ``--trust_saved_model``. The digest catches accidents and swapped files (a graph
+  replaced after the export, a folder that is not an export). It does NOT authenticate the
+  author: whoever writes a hostile graph can write a matching manifest too. The real defence is
+  to load weights, not graphs: ``--pretrained=<model_dir>`` reads ``encoder.weights.h5`` (or a
+  checkpoint) into an encoder built by this project's code, and runs nothing from the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+
+MANIFEST = "aetv2_export.json"
+FORMAT = "aetv2_tf export"
+
+
+class ExportTargetError(ValueError):
+    """An export's output that is not ours to replace: the message names it and the fix."""
+
+
+def file_digest(path: str) -> str:
+    """SHA-256 (hex) of the file at `path`, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(2**20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _files(directory: str) -> list[str]:
+    """Every file (and symlink) under `directory` but the manifest, relative, with "/"."""
+    found = []
+    for root, dirs, files in os.walk(directory):
+        dirs.sort()
+        # a symlinked folder is listed as an entry (never followed): it cannot match a digest
+        entries = files + [d for d in dirs if os.path.islink(os.path.join(root, d))]
+        for name in sorted(entries):
+            rel = os.path.relpath(os.path.join(root, name), directory).replace(os.sep, "/")
+            if rel != MANIFEST:
+                found.append(rel)
+    return found
+
+
+def write_manifest(directory: str) -> str:
+    """Writes `directory`/aetv2_export.json, the digest of every file in it; returns its path."""
+    files = {rel: file_digest(os.path.join(directory, rel)) for rel in _files(directory)}
+    path = os.path.join(directory, MANIFEST)
+    with open(path, "w") as f:
+        json.dump({"format": FORMAT, "version": 1, "sha256": files}, f, indent=1, sort_keys=True)
+    return path
+
+
+def verify_export(directory: str) -> str | None:
+    """None when `directory` is a project export whose files all match its manifest (module
+    docstring); else why not, in a few words."""
+    path = os.path.join(directory, MANIFEST)
+    if not os.path.isfile(path):
+        return f"it has no {MANIFEST} (not an export of this project, or of an earlier version)"
+    try:
+        with open(path) as f:
+            manifest = json.load(f)
+        listed = manifest["sha256"]
+        if manifest.get("format") != FORMAT or not isinstance(listed, dict):
+            raise ValueError("not an export manifest")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"its {MANIFEST} is unreadable ({e})"
+    present = _files(directory)
+    extra = sorted(set(present) - set(listed))
+    if extra:
+        return f"it holds files its {MANIFEST} does not list: {', '.join(extra[:5])}"
+    missing = sorted(set(listed) - set(present))
+    if missing:
+        return f"files listed in its {MANIFEST} are missing: {', '.join(missing[:5])}"
+    for rel in present:
+        full = os.path.join(directory, rel)
+        if os.path.islink(full) or file_digest(full) != listed[rel]:
+            return f"{rel} is not the file that was exported (its SHA-256 differs from {MANIFEST})"
+    return None
+
+
+def _is_same_or_ancestor(path: str, other: str) -> bool:
+    """`path` is `other` or a folder above it (both resolved)."""
+    return other == path or other.startswith(path.rstrip(os.sep) + os.sep)
+
+
+#: The files a SavedModel export of this project wrote before it had a manifest.
+_SAVED_MODEL_FILES = ("saved_model.pb", "fingerprint.pb", "keras_metadata.pb",
+                      "variables/variables.index", "variables/variables.data-*")
+
+
+def _earlier_run_export(directory: str) -> bool:
+    """`directory` is `<run>/export/encoder` of a run (`<run>/flags.json`) and holds only the
+    files a SavedModel export writes: the export of an earlier version (no manifest), which the
+    run's own export may replace (written again from the same run)."""
+    real = os.path.realpath(directory)
+    export_dir = os.path.dirname(real)
+    if (os.path.basename(real), os.path.basename(export_dir)) != ("encoder", "export") or \
+            not os.path.isfile(os.path.join(os.path.dirname(export_dir), "flags.json")):
+        return False
+    return _earlier_run_export_files(directory)
+
+
+def _earlier_run_export_files(directory: str) -> bool:
+    """`directory` holds only the files a SavedModel export writes (`_earlier_run_export`)."""
+    import fnmatch
+
+    files = _files(directory)
+    return "saved_model.pb" in files and all(
+        any(fnmatch.fnmatch(rel, p) for p in _SAVED_MODEL_FILES) for rel in files)
+
+
+def check_export_target(output: str) -> None:
+    """Refuses (ExportTargetError, nothing touched) an `output` that an export must not replace:
+    the working directory or a folder above it, the home folder, a file, a model_dir (it holds
+    flags.json) or any non-empty directory that is not a project export (`verify_export`), or
+    the manifest-less export of an earlier version at a run's `export/encoder`."""
+    real = os.path.realpath(output)
+    fix = "choose a new or empty --output, or a previous export of this project"
+    protected = {os.path.realpath(os.getcwd()): "the working directory",
+                 os.path.realpath(os.path.expanduser("~")): "the home folder"}
+    for place, name in protected.items():
+        if _is_same_or_ancestor(real, place):
+            raise ExportTargetError(f"--output={output} is {name} or a folder above it; an export "
+                                    f"replaces its output directory, so {fix}.")
+    if not os.path.lexists(output):
+        return
+    if os.path.islink(output) or not os.path.isdir(output):
+        raise ExportTargetError(f"--output={output} exists and is not a directory; {fix}.")
+    if os.path.exists(os.path.join(output, "flags.json")):
+        raise ExportTargetError(f"--output={output} is a run's --model_dir (it holds flags.json);"
+                                f" nothing was changed; {fix} (by default MODEL_DIR/export/"
+                                "encoder).")
+    if not os.listdir(output):
+        return
+    why = verify_export(output)
+    if why is not None and not _earlier_run_export(output):
+        raise ExportTargetError(f"--output={output} is a non-empty directory that is not an "
+                                f"export of this project ({why}); nothing was changed. An export "
+                                f"replaces its output directory, so {fix}.")
+
+
+def replace_export(write, output: str) -> str:
+    """Writes an export safely: `write(tmp)` fills a new directory beside `output`, whose manifest
+    is then written; an existing `output` (checked by `check_export_target`: empty, or a project
+    export) is moved aside, the new one renamed into place, and the old one removed only after
+    it is verified again as ours. Returns `output`."""
+    check_export_target(output)
+    output = os.path.abspath(output)
+    parent, name = os.path.split(output)
+    os.makedirs(parent, exist_ok=True)
+    scratch = tempfile.mkdtemp(prefix=f".{name}.tmp", dir=parent)
+    try:
+        staged = os.path.join(scratch, "new")
+        write(staged)
+        write_manifest(staged)
+        if os.path.lexists(output):
+            check_export_target(output)  # again: it may have changed while we wrote
+            aside = os.path.join(scratch, "old")
+            os.replace(output, aside)
+            os.replace(staged, output)
+            if os.listdir(aside) and verify_export(aside) is not None and \
+                    not _earlier_run_export_files(aside):
+                # changed between the check and the move: keep it, say where
+                kept = f"{output}.kept-{os.getpid()}"
+                os.replace(aside, kept)
+                raise ExportTargetError(f"the previous {output} changed during the export; it "
+                                        f"was kept as {kept}, untouched.")
+        else:
+            os.replace(staged, output)
+    finally:
+        # holds only what this call wrote (new) and a verified export of ours (old)
+        shutil.rmtree(scratch, ignore_errors=True)
+    return output

@@ -1,0 +1,316 @@
+"""Hostile and oversized inputs (issue "Trust nothing you did not write"), in-process.
+
+Image headers that declare bombs or codings TensorFlow cannot decode are left out when a folder
+is listed (`aetv2_tf.data.headers`); CIFAR-10 pickles cannot ask for more memory than they hold
+(`aetv2_tf.data.pickles`, measured with tracemalloc, which sees numpy's buffers); a folder
+listing refuses unreadable, linked-outside, empty and single class folders; the shuffle buffer
+of variable-size images holds crops, not decoded images. No test allocates more than a few MB
+(the old code allocated 32-64 MB on the pickles below before refusing them).
+"""
+
+import os
+import pathlib
+import pickle
+import struct
+import tracemalloc
+import zlib
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from aetv2_tf.data.files import check_image_file, decode_image_file
+from aetv2_tf.data.headers import MAX_IMAGE_PIXELS
+from aetv2_tf.data.pipelines import classification_dataset
+from aetv2_tf.data.sources import DataError, list_image_folder, load_cifar10
+
+
+# ------------------------------------------------------------------------------------ headers
+def _jpeg(shape=(16, 24, 3)) -> bytes:
+    image = np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8)
+    return tf.io.encode_jpeg(image, quality=90).numpy()
+
+
+def _with_frame(jpeg: bytes, sof: int | None = None, precision: int | None = None,
+                size: tuple[int, int] | None = None) -> bytes:
+    """``jpeg`` with its SOF0 frame header changed: marker, precision, (height, width)."""
+    i = jpeg.index(b"\xff\xc0")
+    frame = bytearray(jpeg)
+    if sof is not None:
+        frame[i + 1] = sof
+    if precision is not None:
+        frame[i + 4] = precision
+    if size is not None:
+        frame[i + 5:i + 9] = struct.pack(">HH", *size)
+    return bytes(frame)
+
+
+def _png(width: int, height: int) -> bytes:
+    """A small real PNG whose IHDR declares ``width`` x ``height``, with a valid CRC."""
+    png = tf.io.encode_png(np.zeros((8, 8, 3), np.uint8)).numpy()
+    body = b"IHDR" + struct.pack(">II", width, height) + png[24:29]
+    return png[:8] + struct.pack(">I", 13) + body + struct.pack(">I", zlib.crc32(body)) + \
+        png[33:]
+
+
+def _decodes(path) -> bool:
+    try:
+        decode_image_file(str(path), 0)
+        return True
+    except tf.errors.InvalidArgumentError:
+        return False
+
+
+@pytest.mark.parametrize("name, make, reason", [
+    ("jpeg_30000", lambda j: _with_frame(j, size=(30000, 30000)), "JPEG declares 30000 x 30000"),
+    ("jpeg_65500", lambda j: _with_frame(j, size=(65500, 65500)), "JPEG declares 65500 x 65500"),
+    ("jpeg_12bit_sof1", lambda j: _with_frame(j, sof=0xC1, precision=12), "12-bit JPEG"),
+    ("jpeg_12bit_sof0", lambda j: _with_frame(j, precision=12), "12-bit JPEG"),
+    ("jpeg_lossless_sof3", lambda j: _with_frame(j, sof=0xC3), "lossless JPEG (SOF3)"),
+    ("jpeg_hierarchical_sof5", lambda j: _with_frame(j, sof=0xC5), "hierarchical JPEG"),
+    ("jpeg_dnl_height", lambda j: _with_frame(j, size=(0, 24)), "JPEG whose height is set"),
+    ("png_30000", lambda j: _png(30000, 30000), "PNG declares 30000 x 30000"),
+    ("png_bad_crc", lambda j: _png(8, 8)[:29] + b"\0\0\0\0" + _png(8, 8)[33:],
+     "PNG whose IHDR chunk is damaged"),
+])
+def test_undecodable_or_oversized_headers_are_named_not_decoded(tmp_path, name, make, reason):
+    """Each header refused by `check_image_file` really fails TensorFlow's decoder (the old check
+    passed them all, and training died at its first batch with an InvalidArgumentError)."""
+    path = tmp_path / f"{name}.jpg"
+    path.write_bytes(make(_jpeg()))
+    found = check_image_file(str(path))
+    assert found is not None and found.startswith(reason), found
+    assert not _decodes(path)
+
+
+def test_decodable_headers_pass(tmp_path):
+    """A real JPEG, its extended 8-bit form (SOF1), a progressive one behind 63 KB of EXIF and ICC
+    segments, a CMYK one, a PNG, a GIF and 8/24/32-bit BMPs pass and decode; a 1-bit BMP (which
+    TensorFlow refuses) and a GIF bomb are named."""
+    from PIL import Image
+
+    image = np.random.default_rng(1).integers(0, 256, (16, 24, 3), dtype=np.uint8)
+    files = {"real.jpg": _jpeg(), "sof1.jpg": _with_frame(_jpeg(), sof=0xC1),
+             "real.png": _png(8, 8)}
+    for mode in ("L", "P", "RGB", "RGBA", "1"):
+        path = tmp_path / f"{mode}.bmp"
+        Image.fromarray(image).convert(mode).save(path, "BMP")
+        files[path.name] = path.read_bytes()
+    exif = Image.Exif()
+    exif[0x010E] = "x" * 60000  # ImageDescription: a 60 KB APP1 segment before the frame
+    Image.fromarray(image).save(tmp_path / "p.jpg", "JPEG", progressive=True, exif=exif,
+                                icc_profile=bytes(3000))
+    files["progressive_exif_icc.jpg"] = (tmp_path / "p.jpg").read_bytes()
+    Image.fromarray(image).convert("CMYK").save(tmp_path / "cmyk.jpg", "JPEG")
+    files["cmyk.jpg"] = (tmp_path / "cmyk.jpg").read_bytes()
+    Image.fromarray(image).save(tmp_path / "real.gif", "GIF")
+    gif = (tmp_path / "real.gif").read_bytes()
+    files["real.gif"] = gif
+    files["bomb.gif"] = gif[:6] + struct.pack("<HH", 65535, 65535) + gif[10:]
+    refused = {"1.bmp": "1-bit BMP", "bomb.gif": "GIF declares 65535 x 65535"}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+        found = check_image_file(str(tmp_path / name))
+        if name in refused:
+            assert found is not None and found.startswith(refused[name]), (name, found)
+        else:
+            assert found is None and _decodes(tmp_path / name), (name, found)
+    assert MAX_IMAGE_PIXELS == 89_478_485  # Pillow's; documented in aetv2_tf.data.headers
+
+
+def test_a_folder_leaves_bombs_out_and_keeps_the_rest(tmp_path):
+    for c in ("a", "b"):
+        (tmp_path / c).mkdir()
+        (tmp_path / c / "ok.jpg").write_bytes(_jpeg())
+    (tmp_path / "a" / "bomb.png").write_bytes(_png(30000, 30000))
+    (tmp_path / "b" / "deep.jpg").write_bytes(_with_frame(_jpeg(), precision=12))
+    files = list_image_folder(tmp_path)
+    assert sorted(os.path.basename(p) for p, _ in files.skipped) == ["bomb.png", "deep.jpg"]
+    assert [os.path.basename(p) for p in files.paths] == ["ok.jpg", "ok.jpg"]
+
+
+# ------------------------------------------------------------------------------------ pickles
+def _peak_while(fn) -> tuple[int, Exception]:
+    """Peak bytes traced (numpy's buffers included) while ``fn()`` raises; and the error."""
+    tracemalloc.start()
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - returned to the test
+        error = e
+    else:
+        error = None
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    return peak, error
+
+
+def _reconstruct_pickle(shape: tuple[int, ...], via_ndarray: bool = False) -> bytes:
+    """A protocol-2 pickle of ``{b'data': X, b'labels': []}`` where X is
+    ``numpy.core.multiarray._reconstruct(numpy.ndarray, shape, b'B')`` (or ``numpy.ndarray(
+    shape)``) with no state: a few hundred bytes that ask numpy for ``prod(shape)`` bytes."""
+    t = b"(" + b"".join(b"J" + struct.pack("<i", n) for n in shape) + b"t"
+    array = b"cnumpy\nndarray\n" + t + b"\x85R" if via_ndarray else \
+        b"cnumpy.core.multiarray\n_reconstruct\ncnumpy\nndarray\n" + t + b"C\x01B\x87R"
+    return b"\x80\x02}(C\x04data" + array + b"C\x06labels]u."
+
+
+@pytest.mark.parametrize("via_ndarray", [False, True], ids=["reconstruct", "ndarray"])
+def test_a_tiny_pickle_cannot_make_numpy_allocate(tmp_path, via_ndarray):
+    """The old reader called numpy's real reconstructors: 64 MB here (15 GB for a bigger shape,
+    an uncaught MemoryError or an OOM kill); now they are stand-ins that allocate nothing."""
+    shape = (1024, 8192) if via_ndarray else (8192, 8192)  # float64 / uint8: 64 MB either way
+    payload = _reconstruct_pickle(shape, via_ndarray)
+    assert len(payload) < 217
+    (tmp_path / "test_batch").write_bytes(payload)
+    peak, error = _peak_while(lambda: load_cifar10(tmp_path, "test"))
+    assert peak < 4 * 2**20, peak
+    assert isinstance(error, DataError) and "test_batch" in str(error), error
+
+
+def test_memo_references_cannot_multiply_a_pickle(tmp_path):
+    """12,000 references to one bytes object cost 12,000 pointers; the old reader handed the list
+    to np.asarray, which copies each (12 GB for 1 MB objects; 32 MB for the 32 KB ones here)."""
+    blob = bytes(32 * 1024)
+    n = 1000
+    (tmp_path / "test_batch").write_bytes(
+        pickle.dumps({b"data": [blob] * n, b"labels": [0] * n}, protocol=4))
+    peak, error = _peak_while(lambda: load_cifar10(tmp_path, "test"))
+    assert peak < 4 * 2**20, peak
+    assert isinstance(error, DataError), error
+    assert "data is a list, expected a numpy (N, 3072) uint8 array" in str(error)
+    # labels: a list of lists (np.asarray would make an (n, m) array) is refused unconverted
+    data = np.zeros((n, 3072), np.uint8)
+    (tmp_path / "test_batch").write_bytes(
+        pickle.dumps({b"data": data, b"labels": [[0] * 4096] * n}, protocol=4))
+    peak, error = _peak_while(lambda: load_cifar10(tmp_path, "test"))
+    assert peak < 8 * 2**20, peak
+    assert isinstance(error, DataError) and "expected (1000,) integers" in str(error), error
+
+
+def test_array_states_must_hold_their_bytes(tmp_path):
+    """An array state whose data is shorter than its shape, a state for an admitted global, an
+    object or bytes dtype are refused; a real array pickle (numpy 2, protocols 3, 4) loads."""
+    good = {b"data": np.arange(2 * 3072).astype(np.uint8).reshape(2, 3072), b"labels": [3, 4]}
+    for protocol in (3, 4):
+        (tmp_path / "test_batch").write_bytes(pickle.dumps(good, protocol=protocol))
+        images, labels = load_cifar10(tmp_path, "test")
+        assert images.shape == (2, 32, 32, 3) and labels.tolist() == [3, 4]
+        np.testing.assert_array_equal(images[1].transpose(2, 0, 1).reshape(-1), good[b"data"][1])
+    short = pickle.dumps(good, protocol=3)  # the state's shape (2, 3072) -> (4, 3072)
+    assert short.count(b"K\x02M\x00\x0c\x86") == 1
+    short = short.replace(b"K\x02M\x00\x0c\x86", b"K\x04M\x00\x0c\x86")
+    (tmp_path / "test_batch").write_bytes(short)
+    with pytest.raises(DataError, match=r"shape \(4, 3072\) uint8 \(12,288 bytes\) with 6,144"):
+        load_cifar10(tmp_path, "test")
+    for name in (b"numpy.core.multiarray\n_reconstruct\n", b"numpy\nndarray\n"):
+        # a BUILD on an admitted global would set its attributes for every later read
+        (tmp_path / "test_batch").write_bytes(b"\x80\x02c" + name + b"N}X\x01\x00\x00\x00aK\x01s"
+                                              b"\x86b.")
+        with pytest.raises(DataError, match="refused state for"):
+            load_cifar10(tmp_path, "test")
+    for bad, message in ((np.array([None] * 3, object), "refused dtype object"),
+                         (np.zeros(2, "S3"), "refused dtype")):
+        batch = {b"data": bad, b"labels": []}
+        (tmp_path / "test_batch").write_bytes(pickle.dumps(batch, protocol=4))
+        with pytest.raises(DataError, match=message):
+            load_cifar10(tmp_path, "test")
+
+
+def test_empty_and_wrong_labels_say_the_count_expected(tmp_path):
+    """The old message read "labels have shape (0,), expected (0,) integers"."""
+    for data, labels, message in (
+            (np.zeros((0, 3072), np.uint8), [], r"data holds no image.*holds 10,000"),
+            (np.zeros((3, 3072), np.uint8), [], r"labels have shape \(0,\).*expected \(3,\)"),
+            (np.zeros((3, 3072), np.uint8), np.zeros(3), r"dtype float64, expected \(3,\) int")):
+        batch = {b"data": data, b"labels": labels}
+        (tmp_path / "test_batch").write_bytes(pickle.dumps(batch, protocol=4))
+        with pytest.raises(DataError, match=message):
+            load_cifar10(tmp_path, "test")
+
+
+# ------------------------------------------------------------------------------------ folders
+def _folder(root, classes=("a", "b"), per_class=1):
+    for c in classes:
+        (root / c).mkdir(parents=True)
+        for i in range(per_class):
+            (root / c / f"{i}.jpg").write_bytes(_jpeg())
+    return root
+
+
+def test_an_unreadable_class_folder_is_named(tmp_path, monkeypatch):
+    """Tests run as root, which ignores chmod: os.scandir is made to raise PermissionError for
+    one class folder instead (the old listing, Path.iterdir, let it through as a traceback)."""
+    root = _folder(tmp_path / "f")
+    scandir = os.scandir
+
+    def denied(path="."):
+        if os.fspath(path).endswith(os.sep + "b"):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return scandir(path)
+
+    listdir = os.listdir
+
+    def denied_listdir(path="."):  # the old listing (Path.iterdir) read it with os.listdir
+        if os.fspath(path).endswith(os.sep + "b"):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return listdir(path)
+
+    monkeypatch.setattr(os, "scandir", denied)
+    monkeypatch.setattr(os, "listdir", denied_listdir)
+    with pytest.raises(DataError, match=r"image folder .*/f/b cannot be read \(Permission "
+                                        r"denied\); give this user read"):
+        list_image_folder(root)
+
+
+def test_a_class_folder_linked_to_a_folder_holding_the_root_is_refused(tmp_path):
+    root = _folder(tmp_path / "f")
+    for name, target in (("etc", pathlib.Path("/")), ("loop", root), ("up", tmp_path)):
+        (root / name).symlink_to(target)
+        with pytest.raises(DataError, match=f"class folder {name} is a symbolic link to "
+                           f"{target}, which contains the image folder itself"):
+            list_image_folder(root)
+        (root / name).unlink()
+    (root / "alias").symlink_to(root / "a")  # inside the root: a class like any other
+    other_disk = _folder(tmp_path / "elsewhere", classes=("c",))
+    (root / "c").symlink_to(other_disk / "c")  # a class kept elsewhere: a class too
+    assert list_image_folder(root).class_names == ["a", "alias", "b", "c"]
+
+
+def test_empty_and_single_class_folders_are_refused(tmp_path):
+    root = _folder(tmp_path / "f", classes=("a",))
+    with pytest.raises(DataError, match=r"has 1 class sub-directory \(a\).*at least 2 classes"):
+        list_image_folder(root)
+    (root / "b").mkdir()
+    (root / "b" / "notes.txt").write_text("no image")
+    with pytest.raises(DataError, match="class folder b holds no image"):
+        list_image_folder(root)
+    (root / "b" / "bomb.png").write_bytes(_png(30000, 30000))  # its only image is left out
+    with pytest.raises(DataError, match=r"no image of class folder\(s\) b can be decoded"):
+        list_image_folder(root)
+
+
+# ------------------------------------------------------------------------------ shuffle buffer
+def test_the_shuffle_buffer_holds_crops_not_decoded_images():
+    """Variable-size images are cropped BEFORE the shuffle buffer: its elements are (S, S, 3)
+    whatever the images' size (1,024 decoded 12-megapixel photos took 37 GB), and an image gets
+    another crop in each epoch of a stream without repeat."""
+    yy, xx = np.mgrid[:600, :500]
+    big = [np.stack([yy % 256, xx % 256, np.full_like(yy, 40 * i)], -1).astype(np.uint8)[
+        :, :400 + 10 * i] for i in range(6)]
+    ds = tf.data.Dataset.from_generator(
+        lambda: ((im, np.int64(i)) for i, im in enumerate(big)),
+        output_signature=(tf.TensorSpec([None, None, 3], tf.uint8), tf.TensorSpec([], tf.int64)))
+    stream = classification_dataset(ds, None, 3, seed=0, training=True, image_size=32,
+                                     mean=(0, 0, 0), std=(1, 1, 1))
+    shuffles, todo = [], [stream]
+    while todo:  # every dataset of the chain, back to the source
+        node = todo.pop()
+        if type(node).__name__.endswith("ShuffleDataset"):
+            shuffles.append(node)
+        todo += node._inputs()
+    assert shuffles and all(list(s.element_spec[0].shape) == [32, 32, 3] for s in shuffles)
+    epochs = [{int(y): x.numpy() for xs, ys in stream for x, y in zip(xs, ys, strict=True)}
+              for _ in range(2)]
+    assert sorted(epochs[0]) == list(range(6)) == sorted(epochs[1])
+    assert any(not np.array_equal(epochs[0][k], epochs[1][k]) for k in range(6))
