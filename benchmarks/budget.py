@@ -3,10 +3,10 @@
 Pretrains AETv2 (`configs/budget_aetv2.cfg`, geodesic loss) and AETv1 (`configs/budget_aetv1.cfg`,
 MSE) for the same number of steps and batch size, each through the real program
 (`python -m aetv2_tf.train` in a subprocess), then scores every encoder, and a random-init one
-(no pretraining), with the paper's KNN protocol (`configs/cifar10_probe_knn.cfg`: k = 10, cosine,
-average-pooled block-2 features, the whole 50,000 training images against the 10,000 test
-images, `--stage=probe --probe=knn`). It records each method's KNN top-1, steps, pairs, wall
-time, the CPU time of its processes, and the training pairs/s.
+(no pretraining), with the paper's KNN protocol (`configs/cifar10_probe_knn.cfg`: the published
+AETv1 code's, k = 10, Euclidean, block-2 features pooled 2x2 to 3,072 values, the whole 50,000
+training images against the 10,000 test images, `--stage=probe --probe=knn`). It records each
+method's KNN top-1, steps, pairs, wall time, the CPU time of its processes, and the training pairs/s.
 
 Everything goes under `--work_dir` (default `runs/budget`), per method in lower case: `<method>/`
 (the pretraining run), `<method>_knn/` (the probe's results.json) and `<method>.log` (the
@@ -142,7 +142,8 @@ def main() -> None:
     notes = [f"Pretraining: {args.steps} steps of batch {args.batch_size}, configs/budget_*.cfg "
              f"(fused batch norm, --mixed_precision=auto = {precision} here), extra flags "
              f"{args.train_flag or 'none'}; pairs/s from the program's own timing of model.fit.",
-             f"KNN: {KNN_FLAGFILE} (k=10, cosine, block-2), {sizes.get('train')} training vs "
+             f"KNN: {KNN_FLAGFILE} (the authors': k=10, Euclidean, block-2 pooled 2x2), "
+             f"{sizes.get('train')} training vs "
              f"{sizes.get('test')} test images. CPU h: CPU time of the program's processes; wall "
              f"s include start-up and the encoder export.",
              f"Outputs and logs: {args.work_dir}."]
