@@ -6,7 +6,8 @@ MSE) for the same number of steps and batch size, each through the real program
 (no pretraining), with the paper's KNN protocol (`configs/cifar10_probe_knn.cfg`: the published
 AETv1 code's, k = 10, Euclidean, block-2 features pooled 2x2 to 3,072 values, the whole 50,000
 training images against the 10,000 test images, `--stage=probe --probe=knn`). It records each
-method's KNN top-1, steps, pairs, wall time, the CPU time of its processes, and the training pairs/s.
+method's KNN top-1, steps, pairs, wall time, the CPU time of its processes, and the training
+pairs/s.
 
 Everything goes under `--work_dir` (default `runs/budget`), per method in lower case: `<method>/`
 (the pretraining run), `<method>_knn/` (the probe's results.json) and `<method>.log` (the
