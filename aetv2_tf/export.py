@@ -19,6 +19,7 @@ nothing touched. The probes load a SavedModel only when its manifest matches (or
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -26,7 +27,7 @@ from collections.abc import Sequence
 import keras
 from absl import app, flags, logging
 
-from aetv2_tf.models import build_backbone
+from aetv2_tf.models import BACKBONES, build_backbone
 from aetv2_tf.saving import load_saved_flags
 from aetv2_tf.trust import ExportTargetError, check_export_target, replace_export
 
@@ -54,6 +55,11 @@ def export_encoder(encoder: keras.Model, output: str, dataset: str | None = "cif
         raise ValueError("export_encoder: pass both mean and std, or neither (dataset's)")
     if mean is None:
         mean, std = normalization_constants(dataset)
+    # What a reader needs to rebuild this encoder and read its variables as data (trust.py).
+    record = dict(name=encoder.name, input_shape=[int(d) for d in encoder.input_shape[1:]],
+                  mean=[float(v) for v in mean], std=[float(v) for v in std],
+                  shapes=[[int(d) for d in v.shape] for v in encoder.variables],
+                  paths=[v.path for v in encoder.variables])
     mean = tf.constant(mean, tf.float32)
     std = tf.constant(std, tf.float32)
 
@@ -67,7 +73,8 @@ def export_encoder(encoder: keras.Model, output: str, dataset: str | None = "cif
     archive.add_endpoint(
         "serving_default", serve,
         input_signature=[tf.TensorSpec([None, height, width, 3], tf.uint8, name="images")])
-    return replace_export(lambda staged: archive.write_out(staged, verbose=False), output)
+    return replace_export(lambda staged: archive.write_out(staged, verbose=False), output,
+                          encoder=record)
 
 
 def restore_encoder(model_dir: str) -> tuple[keras.Model, dict]:
@@ -87,6 +94,11 @@ def restore_encoder(model_dir: str) -> tuple[keras.Model, dict]:
     saved = load_saved_flags(model_dir)
     if saved.get("stage") != "pretext":
         raise ValueError(f"{model_dir} holds a {saved.get('stage')!r} run, not a pretext run.")
+    for key, allowed in (("backbone", BACKBONES), ("dataset", None)):
+        if not isinstance(saved.get(key), str) or (allowed and saved[key] not in allowed):
+            raise ValueError(f"{os.path.join(model_dir, 'flags.json')}: --{key} is "
+                             f"{json.dumps(saved.get(key))[:60]}, not what a pretraining run "
+                             "records; restore its flags.json.")
     tensorflow = keras.backend.backend() == "tensorflow"
     if encoder_source(model_dir) is not None or not tensorflow:
         if not tensorflow and (why := tensorflow_run_unreadable(model_dir, saved)) is not None:
@@ -123,25 +135,32 @@ def _define_flags() -> None:
                         "MODEL_DIR/export/encoder).")
 
 
+def _fail(message: str) -> None:
+    """Bad input: the message on stderr and exit 2 (docs/reliability.md), never a traceback."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def main(argv) -> None:
     del argv
     if not FLAGS.model_dir:
-        sys.exit("error: --model_dir is required.")
-    output = FLAGS.output or os.path.join(FLAGS.model_dir, "export", "encoder")
+        _fail("--model_dir is required: the pretraining run to export.")
+    model_dir = os.path.expanduser(FLAGS.model_dir)
+    output = os.path.expanduser(FLAGS.output or os.path.join(model_dir, "export", "encoder"))
     try:
         check_export_target(output)  # before any work: a refused --output exits 2, untouched
     except ExportTargetError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        _fail(str(e))
+    import tensorflow as tf
+
     try:
-        encoder, saved = restore_encoder(FLAGS.model_dir)
-    except (FileNotFoundError, ValueError) as e:
-        sys.exit(f"error: {e}")
+        encoder, saved = restore_encoder(model_dir)
+    except (OSError, ValueError, tf.errors.OpError) as e:
+        _fail(f"the encoder of --model_dir={model_dir} could not be restored ({e}).")
     try:
         export_encoder(encoder, output, saved["dataset"])
-    except ExportTargetError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    except (ExportTargetError, OSError) as e:
+        _fail(f"--output={output}: {e}")
     print(f"Exported the encoder to {output}")
 
 

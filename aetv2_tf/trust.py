@@ -15,12 +15,14 @@ Two uses, and what the digest does and does not promise:
   matches it, so no user file is ever deleted.
 * **Loading a SavedModel** given to ``--pretrained`` (`aetv2_tf.probes.encoders`): a SavedModel is
   a program (loading it runs its graph: resource initialisers, restore functions, and the
-  signature when called, which can read and write files), so only a verified project export is
-  loaded unless ``--trust_saved_model``. The digest catches accidents and swapped files (a graph
-  replaced after the export, a folder that is not an export). It does NOT authenticate the
-  author: whoever writes a hostile graph can write a matching manifest too. The real defence is
-  to load weights, not graphs: ``--pretrained=<model_dir>`` reads ``encoder.weights.h5`` (or a
-  checkpoint) into an encoder built by this project's code, and runs nothing from the file.
+  signature when called, which can read and write files). So a project export is never loaded
+  as a graph: its manifest's ``encoder`` record (`export_record`: backbone, input shape,
+  normalisation, variable shapes) says which encoder this project builds, and the values of
+  ``variables/`` are read into it as data (`tf.train.load_checkpoint`: a tensor file reader,
+  nothing executed), shape by shape. A hostile author can write a matching manifest, but all it
+  can then choose is numbers for an encoder whose code is ours. Any other SavedModel (no
+  manifest, no record, a digest that differs) is loaded and run only with
+  ``--trust_saved_model``. The digest still catches accidents and swapped files.
 """
 
 from __future__ import annotations
@@ -29,7 +31,10 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
+
+from absl import logging
 
 MANIFEST = "aetv2_export.json"
 FORMAT = "aetv2_tf export"
@@ -62,13 +67,33 @@ def _files(directory: str) -> list[str]:
     return found
 
 
-def write_manifest(directory: str) -> str:
-    """Writes `directory`/aetv2_export.json, the digest of every file in it; returns its path."""
+def write_manifest(directory: str, encoder: dict | None = None) -> str:
+    """Writes `directory`/aetv2_export.json, the digest of every file in it and, when given, the
+    `encoder` record (`export_record`: what a reader needs to rebuild the encoder and read the
+    variables as data); returns its path."""
     files = {rel: file_digest(os.path.join(directory, rel)) for rel in _files(directory)}
     path = os.path.join(directory, MANIFEST)
+    manifest = {"format": FORMAT, "version": 1, "sha256": files}
+    if encoder is not None:
+        manifest["encoder"] = encoder
     with open(path, "w") as f:
-        json.dump({"format": FORMAT, "version": 1, "sha256": files}, f, indent=1, sort_keys=True)
+        json.dump(manifest, f, indent=1, sort_keys=True)
     return path
+
+
+def export_record(directory: str) -> dict | None:
+    """The `encoder` record of a VERIFIED export's manifest (`verify_export` first): ``name``
+    (the backbone), ``input_shape`` (H, W, 3), ``mean`` and ``std`` (the normalisation the
+    signature applies) and ``shapes`` (of ``encoder.variables``, in order: the SavedModel's
+    ``variables/<i>`` entries); None when the manifest has none or it is malformed."""
+    try:
+        with open(os.path.join(directory, MANIFEST)) as f:
+            record = json.load(f).get("encoder")
+        ok = isinstance(record, dict) and isinstance(record.get("name"), str) and all(
+            isinstance(record.get(k), list) for k in ("input_shape", "mean", "std", "shapes"))
+    except (OSError, ValueError, AttributeError):
+        return None
+    return record if ok else None
 
 
 def verify_export(directory: str) -> str | None:
@@ -94,7 +119,8 @@ def verify_export(directory: str) -> str | None:
         return f"files listed in its {MANIFEST} are missing: {', '.join(missing[:5])}"
     for rel in present:
         full = os.path.join(directory, rel)
-        if os.path.islink(full) or file_digest(full) != listed[rel]:
+        # a link or a FIFO (which would block the digest) is never a file that was exported
+        if not stat.S_ISREG(os.lstat(full).st_mode) or file_digest(full) != listed[rel]:
             return f"{rel} is not the file that was exported (its SHA-256 differs from {MANIFEST})"
     return None
 
@@ -104,9 +130,11 @@ def _is_same_or_ancestor(path: str, other: str) -> bool:
     return other == path or other.startswith(path.rstrip(os.sep) + os.sep)
 
 
-#: The files a SavedModel export of this project wrote before it had a manifest.
+#: The files a SavedModel export of this project wrote before it had a manifest (and the prefix
+#: of its variable shards, `variables/variables.data-00000-of-00001`: one path component).
 _SAVED_MODEL_FILES = ("saved_model.pb", "fingerprint.pb", "keras_metadata.pb",
-                      "variables/variables.index", "variables/variables.data-*")
+                      "variables/variables.index")
+_SHARD_PREFIX = "variables/variables.data-"
 
 
 def _earlier_run_export(directory: str) -> bool:
@@ -122,12 +150,13 @@ def _earlier_run_export(directory: str) -> bool:
 
 
 def _earlier_run_export_files(directory: str) -> bool:
-    """`directory` holds only the files a SavedModel export writes (`_earlier_run_export`)."""
-    import fnmatch
-
+    """`directory` holds only the files a SavedModel export writes (`_earlier_run_export`);
+    a file anywhere deeper (`variables/variables.data-x/notes.txt`) is not one of them."""
     files = _files(directory)
     return "saved_model.pb" in files and all(
-        any(fnmatch.fnmatch(rel, p) for p in _SAVED_MODEL_FILES) for rel in files)
+        rel in _SAVED_MODEL_FILES or (rel.startswith(_SHARD_PREFIX) and
+                                      "/" not in rel[len(_SHARD_PREFIX):])
+        for rel in files)
 
 
 def check_export_target(output: str) -> None:
@@ -160,7 +189,7 @@ def check_export_target(output: str) -> None:
                                 f"replaces its output directory, so {fix}.")
 
 
-def replace_export(write, output: str) -> str:
+def replace_export(write, output: str, encoder: dict | None = None) -> str:
     """Writes an export safely: `write(tmp)` fills a new directory beside `output`, whose manifest
     is then written; an existing `output` (checked by `check_export_target`: empty, or a project
     export) is moved aside, the new one renamed into place, and the old one removed only after
@@ -173,7 +202,7 @@ def replace_export(write, output: str) -> str:
     try:
         staged = os.path.join(scratch, "new")
         write(staged)
-        write_manifest(staged)
+        write_manifest(staged, encoder)
         if os.path.lexists(output):
             check_export_target(output)  # again: it may have changed while we wrote
             aside = os.path.join(scratch, "old")
@@ -181,11 +210,13 @@ def replace_export(write, output: str) -> str:
             os.replace(staged, output)
             if os.listdir(aside) and verify_export(aside) is not None and \
                     not _earlier_run_export_files(aside):
-                # changed between the check and the move: keep it, say where
+                # changed between the check and the move: the new export stands, the old
+                # folder is kept beside it, untouched, and named
                 kept = f"{output}.kept-{os.getpid()}"
                 os.replace(aside, kept)
-                raise ExportTargetError(f"the previous {output} changed during the export; it "
-                                        f"was kept as {kept}, untouched.")
+                logging.warning("The previous %s changed during the export: the new export is "
+                                "in place, the old folder was kept as %s, untouched.", output,
+                                kept)
         else:
             os.replace(staged, output)
     finally:

@@ -131,6 +131,32 @@ def test_export_command_refuses_its_own_model_dir(tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "is a run's --model_dir" in proc.stderr and "Traceback" not in proc.stderr
     assert tree(run) == before
+    # A malformed record (a dict where the backbone goes, no dataset): exit 2, no traceback
+    # (before: KeyError, exit 1); a missing --model_dir: exit 2 (before: 1).
+    (run / "flags.json").write_text(json.dumps({"stage": "pretext", "backbone": {"a": 1}}))
+    proc = run_module("aetv2_tf.export", f"--model_dir={run}", f"--output={tmp_path / 'out'}",
+                      check=False, timeout=300)
+    assert proc.returncode == 2 and "--backbone is {" in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
+
+
+def test_a_manifestless_export_with_a_user_file_deep_inside_is_not_replaced(tmp_path):
+    """An export of an earlier version (no manifest) at a run's export/encoder is replaced only
+    when it holds nothing but SavedModel files: a user's file under variables/ (whose name a
+    shell-style `variables/variables.data-*` would have matched) keeps it, refused."""
+    from aetv2_tf.trust import check_export_target
+
+    run = fake_run(tmp_path / "run")
+    old = run / "export" / "encoder"
+    (old / "variables" / "variables.data-x").mkdir(parents=True)
+    (old / "saved_model.pb").write_bytes(b"pb")
+    (old / "variables" / "variables.index").write_bytes(b"index")
+    check_export_target(str(old))  # only SavedModel files: the run's own export may replace it
+    (old / "variables" / "variables.data-x" / "notes.txt").write_text("mine")
+    before = tree(old)
+    with pytest.raises(ExportTargetError, match="not an export of this project"):
+        check_export_target(str(old))
+    assert tree(old) == before
 
 
 # ------------------------------------------------------------------ 2. --overwrite
@@ -334,6 +360,51 @@ def test_a_project_export_loads_and_a_tampered_one_is_refused(exported, tmp_path
     with pytest.raises(UsageError, match=r"saved_model\.pb is not the file that was exported"):
         _load(tampered, trust=False)
     assert not (tmp_path / "marker").exists()
+
+
+def test_a_project_export_is_read_as_data_never_run(encoder, exported, tmp_path):
+    """A project export loads as weights read into an encoder built here: the same features as
+    the encoder that was exported (and as its graph, run only when trusted). A hostile graph
+    behind a manifest rewritten to match (what a hostile author can do) is not run either: its
+    marker never appears, and the encoder computes what our code computes."""
+    import json
+    import shutil
+
+    import numpy as np
+
+    from aetv2_tf.data.constants import normalization_constants
+    from aetv2_tf.probes.encoders import saved_model_features
+    from aetv2_tf.trust import write_manifest
+
+    mean, std = normalization_constants("cifar10")
+    pixels = np.random.default_rng(0).integers(0, 256, (4, 32, 32, 3)).astype(np.float32)
+    x = (pixels / 255.0 - np.float32(mean)) / np.float32(std)
+    want = np.asarray(encoder(x, training=False)["block2"])
+    loaded = _load(exported, trust=False)
+    assert loaded.checkpoint.endswith("variables")
+    np.testing.assert_allclose(np.asarray(loaded.model(x)["block2"]), want, atol=1e-5)
+    graph = saved_model_features(str(exported), "block2", 32, mean, std, trust_saved_model=True)
+    np.testing.assert_allclose(np.asarray(graph(x)["block2"]), want, atol=1e-4)
+
+    marker = tmp_path / "marker"
+    forged = tmp_path / "forged"
+    shutil.copytree(exported, forged)
+    hostile_saved_model(tmp_path / "hostile", marker)
+    shutil.copy(tmp_path / "hostile" / "saved_model.pb", forged / "saved_model.pb")
+    record = json.loads((exported / MANIFEST).read_text())["encoder"]
+    write_manifest(str(forged), record)  # the digests now match the hostile graph
+    assert verify_export(str(forged)) is None
+    np.testing.assert_allclose(np.asarray(_load(forged, trust=False).model(x)["block2"]), want,
+                               atol=1e-5)
+    assert not marker.exists()
+    record["shapes"][0] = [7]  # variables that do not fit the backbone: refused
+    write_manifest(str(forged), record)
+    with pytest.raises(UsageError, match="do not fit a nin encoder"):
+        _load(forged, trust=False)
+    write_manifest(str(forged))  # no encoder record: only with --trust_saved_model
+    with pytest.raises(UsageError, match="records no encoder"):
+        _load(forged, trust=False)
+    assert not marker.exists()
 
 
 def test_a_bad_pretrained_writes_nothing_and_the_corrected_command_runs(

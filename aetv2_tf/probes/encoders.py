@@ -5,22 +5,20 @@
 * a pretraining ``--model_dir`` (it holds ``flags.json``): the encoder is rebuilt and restored from
   the run's newest checkpoint (`aetv2_tf.export.restore_encoder`); its backbone must be the
   probe's ``--backbone``.
-* an exported SavedModel (it holds ``saved_model.pb``, e.g. ``<model_dir>/export/encoder``): its
-  ``serving_default`` signature takes uint8 ``images (B, S, S, 3)`` and returns named float32
-  feature maps. The probe pipelines yield normalised batches ``x = (u / 255 - mean) / std``;
-  `saved_model_features` maps them back to the uint8 pixels ``u = round((x * std + mean) * 255)``
-  and calls the signature. For CIFAR-10 this is exact (crops, zero padding and flips only move or
-  zero pixels); in the 224 protocol the resized image is rounded to 8 bits, which is what any
-  caller of the uint8 signature gives it. The whole SavedModel runs (all its outputs).
+* an exported SavedModel (it holds ``saved_model.pb``, e.g. ``<model_dir>/export/encoder``).
   A SavedModel is a program: loading it runs its graph (initialisers, restore functions, and
-  the signature, which may read and write files). So only an export of this project whose files
-  match its ``aetv2_export.json`` digests (`aetv2_tf.trust.verify_export`) is loaded, unless
-  ``--trust_saved_model`` (``trust_saved_model=True``). The digest catches a swapped graph and a
-  folder that is not an export; it does not authenticate a hostile author, who can write a
-  matching manifest: prefer ``--pretrained=<model_dir>``, which loads weights into an encoder
-  this project builds and runs nothing from the file. An export given inside a model_dir is
-  still loaded as the SavedModel asked for (not replaced by the run's ``encoder.weights.h5``):
-  `aetv2_tf.export` may have written it from another checkpoint than the final weights.
+  the signature, which may read and write files). So an export of this project (its files match
+  its ``aetv2_export.json``, whose ``encoder`` record names the backbone: `aetv2_tf.trust`) is
+  NOT run: the backbone is built here and the values of its ``variables/`` are read into it as
+  data (`encoder_from_export`), exactly the weights the export holds. Any other SavedModel runs
+  only with ``--trust_saved_model`` (``trust_saved_model=True``): its ``serving_default``
+  signature takes uint8 ``images (B, S, S, 3)`` and returns named float32 feature maps; the
+  probe pipelines yield normalised batches ``x = (u / 255 - mean) / std``, which
+  `saved_model_features` maps back to the uint8 pixels ``u = round((x * std + mean) * 255)``
+  (exact for CIFAR-10: crops, zero padding and flips only move or zero pixels; in the 224
+  protocol the resized image is rounded to 8 bits, as any caller of the signature gives it). An
+  export given inside a model_dir is loaded as the export asked for (not replaced by the run's
+  ``encoder.weights.h5``): `aetv2_tf.export` may have written it from another checkpoint.
 * ``none``: a randomly initialised backbone, seeded by ``--seed`` (the "random init" rows).
 
 A Keras encoder is cut to the layers its feature needs (`truncate`): a probe on NIN block 2 does
@@ -42,7 +40,7 @@ from aetv2_tf.export import restore_encoder
 from aetv2_tf.models import DEFAULT_INPUT_SHAPES, build_backbone
 from aetv2_tf.program.rundir import UsageError
 from aetv2_tf.saving import load_saved_flags
-from aetv2_tf.trust import verify_export
+from aetv2_tf.trust import export_record, verify_export
 
 FEATURES = {"nin": ("block1", "block2", "block3", "block4"),
             "alexnet": ("conv1", "conv2", "conv3", "conv4", "conv5", "fc6", "fc7")}
@@ -99,11 +97,15 @@ def pretrained_kind(pretrained: str) -> str:
 
 
 def check_saved_model_trusted(path: str, trust_saved_model: bool = False) -> None:
-    """UsageError unless the SavedModel at ``path`` may be loaded (run): a project export whose
-    files match its manifest, or any SavedModel with ``trust_saved_model`` (module docstring)."""
+    """UsageError unless the SavedModel at ``path`` may be used: a project export whose files
+    match its manifest and whose manifest records the encoder (read as data, never run), or any
+    SavedModel with ``trust_saved_model`` (run as a graph; module docstring)."""
     if trust_saved_model:
         return
-    why = verify_export(os.path.expanduser(path))
+    path = os.path.expanduser(path)
+    why = verify_export(path)
+    if why is None and export_record(path) is None:
+        why = "its manifest records no encoder to rebuild: written before session 8; re-export it"
     if why is not None:
         raise UsageError(
             f"--pretrained={path} is a SavedModel that this project cannot recognise as its own "
@@ -213,6 +215,48 @@ def saved_model_features(path: str, feature: str, image_size: int, mean: Sequenc
     return features
 
 
+def encoder_from_export(path: str, backbone: str, *, batch_norm: str, mean: Sequence[float],
+                        std: Sequence[float]) -> keras.Model:
+    """The encoder of a verified project export at ``path``, rebuilt by this project (``backbone``
+    at the recorded input shape) with the values of the export's ``variables/<i>`` read into
+    ``encoder.variables[i]`` as data (a tensor-file reader; the graph is never loaded), each
+    shape checked. UsageError when the record names another backbone or input size, another
+    normalisation than the probe's ``mean`` / ``std``, or variables that do not fit."""
+    import numpy as np
+    import tensorflow as tf
+
+    record = export_record(path)
+    if record is None:
+        raise UsageError(f"--pretrained={path}: its manifest records no encoder; re-export it.")
+    shape = tuple(record["input_shape"])
+    if record["name"] != backbone or shape != tuple(DEFAULT_INPUT_SHAPES[backbone]):
+        raise UsageError(f"--pretrained={path} holds a {record['name']} encoder for {shape} "
+                         f"images, but this probe uses --backbone={backbone} "
+                         f"{DEFAULT_INPUT_SHAPES[backbone]}; pass a {backbone} export.")
+    if not (np.allclose(record["mean"], mean, atol=1e-6) and
+            np.allclose(record["std"], std, atol=1e-6)):
+        raise UsageError(f"--pretrained={path} normalises images with mean {record['mean']}, std "
+                         f"{record['std']}, this probe's dataset with {list(mean)}, {list(std)}; "
+                         "probe the pretraining --model_dir instead, or the same dataset.")
+    model = build_backbone(backbone, shape, batch_norm=batch_norm)
+    try:
+        reader = tf.train.load_checkpoint(os.path.join(path, "variables", "variables"))
+        values = [reader.get_tensor(f"variables/{i}/.ATTRIBUTES/VARIABLE_VALUE")
+                  for i in range(len(model.variables))]
+        extra = reader.has_tensor(f"variables/{len(model.variables)}/.ATTRIBUTES/VARIABLE_VALUE")
+    except (tf.errors.OpError, ValueError) as e:
+        raise UsageError(f"--pretrained={path}: its variables could not be read ({e}); "
+                         f"{_EXPORT_HINT}.") from e
+    wrong = [v.path for v, x in zip(model.variables, values, strict=True)
+             if tuple(v.shape) != tuple(x.shape)]
+    if wrong or extra or record["shapes"] != [list(v.shape) for v in model.variables]:
+        raise UsageError(f"--pretrained={path}: its variables do not fit a {backbone} encoder "
+                         f"({', '.join(wrong[:3]) or 'another count'}); {_EXPORT_HINT}.")
+    for variable, value in zip(model.variables, values, strict=True):
+        variable.assign(value)
+    return model
+
+
 def _exporting_run_flags(saved_model: str) -> dict | None:
     """The flags of the run that exported ``<model_dir>/export/encoder``, if it is one."""
     export_dir = os.path.dirname(saved_model)
@@ -238,10 +282,15 @@ def load_encoder(pretrained: str, backbone: str, feature: str, *, batch_norm: st
         return Encoder(truncate(model, feature), feature, kind, None, "random")
     path = os.path.abspath(os.path.expanduser(pretrained))
     if kind == "saved_model":
+        method = method_from_flags(_exporting_run_flags(path))
+        if verify_export(path) is None and export_record(path) is not None:
+            model = encoder_from_export(path, backbone, batch_norm=batch_norm, mean=mean, std=std)
+            return Encoder(truncate(model, feature), feature, kind, path, method,
+                           checkpoint=os.path.join(path, "variables"))
         fn = saved_model_features(path, feature, input_shape[0], mean, std,
                                   trust_saved_model=trust_saved_model)
-        return Encoder(fn, feature, kind, path, method_from_flags(_exporting_run_flags(path)))
-    errors: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, OSError)
+        return Encoder(fn, feature, kind, path, method)
+    errors: tuple[type[BaseException], ...] = (ValueError, OSError, KeyError, TypeError)
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
 

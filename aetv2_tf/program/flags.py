@@ -47,6 +47,11 @@ flags.DEFINE_float("loss_frame_scale", 1.0,
                    "geodesic loss, --loss_frame=model: multiply the model frame's coordinates by "
                    "this (> 0) before the SO(3) projection: rotations about the centre stay "
                    "rotations, translations weigh s times more, perspective terms s times less.")
+flags.DEFINE_enum("residual_frame", "loss", ["loss", "unit"],
+                  "geodesic loss: the frame of the projection residual ||M - P||_F^2: loss (the "
+                  "frame of the angle, --loss_frame/--loss_frame_scale) or unit (M = T^-1 T_hat "
+                  "in the unit model frame, while the angle is taken in the zoomed frame: the "
+                  "residual then sees scale, shear and perspective errors at their own size).")
 flags.DEFINE_bool("decoder_scale", None,
                   "The decoder regresses parameters divided by their std under the sampler "
                   "(a fixed Rescaling turns them back). Default: on for --loss=mse (the AETv1 "
@@ -196,10 +201,11 @@ flags.DEFINE_string("pretrained", None,
                     "seeded by --seed).")
 flags.DEFINE_bool("trust_saved_model", False,
                   "probe: load a --pretrained SavedModel that is not a verified export of this "
-                  "project (no aetv2_export.json, or files that differ from it). A SavedModel is "
-                  "a program: loading it runs its graph, which can read and write files; pass "
-                  "this only for a SavedModel from someone you trust. Prefer --pretrained="
-                  "<model_dir>, which loads weights and runs nothing from the file.")
+                  "project (no aetv2_export.json, or files that differ from it) by running its "
+                  "graph. A SavedModel is a program: loading it runs code, which can read and "
+                  "write files; pass this only for a SavedModel from someone you trust. The "
+                  "project's own exports need no flag: their variables are read as data into an "
+                  "encoder built here, nothing from the file runs.")
 flags.DEFINE_string("feature", None,
                     "probe/supervised: the frozen feature (NIN: block1..block4, default block2; "
                     "AlexNet: conv1..conv5, fc6, fc7, no default).")
@@ -243,7 +249,8 @@ TRAJECTORY = ("learning_rate", "lr_schedule", "lr_drop_epochs", "lr_drop_factor"
               "adam_beta1", "adam_beta2", "train_examples", "augment", "mixed_precision",
               "on_nonfinite")
 ESSENTIAL = ("stage", "pretext", "loss", "angle_power", "residual_scale", "chordal_weight",
-             "mse_weight", "mse_decay_steps", "loss_frame", "loss_frame_scale", "decoder_scale",
+             "mse_weight", "mse_decay_steps", "loss_frame", "loss_frame_scale", "residual_frame",
+             "decoder_scale",
              "decoder_init_rotation", "siamese_batch_norm", "mse_target", "backbone", "dataset",
              "batch_norm",
              "shift", "optimizer",
