@@ -118,6 +118,129 @@ def test_decodable_headers_pass(tmp_path):
     assert MAX_IMAGE_PIXELS == 89_478_485  # Pillow's; documented in aetv2_tf.data.headers
 
 
+def _gif(screen=(1, 1), frames=((0, 0, 1, 1),), trailer=True) -> bytes:
+    """A hand-built GIF89a: a 2-colour global table, then per frame (left, top, width, height) a
+    graphic control extension and an image descriptor whose LZW data is one pixel (a frame
+    declaring more decodes too short, after giflib has allocated it); then the trailer."""
+    out = b"GIF89a" + struct.pack("<HHBBB", *screen, 0x80, 0, 0) + bytes(3) + b"\xff" * 3
+    for left, top, width, height in frames:
+        out += b"\x21\xf9\x04\x00\x00\x00\x00\x00" + b"\x2c" + \
+            struct.pack("<HHHHB", left, top, width, height, 0) + b"\x02\x02\x44\x01\x00"
+    return out + (b"\x3b" if trailer else b"")
+
+
+def _bmp(width=5, height=3, bits=24, compression=0, info=40, pixels=None, cut=0) -> bytes:
+    """A hand-built BMP: file header, info header of ``info`` bytes (12: OS/2 core header),
+    colour table for 8 bits, ``pixels`` (default: the padded rows the header declares)."""
+    rows = (bits * width + 31) // 32 * 4 * abs(height)
+    pixels = bytes(i % 251 for i in range(rows)) if pixels is None else pixels
+    if info == 12:
+        header = struct.pack("<IHHHH", 12, width, height, 1, bits)
+    else:
+        header = struct.pack("<IiiHHIIiiII", info, width, height, 1, bits, compression,
+                             len(pixels), 2835, 2835, 0, 0) + bytes(info - 40)
+        if compression == 3 and info == 40:
+            header += struct.pack("<III", 0xFF0000, 0xFF00, 0xFF)
+    table = bytes((3 if info == 12 else 4) * 256) if bits <= 8 else b""
+    offset = 14 + len(header) + len(table)
+    data = b"BM" + struct.pack("<IHHI", offset + len(pixels), 0, 0, offset) + header + table + \
+        pixels
+    return data[:len(data) - cut]
+
+
+_GIF_BMP_CASES = [
+    # the screen is 8 x 8 (the only size the old check read); TensorFlow sizes its output by the
+    # largest frame and giflib allocates every frame before decoding it
+    ("gif_frame_bomb", _gif((8, 8), [(0, 0, 12000, 12000)]),
+     "GIF frame 1 (12000 x 12000 at 0, 0) declares 12000 x 12000 = 144,000,000 pixels", True),
+    ("gif_frame_offset_bomb", _gif((8, 8), [(0, 0, 1, 1), (20000, 20000, 1, 1)]),
+     "GIF frame 2 (1 x 1 at 20000, 20000) declares 20001 x 20001", False),
+    ("gif_1001_frames", _gif(frames=[(0, 0, 1, 1)] * 1001), "GIF with over 1,000 frames", False),
+    ("gif_frame_area", _gif(frames=[(0, 0, 9000, 9000)] * 4),
+     "GIF whose 4 frames declare 324,000,000 pixels in all, over the limit of 268,435,455", True),
+    ("gif_cut_in_a_frame", _gif()[:-3], "truncated GIF (it ends at byte 40, before its trailer",
+     True),
+    ("gif_no_trailer", _gif(trailer=False), "truncated GIF", False),  # TF decodes frame 1
+    ("gif_no_frame", _gif(frames=()), "GIF without any frame", True),
+    ("gif_unknown_block", _gif()[:-1] + b"\x99\x3b", "GIF with an unknown block 0x99 at byte 42",
+     False),  # TF decodes the frames before a damaged block or a cut (logging an error)
+    ("bmp_os2_core_header", _bmp(info=12), "BMP with an OS/2 core header", True),
+    ("bmp_truncated", _bmp(cut=1), "truncated BMP (101 bytes; its header declares 102", True),
+    # RLE and JPEG rows long enough for TensorFlow's size check "decode" as noise: refused
+    ("bmp_rle8", _bmp(bits=8, compression=1), "BMP with RLE8 compression (at 8 bits)", False),
+    ("bmp_rle4_code_at_8_bits", _bmp(bits=8, compression=2), "BMP with RLE4 compression", False),
+    ("bmp_jpeg_rows", _bmp(compression=4), "BMP with JPEG compression (at 24 bits)", False),
+    ("bmp_bitfields_24", _bmp(compression=3), "BMP with bit fields compression (at 24", False),
+]
+
+
+@pytest.mark.parametrize("name, data, reason, fails_tf", _GIF_BMP_CASES,
+                         ids=[case[0] for case in _GIF_BMP_CASES])
+def test_gif_blocks_and_bmp_codings_are_checked(tmp_path, name, data, reason, fails_tf):
+    """A GIF is walked block by block to its trailer: a frame (or its offset) over the pixel
+    limit, over 1,000 frames or over 268 M frame pixels in all, a GIF cut short and an unknown
+    block are named (the old check read the screen size only and passed them all). A BMP with
+    an OS/2 header, compressed rows or fewer bytes than its rows is named (the old check passed
+    them: TensorFlow fails on the first and last, and decodes noise from RLE or JPEG rows)."""
+    path = tmp_path / f"{name}.img"
+    path.write_bytes(data)
+    found = check_image_file(str(path))
+    assert found is not None and found.startswith(reason), found
+    if fails_tf and "bomb" not in name and "area" not in name:  # bombs: never decoded here
+        assert not _decodes(path)
+
+
+def test_gif_and_bmp_forms_tensorflow_decodes_pass(tmp_path):
+    """Hand-built GIFs of one and three frames, one with a frame placed inside its screen, a
+    Pillow animation, and 8/24/32-bit BMPs with 40/108/124-byte headers, top-down rows and a
+    32-bit BI_BITFIELDS coding pass the check and decode."""
+    from PIL import Image
+
+    frames = [Image.fromarray(np.full((16, 24, 3), 40 * k, np.uint8)) for k in range(3)]
+    frames[0].save(tmp_path / "anim.gif", "GIF", save_all=True, append_images=frames[1:])
+    files = {"anim.gif": (tmp_path / "anim.gif").read_bytes(), "one.gif": _gif(),
+             "three.gif": _gif(frames=[(0, 0, 1, 1)] * 3),
+             "placed.gif": _gif((4, 4), [(2, 2, 1, 1)]), "bitfields32.bmp": _bmp(bits=32,
+                                                                                 compression=3)}
+    for bits in (8, 24, 32):
+        for info in (40, 108, 124):
+            files[f"{bits}_{info}.bmp"] = _bmp(bits=bits, info=info)
+        files[f"{bits}_top_down.bmp"] = _bmp(bits=bits, height=-3)
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+        found = check_image_file(str(tmp_path / name))
+        assert found is None and _decodes(tmp_path / name), (name, found)
+
+
+def _with_bytes_before_dqt(jpeg: bytes, inserted: bytes) -> bytes:
+    i = jpeg.index(b"\xff\xdb")
+    return jpeg[:i] + inserted + jpeg[i:]
+
+
+@pytest.mark.parametrize("inserted", [b"\xff\xff\xff", b"\xff\x00", b"\xff\x00\xff\xff\x00",
+                                      b"\xff\xd0\xff\x01"],
+                         ids=["fill_bytes", "ff00", "ff00_fill_ff00", "rst0_tem"])
+def test_jpeg_fill_bytes_and_standalone_markers_between_segments_pass(tmp_path, inserted):
+    """T.81 B.1.1.2: any number of FF fill bytes may precede a marker; FF 00 is not a marker
+    (libjpeg skips it as "extraneous bytes" and decodes); RSTn and TEM have no length. The old
+    walker read FF 00 as a marker with a length and refused the file as truncated."""
+    path = tmp_path / "f.jpg"
+    path.write_bytes(_with_bytes_before_dqt(_jpeg(), inserted))
+    assert check_image_file(str(path)) is None
+    assert _decodes(path)
+
+
+def test_a_jpeg_segment_running_past_the_end_is_truncated(tmp_path):
+    jpeg = _jpeg()
+    path = tmp_path / "f.jpg"
+    path.write_bytes(jpeg[:2] + b"\xff\xe1\x40\x00" + jpeg[2:200] + b"\xff\xd9")  # 16 KB APP1
+    found = check_image_file(str(path))
+    assert found is not None and found.startswith(
+        "truncated JPEG (segment FFE1 of 16,384 bytes at byte 2 runs past the end of the file, "
+        "206 bytes)"), found
+    assert not _decodes(path)
+
+
 def test_a_folder_leaves_bombs_out_and_keeps_the_rest(tmp_path):
     for c in ("a", "b"):
         (tmp_path / c).mkdir()
@@ -166,6 +289,20 @@ def test_a_tiny_pickle_cannot_make_numpy_allocate(tmp_path, via_ndarray):
     peak, error = _peak_while(lambda: load_cifar10(tmp_path, "test"))
     assert peak < 4 * 2**20, peak
     assert isinstance(error, DataError) and "test_batch" in str(error), error
+
+
+@pytest.mark.parametrize("length", [2**40, 2**33], ids=["1TB", "8GB"])
+def test_a_14_byte_pickle_asking_for_a_huge_bytes_object_is_a_data_error(tmp_path, length):
+    """BINBYTES8 (protocol 4): CPython's C unpickler allocates the declared length before it
+    reads it. 1 TB: malloc refuses, a MemoryError; 8 GB: untouched address space, then "pickle
+    data was truncated" (or a MemoryError under strict overcommit). Either is a DataError naming
+    the file, never a traceback."""
+    payload = b"\x80\x04\x8e" + struct.pack("<Q", length) + b"ab."
+    assert len(payload) == 14
+    (tmp_path / "test_batch").write_bytes(payload)
+    with pytest.raises(DataError, match=r"test_batch: (truncated or corrupt CIFAR-10 batch "
+                                        r"\(MemoryError|not unpickled \(pickle data was trunc)"):
+        load_cifar10(tmp_path, "test")
 
 
 def test_memo_references_cannot_multiply_a_pickle(tmp_path):

@@ -7,18 +7,20 @@ are left out of the list with their names and reasons logged (`image_files`). Th
 order is then a pure function of (seed, epoch) over the good files (`pipelines`), whatever the
 bad files were.
 
-The check reads the first 64 bytes, the header (up to the JPEG frame header, `headers`) and
-the last 1 KiB of each file:
+The check reads the first 64 bytes, the headers (`headers`: a JPEG up to its frame header, a
+PNG's IHDR, a BMP's info header; a GIF's blocks, to its trailer, in 64 KiB chunks) and the last
+1 KiB of each file:
 
 * empty file, or no JPEG / PNG / GIF / BMP signature (a text or HTML file named ``.jpg``);
 * a JPEG with no end-of-image marker ``FF D9`` in its last 1 KiB (a truncated download: TF's
   decoder fails on it with "Premature end of JPEG file"); JPEG entropy data cannot hold
   ``FF D9`` (``FF`` is always stuffed there), so the marker only appears as a real end;
 * a PNG with no ``IEND`` chunk in its last 1 KiB (truncated);
-* a header TensorFlow cannot decode (12-bit or lossless JPEG, a 1-bit BMP, a damaged PNG IHDR)
-  or one declaring more than `headers.MAX_IMAGE_PIXELS` pixels (89.5 M, Pillow's limit: a
-  decompression bomb, whose decode would fail or exhaust memory at its first batch on every
-  rerun): `aetv2_tf.data.headers`.
+* a header TensorFlow cannot decode (12-bit or lossless JPEG, a 1-bit, OS/2 or RLE BMP, a
+  damaged PNG IHDR), a truncated GIF or BMP, or one declaring more than
+  `headers.MAX_IMAGE_PIXELS` pixels (89.5 M, Pillow's limit: a decompression bomb, whose decode
+  would fail or exhaust memory at its first batch on every rerun; a GIF's frames are bounded
+  too): `aetv2_tf.data.headers`.
 
 A PNG named ``.JPEG`` (ImageNet has one) and CMYK JPEGs (22 in ImageNet) decode: they pass.
 What the check cannot see (a JPEG corrupt in the middle) decodes with libjpeg's warnings, as

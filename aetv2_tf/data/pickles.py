@@ -5,8 +5,18 @@ allocate what the file asks before anything checks it: a 217-byte pickle calling
 ``numpy.core.multiarray._reconstruct(ndarray, (10**10,), b'b')`` asks for 10 GB. So
 `unpickle_batch`:
 
-* reads at most `MAX_BATCH_FILE_BYTES` of the file, into memory (a declared string length
-  beyond the file's end is then "truncated", not an allocation);
+* refuses unread a file over `MAX_BATCH_FILE_BYTES`, and reads a smaller one whole into memory.
+  That bounds the file, not what its string opcodes declare: CPython's C unpickler reads a
+  str (BINUNICODE*, BINSTRING*) before making the object (a length beyond the file's end is then
+  "pickle data was truncated", no allocation), but allocates a bytes or bytearray object
+  (BINBYTES, BINBYTES8, BYTEARRAY8: protocols 3 to 5) of the declared length (up to 2**63 - 1)
+  BEFORE reading into it. A 14-byte BINBYTES8 pickle asking for 1 TB thus raises
+  MemoryError (malloc refuses it), which `sources.load_cifar10` turns into a DataError naming
+  the file (exit 2); one asking for less than the machine's memory (8 GB) gets address space
+  that is never touched, since only the file's bytes are copied into it, then the "truncated"
+  UnpicklingError (a DataError too). Resident memory stays bounded by the file; under strict
+  overcommit (``vm.overcommit_memory=2``) or a ``ulimit -v``, such an allocation is a
+  MemoryError instead;
 * admits only the globals of a numpy array pickle (``_reconstruct``, ``ndarray``, ``dtype``,
   from numpy 1 or 2 module paths), and none of them is the real one: ``ndarray`` is an inert
   token that only ``_reconstruct`` accepts, ``_reconstruct`` allocates nothing and returns a

@@ -43,12 +43,13 @@ from aetv2_tf.data.constants import (  # noqa: F401 - re-exported
     IMAGENET_STD,
     normalization_constants,
 )
+from aetv2_tf.data.crops import crops
 from aetv2_tf.data.files import ImageFiles, decode_image_file
 from aetv2_tf.data.homographies import sample_homographies, warp
 from aetv2_tf.geometry import matrix_to_params
 
 AUTOTUNE = tf.data.AUTOTUNE
-_DATASET_SHUFFLE_BUFFER = 1024  # elements: crops of variable-size images (`_crops`)
+_DATASET_SHUFFLE_BUFFER = 1024  # elements: crops of variable-size images (`crops`)
 _SALT_SHUFFLE, _SALT_ELEMENT, _SALT_BATCH = 1, 2, 3
 
 
@@ -174,9 +175,9 @@ def _batches(images, labels, batch_size: int, seed, *, training: bool, augment: 
         buffer = shuffle_buffer or _DATASET_SHUFFLE_BUFFER
         fixed = list(ds.element_spec[0].shape) == [image_size, image_size, 3]
         if not fixed:  # variable size: resize and crop each image, shuffle the crops, batch
-            return _crops(ds, seed, image_size=image_size, augment=augment,
-                          training=training, repeat=repeat, buffer=buffer,
-                          start_step=start_step).batch(
+            return crops(ds, _stream_seed(seed, _SALT_ELEMENT), _shuffle_seed(seed) + start_step,
+                         image_size=image_size, augment=augment, training=training,
+                         repeat=repeat, buffer=buffer).batch(
                 batch_size, drop_remainder=drop_remainder).enumerate(start_step)
         if training:
             ds = ds.shuffle(buffer, seed=_shuffle_seed(seed) + start_step,
@@ -219,34 +220,6 @@ def _batches(images, labels, batch_size: int, seed, *, training: bool, augment: 
             return i, (pad_crop_flip(x, s, image_size // 8), y)
 
         ds = ds.map(augment_batch, num_parallel_calls=AUTOTUNE)
-    return ds
-
-
-def _crops(ds: tf.data.Dataset, seed, *, image_size: int, augment: bool, training: bool,
-           repeat: bool, buffer: int, start_step: int) -> tf.data.Dataset:
-    """Variable-size (image, label) -> ((S, S, 3) float32 crop, label) (`resize_crop`), cropped
-    BEFORE the shuffle buffer: it holds ``buffer`` crops (1024 x 224^2 x 3 float32 = 0.6 GB)
-    whatever the files' size (1024 decoded 12-megapixel photos: 37 GB). Training crop seeds come
-    from a seeded ``Dataset.random`` redrawn every iteration (a new crop each epoch, also without
-    ``repeat``); evaluation (unshuffled, centre crops) uses the element index."""
-    if repeat:
-        ds = ds.repeat()
-    element_seed = _stream_seed(seed, _SALT_ELEMENT)
-    if training:
-        keys = tf.data.Dataset.random(seed=_shuffle_seed(seed) + start_step,
-                                      rerandomize_each_iteration=True)
-    else:
-        keys = tf.data.Dataset.range(2**62)
-
-    def per_element(key, element):
-        image, label = element
-        s = tf.random.experimental.stateless_fold_in(element_seed, key)
-        return resize_crop(image, s, image_size, augment), label
-
-    ds = tf.data.Dataset.zip(keys, ds).map(per_element, num_parallel_calls=AUTOTUNE)
-    if training:
-        ds = ds.shuffle(buffer, seed=_shuffle_seed(seed) + start_step,
-                        reshuffle_each_iteration=True)
     return ds
 
 
