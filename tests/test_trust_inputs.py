@@ -18,8 +18,9 @@ import zlib
 import numpy as np
 import pytest
 import tensorflow as tf
+from test_image_files import _decodes
 
-from aetv2_tf.data.files import check_image_file, decode_image_file
+from aetv2_tf.data.files import check_image_file
 from aetv2_tf.data.headers import MAX_IMAGE_PIXELS
 from aetv2_tf.data.pipelines import classification_dataset
 from aetv2_tf.data.sources import DataError, list_image_folder, load_cifar10
@@ -51,14 +52,6 @@ def _png(width: int, height: int) -> bytes:
     body = b"IHDR" + struct.pack(">II", width, height) + png[24:29]
     return png[:8] + struct.pack(">I", 13) + body + struct.pack(">I", zlib.crc32(body)) + \
         png[33:]
-
-
-def _decodes(path) -> bool:
-    try:
-        decode_image_file(str(path), 0)
-        return True
-    except tf.errors.InvalidArgumentError:
-        return False
 
 
 @pytest.mark.parametrize("name, make, reason", [
