@@ -10,7 +10,8 @@ SO(3) between the applied and the decoded homography (after projection), plus a 
 
 The entry points of the library (README, "Use it from Python"), imported on first use:
 
-* recipes as values: `Recipe`, `AETV2` (the recipe that learns), `AETV2_PAPER`, `AETV1`;
+* recipes as values: `Recipe`, `AETV2` (the recipe that learns), `AETV2_PAPER`, `AETV1`, and
+  issue 31's variants `AETV2_SQ4`, `AETV2_SQ4_UNITRES`, `AETV2_HYBRID` (not yet screened);
 * models: `build_backbone` (NIN, AlexNet), `build_pairs_model` (fit on uint8 images, the pairs
   made in the train step), `build_aet_model`, `build_rotations_model` (RotNet);
 * losses: `GeodesicLoss` (AETv2), `ParameterMSELoss` (AETv1);
@@ -44,6 +45,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "Recipe": "recipes", "AETV2": "recipes", "AETV2_PAPER": "recipes", "AETV1": "recipes",
+    "AETV2_SQ4": "recipes", "AETV2_SQ4_UNITRES": "recipes", "AETV2_HYBRID": "recipes",
     "build_backbone": "models", "build_aet_model": "models",
     "build_pairs_model": "models.pairs", "build_rotations_model": "models.pairs",
     "GeodesicLoss": "losses", "ParameterMSELoss": "losses",

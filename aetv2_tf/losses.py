@@ -118,6 +118,14 @@ def _frame_matrices(frame: Sequence[Sequence[float]] | None):
     return f.astype(np.float32), np.linalg.inv(f).astype(np.float32)
 
 
+def _residual(m: Tensor) -> Tensor:
+    """``||M - P||_F^2``, ``P = project_to_so3(M)``: ``(..., 3, 3) -> (...)``."""
+    return ops.sum(ops.square(m - project_to_so3(m)), axis=(-2, -1))
+
+
+RESIDUAL_FRAMES = ("loss", "unit")
+
+
 class _Terms:
     """The per-sample value of `GeodesicLoss` on matrices ``(B, 3, 3) x 2 -> (B,)``."""
 
@@ -134,13 +142,17 @@ class _Terms:
             if self.std is not None:
                 diff = diff / ops.convert_to_tensor(self.std)
             value += c.current_mse_weight() * ops.mean(ops.square(diff), axis=-1)
+        unit_residual = c.residual_frame == "unit" and self.frame is not None
+        if unit_residual:  # ||M - P||_F^2 of M in the unit model frame, before the zoom
+            residual = _residual(relative_homography(t, t_hat))
         if self.frame is not None:  # T' = F T F^{-1}: the same map written in another frame
             f, f_inv = self.frame
             f, f_inv = ops.convert_to_tensor(f), ops.convert_to_tensor(f_inv)
             t, t_hat = (ops.matmul(ops.matmul(f, x), f_inv) for x in (t, t_hat))
         m = relative_homography(t, t_hat)
         p = project_to_so3(m)
-        residual = ops.sum(ops.square(m - p), axis=(-2, -1))
+        if not unit_residual:
+            residual = ops.sum(ops.square(m - p), axis=(-2, -1))
         if c.residual_scale > 0:  # bounded growth: r for small r, b log(r / b) for large r
             residual = c.residual_scale * ops.log1p(residual / c.residual_scale)
         angle = rotation_angle(p)
@@ -178,6 +190,11 @@ class GeodesicLoss(keras.losses.Loss):
       frame: a 3x3 matrix ``F`` (model frame -> loss frame): the loss is evaluated on
         ``F T F^{-1}`` and ``F T_hat F^{-1}`` (e.g. ``N^{-1}`` of conventions.md: pixels);
         None: the model frame.
+      residual_frame: ``"loss"`` (default): the residual ``||M - P||_F^2`` is taken on the
+        ``M`` of ``frame``, as the angle; ``"unit"``: on the ``M`` of the unit model frame
+        (``T^{-1} T_hat`` before ``F``), while the angle stays in ``frame``: the zoom weighs
+        the shifts for the angle, the residual sees scale, shear and perspective at their own
+        size (issue 31). The same as "loss" when ``frame`` is None.
       name, reduction: as `keras.losses.Loss` (default ``"sum_over_batch_size"``).
 
     Inputs ``(batch, 8)`` of any float dtype; computed in float32; ``call`` returns ``(batch,)``.
@@ -206,6 +223,7 @@ class GeodesicLoss(keras.losses.Loss):
         mse_std: Sequence[float] | None = None,
         mse_decay_steps: int = 0,
         frame: Sequence[Sequence[float]] | None = None,
+        residual_frame: str = "loss",
         name: str = "geodesic_loss",
         reduction: str | None = "sum_over_batch_size",
     ):
@@ -225,6 +243,10 @@ class GeodesicLoss(keras.losses.Loss):
         self.mse_decay_steps = int(mse_decay_steps)
         self.step = None  # set by the caller when mse_decay_steps > 0
         self.frame = None if frame is None else [[float(v) for v in row] for row in frame]
+        if residual_frame not in RESIDUAL_FRAMES:
+            raise ValueError(f"residual_frame must be one of {RESIDUAL_FRAMES} (the frame of "
+                             f"the projection residual), got {residual_frame!r}")
+        self.residual_frame = residual_frame
         self._terms = _Terms(self)
 
     def current_mse_weight(self) -> Tensor | float:
@@ -246,7 +268,7 @@ class GeodesicLoss(keras.losses.Loss):
                 "angle_power": self.angle_power, "residual_scale": self.residual_scale,
                 "chordal_weight": self.chordal_weight, "mse_weight": self.mse_weight,
                 "mse_std": self.mse_std, "mse_decay_steps": self.mse_decay_steps,
-                "frame": self.frame}
+                "frame": self.frame, "residual_frame": self.residual_frame}
 
 
 def _check_vector(name: str, values: Sequence[float] | None, positive: bool):

@@ -11,6 +11,8 @@ projection residual, Adam 1e-4 with warm-up and cosine decay, L2 decay 5e-4; the
 measured, docs/reproduction.md), `AETV2_PAPER` (the paper's literal Eq. 11, lambda = 1, Adam 1e-5
 constant: below a random init in our measurements) and `AETV1` (the std-normalised parameter MSE,
 SGD Nesterov 0.1 on the AETv1 code's piecewise schedule) are the three of the paper's tables.
+`AETV2_SQ4`, `AETV2_SQ4_UNITRES` and `AETV2_HYBRID` are issue 31's variants that see the whole
+homography (theta^2 in the 4x frame; + the unit-frame residual; + AETv1's MSE), not yet screened.
 Change a field with ``dataclasses.replace(AETV2, learning_rate=3e-4)``.
 
 The command line builds the same objects: `Recipe.from_flags` reads the flags into a recipe, and
@@ -35,7 +37,9 @@ class Recipe:
     `losses.ParameterMSELoss`); the geodesic loss's ``projection_weight`` (lambda of Eq. 11),
     ``angle_power``, ``residual_scale``, ``chordal_weight``, ``mse_weight`` and
     ``mse_decay_steps``; its frame: ``frame`` "model" (centred, normalised; its coordinates
-    multiplied by ``frame_scale``) or "pixel"; ``mse_normalize``: the MSE divides by the
+    multiplied by ``frame_scale``) or "pixel"; ``residual_frame``: "loss" (the projection
+    residual in that frame, as the angle) or "unit" (the residual of ``M`` in the unit model
+    frame, the angle in the zoomed one: issue 31); ``mse_normalize``: the MSE divides by the
     parameters' std under the sampler (AETv1); ``mse_target``: "model" (the MSE on T's
     model-frame parameters) or "official" (on the published AETv1 code's own targets, PIL's
     inverse map normalised by its fixed constants, `geometry.aetv1_official_targets`; the model
@@ -56,6 +60,7 @@ class Recipe:
     mse_decay_steps: int = 0
     frame: str = "model"
     frame_scale: float = 1.0
+    residual_frame: str = "loss"
     mse_normalize: bool = True
     mse_target: str = "model"
     optimizer: str = "adam"
@@ -72,6 +77,7 @@ class Recipe:
 
     def __post_init__(self) -> None:
         for name, allowed in (("loss", ("geodesic", "mse")), ("frame", ("model", "pixel")),
+                              ("residual_frame", ("loss", "unit")),
                               ("mse_target", ("model", "official")),
                               ("optimizer", ("adam", "sgd")),
                               ("lr_schedule", ("constant", "aetv1", "cosine", "step")),
@@ -125,7 +131,8 @@ class Recipe:
                             residual_scale=self.residual_scale,
                             chordal_weight=self.chordal_weight, mse_weight=self.mse_weight,
                             mse_std=param_std, mse_decay_steps=self.mse_decay_steps,
-                            frame=self.frame_matrix(image_size))
+                            frame=self.frame_matrix(image_size),
+                            residual_frame=self.residual_frame)
         loss.step = step
         return loss
 
@@ -167,7 +174,8 @@ class Recipe:
             angle_power=flags.angle_power, residual_scale=flags.residual_scale,
             chordal_weight=flags.chordal_weight, mse_weight=flags.mse_weight,
             mse_decay_steps=flags.mse_decay_steps, frame=flags.loss_frame,
-            frame_scale=flags.loss_frame_scale, mse_normalize=flags.mse_normalize,
+            frame_scale=flags.loss_frame_scale, residual_frame=flags.residual_frame,
+            mse_normalize=flags.mse_normalize,
             mse_target=flags.mse_target, optimizer=flags.optimizer,
             learning_rate=flags.learning_rate,
             lr_schedule=flags.lr_schedule, warmup_steps=flags.warmup_steps,
@@ -199,3 +207,16 @@ AETV1 = Recipe(loss="mse", mse_normalize=True, optimizer="sgd", momentum=0.9,
 #: The paper's AETv1 as its published code trains it (configs/cifar10_aetv1_official.cfg): the
 #: MSE on its own targets (PIL's inverse map, fixed normalisation), otherwise as `AETV1`.
 AETV1_OFFICIAL = dataclasses.replace(AETV1, mse_target="official")
+
+# Issue 31: AETv2 variants that see every degree of freedom (docs/reproduction.md, "AETv2 that
+# earns its name"; not yet screened). The squared angle (Eq. 5: 1/2 ||log P||^2 = theta^2) in the
+# 4x zoomed frame, otherwise the recipe's optimiser and schedule. The weights were chosen from the
+# gradient shares of `benchmarks.loss_gradients` (the configs' headers say why).
+#: theta^2 at 4x, no residual (configs/cifar10_aetv2_sq4.cfg): the control, still blind to
+#: T_hat = T S for S symmetric positive definite.
+AETV2_SQ4 = dataclasses.replace(AETV2, angle_power=2, frame_scale=4.0)
+#: theta^2 at 4x + 10 ||M - P||_F^2 of M in the UNIT frame (configs/cifar10_aetv2_sq4_unitres.cfg).
+AETV2_SQ4_UNITRES = dataclasses.replace(AETV2_SQ4, projection_weight=10.0, residual_frame="unit")
+#: A labelled hybrid: theta^2 at 4x + 0.3 x AETv1's normalised parameter MSE
+#: (configs/cifar10_aetv2_hybrid.cfg).
+AETV2_HYBRID = dataclasses.replace(AETV2_SQ4, mse_weight=0.3)

@@ -79,6 +79,12 @@ def test_the_recipes_are_the_configs():
     assert recipe_of_flagfile("cifar10_aetv2_paper") == recipes.AETV2_PAPER
     assert recipe_of_flagfile("cifar10_aetv1") == recipes.AETV1
     assert recipe_of_flagfile("cifar10_aetv1_official") == recipes.AETV1_OFFICIAL
+    assert recipe_of_flagfile("cifar10_aetv2_sq4") == recipes.AETV2_SQ4
+    assert recipe_of_flagfile("cifar10_aetv2_sq4_unitres") == recipes.AETV2_SQ4_UNITRES
+    assert recipe_of_flagfile("cifar10_aetv2_hybrid") == recipes.AETV2_HYBRID
+    assert recipes.AETV2.residual_frame == "loss"  # the old runs' behaviour, recorded
+    with pytest.raises(ValueError, match="residual_frame"):
+        recipes.Recipe(residual_frame="pixel")
     with pytest.raises(ValueError, match="mse_target"):
         recipes.Recipe(loss="geodesic", mse_target="official")
     with pytest.raises(ValueError, match="loss"):
@@ -164,7 +170,8 @@ def test_train_steps_given_after_a_flagfile_in_seconds_wins(tmp_path, cifar10_di
 
 def test_public_names_are_visible():
     for name in ("AETV2", "build_pairs_model", "save_encoder", "load_encoder", "knn_accuracy",
-                 "pooled_features", "GeodesicLoss", "pretext_dataset"):
+                 "pooled_features", "GeodesicLoss", "pretext_dataset", "AETV2_SQ4",
+                 "AETV2_SQ4_UNITRES", "AETV2_HYBRID"):
         assert name in dir(aetv2_tf) and getattr(aetv2_tf, name) is not None
     probes, models = (importlib.import_module(f"aetv2_tf.{m}") for m in ("probes", "models"))
     assert {"quick_knn", "pooled_features", "knn_accuracy"} <= set(dir(probes))

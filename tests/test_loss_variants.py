@@ -18,7 +18,8 @@ IDENTITY = np.array([1, 0, 0, 0, 1, 0, 0, 0], np.float64)
 
 
 def np_variant_loss(p_true, p_pred, projection_weight=1.0, angle_power=1, residual_scale=0.0,
-                    chordal_weight=0.0, mse_weight=0.0, mse_std=None, frame=None):
+                    chordal_weight=0.0, mse_weight=0.0, mse_std=None, frame=None,
+                    residual_frame="loss"):
     """Float64 oracle of every knob, written from the docstring (numpy + scipy)."""
     out = []
     f = np.eye(3) if frame is None else np.asarray(frame, np.float64)
@@ -29,6 +30,11 @@ def np_variant_loss(p_true, p_pred, projection_weight=1.0, angle_power=1, residu
         q = scipy.linalg.polar(m)[0]
         assert np.linalg.det(q) > 0  # inputs near the identity: no reflection to fix
         r = np.sum((m - q) ** 2)
+        if residual_frame == "unit":  # the residual of M before the change of frame
+            t_unit, t_hat_unit = (np.append(x, 1.0).reshape(3, 3) for x in (a, b))
+            m_unit = np.linalg.inv(t_unit) @ t_hat_unit
+            m_unit = m_unit / np.cbrt(np.linalg.det(m_unit))
+            r = np.sum((m_unit - scipy.linalg.polar(m_unit)[0]) ** 2)
         if residual_scale:
             r = residual_scale * np.log1p(r / residual_scale)
         value = Rotation.from_matrix(q).magnitude() ** angle_power + projection_weight * r
@@ -45,6 +51,8 @@ VARIANTS = {
     "chordal": dict(chordal_weight=0.5),
     "mse": dict(mse_weight=0.7, mse_std=STD),
     "pixel_frame": dict(frame=PIXEL_FRAME),
+    "unit_residual": dict(angle_power=2, frame=[[4.0, 0.0, 0.0], [0.0, 4.0, 0.0], [0.0, 0.0, 1.0]],
+                          projection_weight=10.0, residual_frame="unit"),  # issue 31
     "all": dict(angle_power=2, residual_scale=0.1, chordal_weight=1.0, mse_weight=1.0,
                 mse_std=STD, projection_weight=0.5),
 }

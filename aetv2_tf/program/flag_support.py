@@ -88,7 +88,7 @@ TABLE: dict[str, Rule | None] = {
 for _name in (
     "stage", "probe", "pretext", "loss", "projection_weight", "angle_power", "residual_scale",
     "chordal_weight", "mse_weight", "mse_decay_steps", "loss_frame", "loss_frame_scale",
-    "decoder_scale",
+    "residual_frame", "decoder_scale",
     "decoder_init_rotation", "siamese_batch_norm", "mse_target", "mse_normalize", "backbone",
     "batch_norm", "data_dir",
     "train_examples", "shift", "augment", "model_dir", "overwrite", "batch_size", "epochs",
