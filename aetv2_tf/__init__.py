@@ -54,7 +54,7 @@ _EXPORTS = {
     "CIFAR10_STD": "data.constants", "IMAGENET_MEAN": "data.constants",
     "IMAGENET_STD": "data.constants",
     "pooled_features": "probes.knn", "knn_accuracy": "probes.knn",
-    "save_encoder": "saving", "load_encoder": "saving", "export_encoder": "export",
+    "save_encoder": "saving", "load_encoder": "saving", "export_encoder": "savedmodel",
 }
 
 __all__ = sorted(_EXPORTS)

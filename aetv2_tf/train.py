@@ -43,8 +43,8 @@ with console.quiet_native_stderr(not console.verbose_requested()):
 from absl import app, logging
 
 from aetv2_tf.data.sources import DataError
+from aetv2_tf.errors import UsageError
 from aetv2_tf.program.flags import FLAGS, resolve_run_length
-from aetv2_tf.program.rundir import UsageError
 
 
 def main(argv) -> None:

@@ -1,6 +1,6 @@
 """What this project wrote, recognised before anything is replaced, removed or run.
 
-An export (`aetv2_tf.export.export_encoder`) writes ``aetv2_export.json`` beside its
+An export (`aetv2_tf.savedmodel.export_encoder`) writes ``aetv2_export.json`` beside its
 ``saved_model.pb``: the SHA-256 of every file of the SavedModel (``saved_model.pb``,
 ``fingerprint.pb``, every file under ``variables/`` and ``assets/``), relative paths with ``/``.
 A directory is "a project export" (`verify_export` returns None) when that manifest is there and

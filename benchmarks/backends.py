@@ -3,10 +3,11 @@ otherwise than in this process: `/eigen`), timed by a worker process of that kin
 
 A process has one Keras backend, so `benchmarks.step` (TensorFlow) hands a configuration such as
 `jax:keras/fp32/geodesic` to a worker, `KERAS_BACKEND=jax python -m benchmarks.backends ...`,
-which builds and warms up the same `StepRunner` there and then times one round whenever asked.
-The parent calls it inside its interleaved rounds like a local configuration, so both backends are
-measured in the same rounds, under the same load. One worker per kind; its protocol, one line
-each way (other output of the worker is library chatter, kept for error messages):
+which builds and warms up the same `StepRunner` (`benchmarks.step_runner`) there and then times
+one round whenever asked. The parent calls it inside its interleaved rounds like a local
+configuration, so both backends are measured in the same rounds, under the same load. One
+worker per kind; its protocol, one line each way (other output of the worker is library
+chatter, kept for error messages):
 
     parent -> worker:  `run NAME STEPS`              worker -> parent: `@@timing WALL CPU`
                        (end of input: exit)                            `@@built NAME SECONDS POLICY
@@ -124,7 +125,7 @@ def main() -> None:
     import keras
 
     from aetv2_tf.program.precision import onednn_state
-    from benchmarks.step import Spec, StepRunner, example_batch
+    from benchmarks.step_runner import Spec, StepRunner, example_batch
 
     p = argparse.ArgumentParser(description="A benchmarks.step worker of one Keras backend.")
     p.add_argument("--configs", required=True)

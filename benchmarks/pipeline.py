@@ -25,7 +25,8 @@ from __future__ import annotations
 import time
 
 from benchmarks import common
-from benchmarks.step import Result, Spec, StepRunner, add_step_flags, example_batch
+from benchmarks.step import Result, add_step_flags
+from benchmarks.step_runner import Spec, StepRunner, example_batch
 
 STEP_CONFIG = "fused/auto/geodesic"
 TARGET_RATIO = 10.0

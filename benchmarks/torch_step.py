@@ -84,7 +84,7 @@ def forward_macs(torch, model, batch) -> int:
 
 
 class TorchRunner:
-    """`benchmarks.step.StepRunner`'s interface for one `torch:` configuration."""
+    """`benchmarks.step_runner.StepRunner`'s interface for one `torch:` configuration."""
 
     def __init__(self, spec, batch_size: int):
         torch = self.torch = import_torch()
@@ -120,7 +120,7 @@ class TorchRunner:
 def main() -> None:
     """The worker (`benchmarks.backends` protocol)."""
     from benchmarks.backends import serve
-    from benchmarks.step import Spec
+    from benchmarks.step_runner import Spec
 
     p = argparse.ArgumentParser(description="A benchmarks.step worker of PyTorch.")
     p.add_argument("--configs", required=True)

@@ -24,7 +24,8 @@ from absl import app  # noqa: E402
 import aetv2_tf.models  # noqa: E402
 from aetv2_tf import recipes  # noqa: E402
 from aetv2_tf.models import aet, pairs  # noqa: E402
-from aetv2_tf.probes import knn, stage  # noqa: E402
+from aetv2_tf.probes import knn  # noqa: E402
+from aetv2_tf.program import probe_stage  # noqa: E402
 
 CALLS: dict[str, int] = {}
 RECIPES: list[dict] = []
@@ -49,8 +50,8 @@ watch([recipes.Recipe], "build_loss", record_recipe=True)
 watch([recipes.Recipe], "build_optimizer", record_recipe=True)
 watch([aet, aetv2_tf.models], "build_aet_model")
 watch([pairs, aetv2_tf.models], "build_pairs_model")
-watch([knn, stage], "knn_accuracy")
-watch([knn, stage], "pooled_features")
+watch([knn, probe_stage], "knn_accuracy")
+watch([knn, probe_stage], "pooled_features")
 
 
 @atexit.register

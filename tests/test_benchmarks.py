@@ -16,7 +16,7 @@ import pytest
 
 from benchmarks import common
 from benchmarks.budget import done_summary
-from benchmarks.step import Spec
+from benchmarks.step_runner import Spec
 from tests.cli import run_module
 
 

@@ -123,7 +123,7 @@ def runs(tmp_path_factory, cifar10_dir):
 
 def test_import_and_helpfull_without_tensorflow():
     code = BLOCK_TF + ("import aetv2_tf.train, aetv2_tf.program.adapter_portable, "
-                       "aetv2_tf.probes.stage, aetv2_tf.export, aetv2_tf.probes.encoders; "
+                       "aetv2_tf.program.probe_stage, aetv2_tf.export, aetv2_tf.probes.encoders; "
                        "print('imported')")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                           text=True, env=_env({"KERAS_BACKEND": "jax"}), timeout=120)

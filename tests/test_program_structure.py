@@ -1,5 +1,6 @@
-"""The program's structure: no import cycle, modules that import alone, small modules, and a
-flag-support table with a row for every flag (issue "One program on every Keras backend")."""
+"""The program's structure: the library never imports the program layer, no import cycle (the
+package and the benchmarks), modules that import alone, small modules, and a flag-support table
+with a row for every flag (issues "One program on every Keras backend", "One house, one suite")."""
 
 from __future__ import annotations
 
@@ -11,38 +12,68 @@ import sys
 import pytest
 from absl import flags
 
+from aetv2_tf import errors
 from aetv2_tf.program import flag_support
 from aetv2_tf.program import flags as _defined  # noqa: F401 - defines the flags
 from aetv2_tf.program.rundir import UsageError
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "aetv2_tf"
+BENCHMARKS = PACKAGE.parent / "benchmarks"
+#: The program layer: its subpackage and the command lines (`python -m aetv2_tf.<name>`).
+PROGRAM = "aetv2_tf.program"
+ENTRY_POINTS = ("aetv2_tf.train", "aetv2_tf.export", "aetv2_tf.report")
 
 
-def module_names() -> dict[str, pathlib.Path]:
+def module_names(*roots: pathlib.Path) -> dict[str, pathlib.Path]:
+    """Module name -> file, for every module of the packages at ``roots`` (default: aetv2_tf)."""
     out = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    for root in roots or (PACKAGE,):
+        for path in sorted(root.rglob("*.py")):
+            parts = path.relative_to(root.parent).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return out
 
 
-def import_graph() -> dict[str, set[str]]:
+def is_program(module: str) -> bool:
+    return module == PROGRAM or module.startswith(PROGRAM + ".") or module in ENTRY_POINTS
+
+
+def library_modules() -> dict[str, pathlib.Path]:
+    return {name: path for name, path in module_names().items() if not is_program(name)}
+
+
+def imports(source: str, name: str, is_package: bool = False) -> list[tuple[str, list[str]]]:
+    """Every import of module ``name``, anywhere (top level, inside functions, classes or ``if``
+    blocks), made absolute: ``import a.b`` -> (a.b, []); ``from a import b, c`` -> (a, [b, c])."""
+    package = name if is_package else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.extend((a.name, []) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            found.append((base, [a.name for a in node.names]))
+    return found
+
+
+def imported_names(source: str, name: str, is_package: bool = False) -> set[str]:
+    """``import a.b`` -> a.b; ``from a import b`` -> a and a.b (a submodule or a name)."""
+    return {n for base, names in imports(source, name, is_package)
+            for n in (base, *(f"{base}.{a}" for a in names))}
+
+
+def import_graph(*roots: pathlib.Path) -> dict[str, set[str]]:
     """Module -> the project modules it imports anywhere (top level or inside functions)."""
-    modules = module_names()
+    modules = module_names(*roots)
     graph = {}
     for name, path in modules.items():
-        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
         found = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                found.update(a.name for a in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    parts = package.split(".")[:len(package.split(".")) - node.level + 1]
-                    base = ".".join(parts + ([base] if base else []))
-                found.update(f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
-                             for a in node.names)
+        for base, names in imports(path.read_text(), name, path.name == "__init__.py"):
+            found.update(f"{base}.{a}" if f"{base}.{a}" in modules else base for a in names)
+            found.update([] if names else [base])
         # A package's own __init__ is not an edge back to it from its submodules.
         graph[name] = {m for m in found if m in modules and m != name
                        and not name.startswith(m + ".")}
@@ -76,25 +107,71 @@ def test_find_cycle_finds_one():
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
-def test_no_import_cycle_in_the_package():
-    graph = import_graph()
+def test_imported_names_sees_every_import():
+    source = ("import os\nfrom . import knn\nfrom ..program.rundir import check_writable\n"
+              "def f():\n    from aetv2_tf import train\n"
+              "class C:\n    if True:\n        import aetv2_tf.program.flags\n")
+    found = imported_names(source, "aetv2_tf.probes.x")
+    assert {"aetv2_tf.probes.knn", "aetv2_tf.program.rundir", "aetv2_tf.train",
+            "aetv2_tf.program.flags"} <= found
+    assert [n for n in sorted(found) if is_program(n)] == [
+        "aetv2_tf.program.flags", "aetv2_tf.program.rundir",
+        "aetv2_tf.program.rundir.check_writable", "aetv2_tf.train"]
+
+
+def test_the_library_never_imports_the_program_layer():
+    """No library module imports `aetv2_tf.program`, an entry point (`train`, `export`,
+    `report`) or absl's flags, anywhere in its code: the library takes explicit arguments."""
+    library = library_modules()
+    assert {"aetv2_tf.probes.classifier", "aetv2_tf.probes.encoders", "aetv2_tf.probes.data",
+            "aetv2_tf.savedmodel", "aetv2_tf.summaries", "aetv2_tf.errors",
+            "aetv2_tf.data.pipelines", "aetv2_tf.models.heads"} <= set(library)
+    taken = {}
+    for name, path in library.items():
+        found = imported_names(path.read_text(), name, path.name == "__init__.py")
+        bad = sorted(n for n in found if is_program(n) or n in ("absl.flags", "absl.app"))
+        if bad:
+            taken[name] = bad
+    assert taken == {}
+    # The packages that load their names lazily (importlib, which `imports` cannot see) load
+    # library modules of their own.
+    import aetv2_tf
+    import aetv2_tf.data
+    import aetv2_tf.probes
+
+    for package, table in ((aetv2_tf, aetv2_tf._EXPORTS), (aetv2_tf.data, aetv2_tf.data._LAZY),
+                           (aetv2_tf.probes, aetv2_tf.probes._EXPORTS)):
+        loaded = {f"{package.__name__}.{module}" for module in table.values()}
+        assert loaded <= set(library), sorted(loaded - set(library))
+
+
+def test_one_usage_error_for_both_layers():
+    from aetv2_tf.program import rundir
+
+    assert UsageError is rundir.UsageError is errors.UsageError
+    assert issubclass(errors.UsageError, ValueError)
+
+
+def test_no_import_cycle_in_the_package_or_the_benchmarks():
+    graph = import_graph(PACKAGE, BENCHMARKS)
+    assert "benchmarks.step" in graph and "aetv2_tf.program.probe_stage" in graph
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+    # the benchmarks' parent and worker share their step, and the worker never imports the parent
+    assert "benchmarks.backends" in graph["benchmarks.step"]
+    assert "benchmarks.step_runner" in graph["benchmarks.step"] & graph["benchmarks.backends"]
+    assert "benchmarks.step" not in graph["benchmarks.backends"]
     tf_adapter = "aetv2_tf.program.adapter_tensorflow"
     portable = "aetv2_tf.program.adapter_portable"
     assert "aetv2_tf.program.common" in graph[portable] & graph[tf_adapter]
     # one pretext loop and one probe stage, used by both adapters, importing neither
-    for shared in ("aetv2_tf.program.pretext", "aetv2_tf.probes.stage"):
+    for shared in ("aetv2_tf.program.pretext", "aetv2_tf.program.probe_stage"):
         assert shared in graph[portable] & graph[tf_adapter], shared
         assert not {"aetv2_tf.train", tf_adapter, portable} & graph[shared], shared
-    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
     # the entry point picks an adapter; the adapters are siblings that do not import each other
     assert {tf_adapter, portable} <= graph["aetv2_tf.train"]
     assert "aetv2_tf.train" not in graph[portable] | graph[tf_adapter]
     assert portable not in graph[tf_adapter] and tf_adapter not in graph[portable]
     assert portable not in graph["aetv2_tf.program.common"]
-    # the library never imports the program layer's entry point or adapters
-    library = [m for m in graph if not m.startswith(("aetv2_tf.program", "aetv2_tf.train",
-                                                     "aetv2_tf.probes.stage"))]
-    assert not any({tf_adapter, portable, "aetv2_tf.train"} & graph[m] for m in library)
 
 
 def test_every_module_imports_alone():

@@ -6,8 +6,9 @@
 * `classifier`: `build_probe_model`, `train_probe` (epoch selected on a validation split of the
   training set, test evaluated once), `split_train_val`, `probe_optimizer`, `step_lr_schedule`.
 * `results`: `write_results` / `read_results` of ``results.json`` (read by `aetv2_tf.report`).
-* `stage`: ``--stage=probe`` / ``--stage=supervised`` of ``python -m aetv2_tf.train``, built on
-  `encoders` (the frozen encoder named by ``--pretrained``) and `data` (train/val/test splits).
+* `encoders` (the frozen encoder named by ``--pretrained``) and `data` (train/val/test splits):
+  what ``--stage=probe`` / ``--stage=supervised`` of ``python -m aetv2_tf.train`` reads
+  (`aetv2_tf.program.probe_stage`, the program layer, which this package never imports).
 
 Names are imported lazily so that ``aetv2_tf.probes.results`` (and the report CLI) does not pull in
 TensorFlow.

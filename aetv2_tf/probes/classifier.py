@@ -31,8 +31,8 @@ from typing import Any, NamedTuple
 import keras
 import numpy as np
 
+from aetv2_tf import summaries
 from aetv2_tf.optim import STEP_DROPS
-from aetv2_tf.program import summaries
 
 # --- optimiser and schedule -------------------------------------------------------------------
 

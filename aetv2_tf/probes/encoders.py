@@ -3,7 +3,7 @@
 ``--pretrained`` takes three kinds of value (`pretrained_kind`):
 
 * a pretraining ``--model_dir`` (it holds ``flags.json``): the encoder is rebuilt and restored from
-  the run's newest checkpoint (`aetv2_tf.export.restore_encoder`); its backbone must be the
+  the run's newest checkpoint (`aetv2_tf.savedmodel.restore_encoder`); its backbone must be the
   probe's ``--backbone``.
 * an exported SavedModel (it holds ``saved_model.pb``, e.g. ``<model_dir>/export/encoder``).
   A SavedModel is a program: loading it runs its graph (initialisers, restore functions, and
@@ -36,9 +36,9 @@ from collections.abc import Callable, Sequence
 
 import keras
 
-from aetv2_tf.export import restore_encoder
+from aetv2_tf.errors import UsageError
 from aetv2_tf.models import DEFAULT_INPUT_SHAPES, build_backbone
-from aetv2_tf.program.rundir import UsageError
+from aetv2_tf.savedmodel import restore_encoder
 from aetv2_tf.saving import load_saved_flags
 from aetv2_tf.trust import export_record, verify_export
 

@@ -22,7 +22,7 @@ What is this backend's own (`KerasPretext`, the adapter of the one pretext loop
   computation, with interchangeable weights; the start line says so); the decoder scale and the
   MSE normalisation use the parameter std measured with the device sampler.
 
-`--stage=probe` (KNN and every classifier head) and `--stage=supervised` run `probes.stage.run`,
+`--stage=probe` (KNN and every classifier head) and `--stage=supervised` run `probe_stage.run`,
 the stage of both adapters (its input adapter: NumPy batches, crops and flips on the device).
 Which flag values run here is `aetv2_tf.program.flag_support`'s table.
 """
@@ -35,17 +35,17 @@ import keras
 import numpy as np
 from absl import logging
 
+from aetv2_tf.errors import UsageError
 from aetv2_tf.program import common as program
 from aetv2_tf.program import pretext, rundir
 from aetv2_tf.program.flags import ESSENTIAL, FLAGS, TRAJECTORY, flagfile_text, run_flags
 from aetv2_tf.program.precision import choose_precision
-from aetv2_tf.program.rundir import UsageError
 from aetv2_tf.recipes import parameter_std
 
 
 def check_flags(num_devices: int) -> None:
     """`program.check_flags` for this backend (its flag-support table), then the probe stages'
-    own checks (`probes.stage.check_flags`, as under TensorFlow)."""
+    own checks (`probe_stage.check_flags`, as under TensorFlow)."""
     F = FLAGS
     program.check_flags(num_devices, keras.backend.backend(), accelerator=_accelerator() != "")
     if F.stage == "pretext" and F.pretext == "rotation" and F.batch_size % (4 * num_devices):
@@ -53,7 +53,7 @@ def check_flags(num_devices: int) -> None:
                          f"the {num_devices} devices: --batch_size={F.batch_size} must be a "
                          f"multiple of {4 * num_devices}.")
     if F.stage != "pretext":
-        from aetv2_tf.probes.stage import check_flags as check_probe_flags
+        from aetv2_tf.program.probe_stage import check_flags as check_probe_flags
 
         check_probe_flags()
 
@@ -82,9 +82,9 @@ def run() -> dict:
     data = program.load_train_images() if F.stage == "pretext" else None
     if data is not None:
         pretext.check_batch_fits(data[2])
-    from aetv2_tf.probes import stage
+    from aetv2_tf.program import probe_stage
     # A probe reads its data and --pretrained encoder here too: a failure writes nothing.
-    loaded = stage.load() if F.stage != "pretext" else None
+    loaded = probe_stage.load() if F.stage != "pretext" else None
     recorded = dict(run_flags(), precision=precision._asdict(), backend=keras.backend.backend())
     rundir.prepare(F.model_dir, recorded, flagfile_text(), ESSENTIAL, F.overwrite,
                    trajectory=TRAJECTORY)
@@ -94,7 +94,7 @@ def run() -> dict:
                            data) + note, flush=True)
     if F.stage == "pretext":
         return pretext.run(KerasPretext(data[0]), *data)
-    return stage.run(loaded=loaded)
+    return probe_stage.run(loaded=loaded)
 
 
 class KerasPretext(pretext.PretextAdapter):
@@ -207,7 +207,7 @@ def summary_callbacks(counter, schedule, sample, mean, std) -> list[keras.callba
     the image pairs of the 4 training images `sample` every `--image_summary_every_steps` (kept on
     the CPU: it must not take the accelerator's memory), normalised with `mean`, `std`."""
     from aetv2_tf.program.callbacks import PretextSummaries
-    from aetv2_tf.program.summaries import CsvLog
+    from aetv2_tf.summaries import CsvLog
 
     F = FLAGS
     log_dir = os.path.join(F.model_dir, "train")

@@ -14,11 +14,11 @@ import keras
 import tensorflow as tf
 from absl import logging
 
+from aetv2_tf.errors import UsageError
 from aetv2_tf.program import common as program
 from aetv2_tf.program import pretext, rundir
 from aetv2_tf.program.flags import ESSENTIAL, FLAGS, TRAJECTORY, flagfile_text, run_flags
 from aetv2_tf.program.precision import choose_precision, onednn_state
-from aetv2_tf.program.rundir import UsageError
 
 #: A collective that lost a peer: dead worker (unavailable) or `--collective_timeout_seconds`.
 PEER_LOST = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError)
@@ -29,7 +29,7 @@ def check_flags(num_replicas: int) -> None:
     program.check_flags(num_replicas, "tensorflow",
                         accelerator=bool(tf.config.list_logical_devices("GPU")))
     if FLAGS.stage != "pretext":
-        from aetv2_tf.probes.stage import check_flags as check_probe_flags
+        from aetv2_tf.program.probe_stage import check_flags as check_probe_flags
 
         check_probe_flags()
     if FLAGS.data_service:
@@ -205,8 +205,8 @@ class TensorFlowPretext(pretext.PretextAdapter):
             lambda x, tx, p, q: draw_pairs(x.numpy(), tx.numpy(), p, q, mean, std))]
 
     def export(self, encoder, model) -> dict:
-        from aetv2_tf.export import export_encoder
         from aetv2_tf.program.keras_checkpoints import save_atomically
+        from aetv2_tf.savedmodel import export_encoder
 
         F = FLAGS
         save_atomically(model.save, os.path.join(F.model_dir, "aet_model.keras"))
@@ -244,7 +244,7 @@ def run() -> dict:
     data = program.load_train_images() if F.stage == "pretext" else None
     if data is not None:
         pretext.check_batch_fits(data[2])
-    from aetv2_tf.probes import stage as probe_stage
+    from aetv2_tf.program import probe_stage
     # A probe reads its data and --pretrained encoder here too: a failure writes nothing.
     loaded = probe_stage.load() if F.stage != "pretext" else None
     recorded = dict(run_flags(), precision=precision._asdict())

@@ -18,10 +18,10 @@ from collections.abc import Callable
 import keras
 from absl import logging
 
+from aetv2_tf.errors import UsageError
 from aetv2_tf.program import flag_support
 from aetv2_tf.program.flags import FLAGS
 from aetv2_tf.program.precision import Choice
-from aetv2_tf.program.rundir import UsageError
 from aetv2_tf.recipes import Recipe
 
 #: Input side of each backbone (square images).

@@ -20,7 +20,7 @@ from typing import Any
 
 from absl import flags
 
-from aetv2_tf.program.rundir import UsageError
+from aetv2_tf.errors import UsageError
 
 
 @dataclass(frozen=True)

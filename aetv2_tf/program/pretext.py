@@ -94,7 +94,7 @@ class PretextAdapter:
 def check_batch_fits(num_examples: int | None) -> None:
     """A step takes `--batch_size` distinct images (RotNet: a quarter, in 4 rotations): fewer
     training images than that is refused before the model_dir is written (UsageError)."""
-    from aetv2_tf.program.rundir import UsageError
+    from aetv2_tf.errors import UsageError
 
     F = FLAGS
     per_step = F.batch_size // 4 if F.pretext == "rotation" else F.batch_size

@@ -23,10 +23,7 @@ import os
 import shutil
 import tempfile
 
-
-class UsageError(ValueError):
-    """A bad flag, path or combination: the message names the problem and the fix."""
-
+from aetv2_tf.errors import UsageError  # the library's (`rundir.UsageError` is the same class)
 
 MIN_FREE_BYTES = 64 * 2**20
 

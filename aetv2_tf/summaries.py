@@ -5,8 +5,12 @@
 * `write_scalar`: one TensorBoard scalar through the raw ``tf.summary.write`` into the default
   writer (``tf.summary.scalar`` and Keras' TensorBoard callback need the ``tensorboard`` pip
   package; this writes the same event with TensorFlow alone).
-* `tensorboard_writer`: a ``tf.summary`` file writer, or None where TensorFlow cannot be imported
-  (`flag_support.tensorflow_importable`), so that the caller keeps the CSV alone.
+* `tensorboard_writer`: a ``tf.summary`` file writer, or None where TensorFlow cannot be imported,
+  so that the caller keeps the CSV alone.
+
+Library code: the probes (`probes.classifier`) and the program (`program.adapter_portable`) log
+through it. The program has imported TensorFlow quietly before (`tensorflow_importable` of
+`program.flag_support`), so the import here finds it loaded.
 """
 
 from __future__ import annotations
@@ -40,12 +44,11 @@ class CsvLog:
 
 def tensorboard_writer(log_dir: str) -> Any | None:
     """``tf.summary.create_file_writer(log_dir)``, or None where TensorFlow is not importable."""
-    from aetv2_tf.program.flag_support import tensorflow_importable
-
-    if not tensorflow_importable():
+    try:
+        import tensorflow as tf
+    except Exception:  # noqa: BLE001 - absent, blocked or broken: all mean "not here"
         return None
     import keras
-    import tensorflow as tf
 
     if keras.backend.backend() != "tensorflow":  # the accelerator's memory is the backend's
         try:

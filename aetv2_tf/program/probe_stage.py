@@ -45,6 +45,7 @@ import keras
 import numpy as np
 
 from aetv2_tf.data.constants import normalization_constants
+from aetv2_tf.errors import UsageError
 from aetv2_tf.models import DEFAULT_INPUT_SHAPES, build_head, build_nin
 from aetv2_tf.optim import STEP_DROPS
 from aetv2_tf.probes import encoders
@@ -60,7 +61,6 @@ from aetv2_tf.probes.knn import extract_features, knn_accuracy, make_feature_fn,
 from aetv2_tf.probes.results import write_results
 from aetv2_tf.program import common as program
 from aetv2_tf.program.flags import FLAGS, run_flags
-from aetv2_tf.program.rundir import UsageError
 
 PROBE_LR_SCHEDULES = ("step", "constant")
 
