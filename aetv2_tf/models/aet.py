@@ -3,19 +3,25 @@
 AET: the same encoder E sees an image x and its warped copy t(x); the decoder regresses the 8
 parameters of t (docs/conventions.md) from the concatenated features [E(x), E(t(x))]:
 
-    x, t(x) --concat on batch--> E --feature--> GAP --split & concat--> Dense(8) --> T_hat params
+    x    --> E --feature--> GAP --\
+                                   concat --> Dense(8) --> T_hat params      (per_branch)
+    t(x) --> E --feature--> GAP --/
+    (B,H,W,3) each -> (B,h,w,C) -> (B,C) -> (B,2C) -> (B,8) float32
+
+    x, t(x) --concat on batch--> E --feature--> GAP --split & concat--> Dense(8)       (joint)
     (B,H,W,3) x 2  ->  (2B,H,W,3)  ->  (2B,h,w,C)  ->  (2B,C)  ->  (B,2C)  ->  (B,8) float32
 
 Choices:
-* Weight sharing, `siamese_batch_norm="joint"` (default): ONE encoder runs ONCE on the joint batch
-  `concat([x, t(x)], axis=0)`; one larger batch is faster on CPU than two calls. Batch norm
-  therefore normalizes with the joint statistics of the original and the transformed images (in
-  training mode) and updates its moving averages once a step.
-* `siamese_batch_norm="per_branch"`: the published AETv1 code's way (`Regressor.forward` in
-  maple-research-lab/AET: two forward passes of the shared network, x first, then t(x)): the
-  encoder is called on x and on t(x) separately, each branch normalised by its own batch
-  statistics, and the moving averages updated twice a step, x's batch first, then t(x)'s. The
-  same variables either way: checkpoints of one load into the other.
+* Weight sharing, `siamese_batch_norm="per_branch"` (the default since session 8: better
+  features at both seeds measured, no slower on a CPU; docs/reproduction.md): the published
+  AETv1 code's way (`Regressor.forward` in maple-research-lab/AET: two forward passes of the
+  shared network, x first, then t(x)): the encoder is called on x and on t(x) separately, each
+  branch normalised by its own batch statistics, and the moving averages updated twice a step,
+  x's batch first, then t(x)'s.
+* `siamese_batch_norm="joint"` (the default before session 8): ONE encoder call on the joint
+  batch `concat([x, t(x)], axis=0)`; batch norm normalizes with the joint statistics of the
+  original and the transformed images (in training mode) and updates its moving averages once a
+  step. The same variables either way: checkpoints of one load into the other.
 * Decoder init: the bias is the identity `(1, 0, 0, 0, 1, 0, 0, 0)` and the kernel is small
   (truncated normal, std `0.1 / sqrt(fan_in)`), so at step 0 `T_hat` is close to the identity, a
   regular matrix: the geodesic loss needs `T^{-1} T_hat` well away from singular. A non-zero
@@ -133,7 +139,7 @@ def build_aet_model(
     param_scale: Sequence[float] | None = None,
     init_rotation_deg: float = 0.0,
     pairs: keras.layers.Layer | None = None,
-    siamese_batch_norm: str = "joint",
+    siamese_batch_norm: str = "per_branch",
     target: str = "model",
 ) -> keras.Model:
     """The AET pretext model: inputs `[x, tx]`, each `(B, H, W, 3)`; output `(B, num_params)`.
@@ -156,9 +162,9 @@ def build_aet_model(
             about the image centre instead of the identity. At 0 every 180-degree pair starts on
             the cut locus of the geodesic loss (theta = pi, no gradient); at 45 no quarter turn
             does (docs/reproduction.md).
-        siamese_batch_norm: "joint" (one encoder call on `concat([x, tx])`) or "per_branch"
-            (two calls, each branch with its own batch statistics, as the AETv1 code): module
-            docstring.
+        siamese_batch_norm: "per_branch" (default: two calls, each branch with its own batch
+            statistics, as the AETv1 code) or "joint" (one encoder call on `concat([x, tx])`):
+            module docstring.
         target: "model" (the decoder regresses T's model-frame parameters) or "official" (it
             regresses the published AETv1 code's normalised targets, PIL's inverse map in
             corner-origin pixels, `geometry.aetv1_official_targets`; starting at the identity's;

@@ -140,7 +140,7 @@ def build_pairs_model(
     param_scale: Sequence[float] | None = None,
     init_rotation_deg: float = 0.0,
     count_steps: bool = False,
-    siamese_batch_norm: str = "joint",
+    siamese_batch_norm: str = "per_branch",
     target: str = "model",
 ) -> PairsModel:
     """uint8 images `(B, H, W, 3)` -> `(B, 16)` = `[T_hat params, T params]` (module docstring).

@@ -85,6 +85,7 @@ def run() -> dict:
     from aetv2_tf.program import probe_stage
     # A probe reads its data and --pretrained encoder here too: a failure writes nothing.
     loaded = probe_stage.load() if F.stage != "pretext" else None
+    program.continue_earlier_run()
     recorded = dict(run_flags(), precision=precision._asdict(), backend=keras.backend.backend())
     rundir.prepare(F.model_dir, recorded, flagfile_text(), ESSENTIAL, F.overwrite,
                    trajectory=TRAJECTORY)

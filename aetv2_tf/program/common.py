@@ -367,3 +367,25 @@ def quick_knn_summary(encoder: keras.Model, images, labels) -> dict:
           f"{result['knn_top1']:.2f}% trained vs {result['random_knn_top1']:.2f}% random init "
           f"({result['knn_gain']:+.2f} points, {result['knn_seconds']:.0f} s).", flush=True)
     return result
+
+
+def continue_earlier_run() -> None:
+    """A `--model_dir` holding a run of an earlier version resumes as it trained: flags whose
+    default changed since take the value it had (`flags.adopt_earlier_defaults`), unless given
+    or `--overwrite` starts afresh. A missing or unreadable flags.json changes nothing (the
+    model_dir's own checks report it)."""
+    from aetv2_tf.program.flags import adopt_earlier_defaults
+
+    path = os.path.join(FLAGS.model_dir or "", "flags.json")
+    if FLAGS.overwrite or FLAGS.stage != "pretext" or not os.path.isfile(path):
+        return
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        return
+    if isinstance(saved, dict) and (made := adopt_earlier_defaults(saved)):
+        logging.info("%s records a run of an earlier version: it continues with %s.", path,
+                     " ".join(made))
+        print(f"Resuming a run of an earlier version: {' '.join(made)} (as it trained).",
+              flush=True)

@@ -60,10 +60,12 @@ flags.DEFINE_float("decoder_init_rotation", 0.0,
                    "The decoder starts at the rotation by this many degrees about the image "
                    "centre instead of the identity (45 keeps every quarter turn off the "
                    "geodesic loss's cut locus at theta = pi).")
-flags.DEFINE_enum("siamese_batch_norm", "joint", ["joint", "per_branch"],
-                  "AET pretext: joint (one encoder call on the batch of x and t(x) together: one "
-                  "set of BatchNorm statistics) or per_branch (two calls, x then t(x), each with "
-                  "its own statistics and moving-average update: the published AETv1 code).")
+flags.DEFINE_enum("siamese_batch_norm", "per_branch", ["per_branch", "joint"],
+                  "AET pretext: per_branch (default: two encoder calls, x then t(x), each with "
+                  "its own BatchNorm statistics and moving-average update, as the published AETv1 "
+                  "code; +0.5 / +1.2 KNN points over joint at B1, docs/reproduction.md) or joint "
+                  "(one call on x and t(x) together: one set of statistics; the default before "
+                  "session 8, which runs of earlier versions keep when resumed).")
 flags.DEFINE_enum("mse_target", "model", ["model", "official"],
                   "mse loss only: model (the MSE on T's model-frame parameters, see "
                   "--mse_normalize) or official (the published AETv1 code's targets: PIL's "
@@ -328,6 +330,24 @@ def resolve_run_length(argv: list[str]) -> str | None:
     winner, loser = sorted(last, key=last.get, reverse=True)
     setattr(FLAGS, loser, 0)
     return f"--{winner}={FLAGS[winner].value} was given after --{loser}: it sizes the run."
+
+
+#: Flags whose default changed, with the value runs recorded before them behaved as: a run whose
+#: flags.json lacks the flag resumes with that value unless the flag is given
+#: (`adopt_earlier_defaults`).
+EARLIER_DEFAULTS = {"siamese_batch_norm": "joint"}
+
+
+def adopt_earlier_defaults(saved: dict) -> list[str]:
+    """For a run recorded before a flag of `EARLIER_DEFAULTS` existed (`saved`, its flags.json),
+    sets that flag to the value the run trained with, unless the command line gives it; returns
+    the ``--flag=value`` settings made (to be logged)."""
+    made = []
+    for name, value in EARLIER_DEFAULTS.items():
+        if name not in saved and not FLAGS[name].present and FLAGS[name].value != value:
+            FLAGS[name].value = value
+            made.append(f"--{name}={value}")
+    return made
 
 
 def run_flags() -> dict:
