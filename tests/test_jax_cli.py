@@ -143,8 +143,11 @@ def test_tensorflow_only_flags_are_refused(tmp_path, cifar10_dir):
                           env=_env({"KERAS_BACKEND": "jax"}), timeout=120)
     assert proc.returncode == 2
     assert "--strategy=mirrored is not available with KERAS_BACKEND=jax" in proc.stderr
-    (tmp_path / "tf_run").mkdir()  # a TensorFlow run's model_dir (no "backend" recorded)
+    # A TensorFlow run's model_dir (no "backend" recorded) that has trained (a checkpoint; a
+    # start that trained nothing would be set aside and started afresh: test_trust_files.py).
+    (tmp_path / "tf_run" / "checkpoints").mkdir(parents=True)
     (tmp_path / "tf_run" / "flags.json").write_text('{"stage": "pretext"}')
+    (tmp_path / "tf_run" / "checkpoints" / "ckpt-4.weights.h5").write_bytes(b"weights")
     proc = subprocess.run([sys.executable, "-c", RUN_TRAIN,
                            *train_args(tmp_path / "tf_run", cifar10_dir, "--train_steps=6")],
                           cwd=REPO, capture_output=True, text=True,
