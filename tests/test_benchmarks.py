@@ -249,3 +249,11 @@ def test_gpu_screen31_script_at_tiny_size(tmp_path, cifar10_dir):
     read = run_module("benchmarks.readout", str(runs / "hybrid_s0"), "--pairs=64",
                       f"--data_dir={cifar10_dir}", timeout=300)
     assert f"| {runs / 'hybrid_s0'} | " in read.stdout
+
+
+def test_siamese_bn_speed_module():
+    """The two BatchNorm modes timed side by side: one table row with a positive ratio."""
+    proc = run_module("benchmarks.siamese_bn_speed", "--batch=8", "--batches=2", "--repeats=1",
+                      timeout=300)
+    row = [r for r in proc.stdout.splitlines() if r.startswith("| float32")]
+    assert len(row) == 1 and float(row[0].split("|")[4]) > 0, proc.stdout
