@@ -362,7 +362,8 @@ def quick_knn_summary(encoder: keras.Model, images, labels) -> dict:
     train_set, test_set = (images[:n], labels[:n]), (test_images[:m], test_labels[:m])
     result = quick_knn(encoder, random_encoder, train_set, test_set, FEATURE[F.backbone],
                        *normalization_constants(F.dataset))
-    print(f"Quick KNN (k=10, cosine, {FEATURE[F.backbone]}; first {len(train_set[0])} "
+    print(f"Quick KNN (the authors': k=10, Euclidean, {FEATURE[F.backbone]} pooled 2x2; first "
+          f"{len(train_set[0])} "
           f"training images vs first {len(test_set[0])} test images): "
           f"{result['knn_top1']:.2f}% trained vs {result['random_knn_top1']:.2f}% random init "
           f"({result['knn_gain']:+.2f} points, {result['knn_seconds']:.0f} s).", flush=True)

@@ -188,7 +188,8 @@ flags.DEFINE_integer("summary_every_steps", 100, "TensorBoard scalar interval in
 flags.DEFINE_integer("image_summary_every_steps", 0,
                      "TensorBoard image interval (0: 10x --summary_every_steps).")
 flags.DEFINE_integer("quick_knn_train", 0,
-                     "pretext on CIFAR-10: after training, a quick KNN (k=10, cosine, block 2) of "
+                     "pretext on CIFAR-10: after training, a quick KNN (the authors': k=10, "
+                     "Euclidean, block 2 pooled 2x2) of "
                      "the encoder and of a random init, with the first N training images as the "
                      "gallery (0: off).")
 flags.DEFINE_integer("quick_knn_test", 2000,
