@@ -152,7 +152,9 @@ def test_sigterm_to_one_worker_stops_every_worker_at_the_same_step(tmp_path, cif
     assert [out.returncode for out in outs] == [143, 143], [o.stderr[-2000:] for o in outs]
     steps = {int(re.search(r"Done \(pretext\): steps=(\d+),", out.stdout).group(1))
              for out in outs}
-    assert len(steps) == 1 and listed_step(model_dir) == steps.pop() > 3
+    # >= 3: the signal is sent once ckpt-3 exists, and the workers may agree on it right after
+    # step 3 (measured once in CI: both stopped at 3) or after a later step.
+    assert len(steps) == 1 and listed_step(model_dir) == steps.pop() >= 3
     assert "Another worker received SIGTERM" in outs[0].stderr
 
 
