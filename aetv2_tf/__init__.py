@@ -10,16 +10,26 @@ SO(3) between the applied and the decoded homography (after projection), plus a 
 
 The entry points of the library (README, "Use it from Python"), imported on first use:
 
-* recipes as values: `Recipe`, `AETV2` (the recipe that learns), `AETV2_PAPER`, `AETV1`, and
-  issue 31's variants `AETV2_SQ4`, `AETV2_SQ4_UNITRES`, `AETV2_HYBRID` (not yet screened);
+* recipes as values: `Recipe`, `AETV2` (the recipe that learns), `AETV2_PAPER`, `AETV1`,
+  `AETV1_OFFICIAL`, issue 31's variants `AETV2_SQ4`, `AETV2_SQ4_UNITRES`, `AETV2_HYBRID`, all by
+  name in `RECIPES` / `as_recipe("aetv1")`; a recipe builds its model (`recipe.build_model`) and
+  compiles it (`recipe.compile(model, steps)`, `training_steps(n, batch_size, epochs)`);
+  `parameter_std` (AETv1's normalisation);
 * models: `build_backbone` (NIN, AlexNet), `build_pairs_model` (fit on uint8 images, the pairs
   made in the train step), `build_aet_model`, `build_rotations_model` (RotNet);
 * losses: `GeodesicLoss` (AETv2), `ParameterMSELoss` (AETv1);
 * data: `pretext_dataset` (tf.data pairs), `load_cifar10`, `list_image_folder`, and the
   normalisation constants `CIFAR10_MEAN` / `CIFAR10_STD`, `IMAGENET_MEAN` / `IMAGENET_STD`;
 * features and probes: `pooled_features`, `knn_accuracy`;
-* saving: `save_encoder`, `load_encoder` (a directory ``--pretrained`` accepts), and
-  `export_encoder` (a SavedModel).
+* encoders with their preprocessing: `build_classifier` (uint8 images -> normalisation -> the
+  encoder cut at a feature -> a head; fine-tune or probe it, save it as .keras) and
+  `feature_extractor` (the same without the head); any Keras backbone, `feature=` choosing it;
+* saving: `save_encoder`, `load_encoder` (a directory ``--pretrained`` accepts, a custom
+  encoder's `.keras`, or a preset name of `presets()` / `PRESETS`: the encoders in `results/`),
+  `preprocessing` (the mean and std an encoder was trained with), and `export_encoder` (a
+  SavedModel, TensorFlow);
+* inputs: `check_images`, `check_labels`, `check_feature`, the checks every entry point applies
+  (uint8 NHWC images, integer labels, feature names), with messages that name the fix.
 
 The command line, ``python -m aetv2_tf.train --flagfile=configs/...``, is built on them.
 """
@@ -43,9 +53,17 @@ if platform.machine().lower() in ("x86_64", "amd64"):
 
 __version__ = "0.1.0"
 
+# `keras.saving.load_model` of any .keras file the package writes needs only `import aetv2_tf`:
+# its classes are registered with Keras as soon as Keras is imported (aetv2_tf/registry.py).
+from aetv2_tf import registry  # noqa: E402  (no Keras import: after the environment above)
+
+registry.register_when_keras_loads()
+
 _EXPORTS = {
     "Recipe": "recipes", "AETV2": "recipes", "AETV2_PAPER": "recipes", "AETV1": "recipes",
     "AETV2_SQ4": "recipes", "AETV2_SQ4_UNITRES": "recipes", "AETV2_HYBRID": "recipes",
+    "AETV1_OFFICIAL": "recipes", "RECIPES": "recipes", "as_recipe": "recipes",
+    "parameter_std": "recipes", "training_steps": "recipes",
     "build_backbone": "models", "build_aet_model": "models",
     "build_pairs_model": "models.pairs", "build_rotations_model": "models.pairs",
     "GeodesicLoss": "losses", "ParameterMSELoss": "losses",
@@ -55,6 +73,9 @@ _EXPORTS = {
     "IMAGENET_STD": "data.constants",
     "pooled_features": "probes.knn", "knn_accuracy": "probes.knn",
     "save_encoder": "saving", "load_encoder": "saving", "export_encoder": "savedmodel",
+    "preprocessing": "saving", "presets": "pretrained", "PRESETS": "pretrained",
+    "build_classifier": "models.encoders", "feature_extractor": "models.encoders",
+    "check_images": "inputs", "check_labels": "inputs", "check_feature": "inputs",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -63,6 +84,7 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+        registry.register_when_keras_loads()  # the module imported Keras: register the rest
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,6 +10,7 @@ import math
 from collections.abc import Sequence
 
 import keras
+import numpy as np
 from keras import ops
 
 # The AETv1 CIFAR table (1500 epochs): multiplier x1 until epoch 240, x0.2 to 480, x0.04 to 640,
@@ -64,6 +65,15 @@ class Schedule(keras.optimizers.schedules.LearningRateSchedule):
         if self.warmup_steps > 0:
             lr = lr * ops.minimum(1.0, (step + 1.0) / float(self.warmup_steps))
         return lr
+
+    def reached_peak(self) -> float:
+        """The largest learning rate of steps ``0 .. total_steps - 1``: `peak` unless the
+        warm-up is cut short by the run or overlaps the decay (the multiplier only falls, so
+        the maximum is within the warm-up's first ``min(warmup_steps, total_steps)`` steps)."""
+        if self.warmup_steps <= 0:
+            return self.peak
+        steps = np.arange(min(self.warmup_steps, self.total_steps), dtype=np.float32)
+        return float(np.max(ops.convert_to_numpy(self(steps))))
 
     def get_config(self) -> dict:
         return dict(kind=self.kind, peak=self.peak, total_steps=self.total_steps,

@@ -1,10 +1,16 @@
 """Pretraining recipes as values: the loss with its frame, the optimizer, its schedule and the
-weight decay, in one frozen dataclass that builds them.
+weight decay, and what they need of the model, in one frozen dataclass that builds them.
 
     recipe = aetv2_tf.recipes.AETV2                       # the recipe that learns
-    loss = recipe.build_loss(image_size=32)               # GeodesicLoss, 16x frame, no residual
-    schedule, optimizer = recipe.build_optimizer(model, steps=10_000)  # Adam, cosine, L2 5e-4
-    model.compile(optimizer=optimizer, loss=loss, metrics=recipe.metrics())
+    model = recipe.build_model(encoder, seed=0)           # build_pairs_model, as the CLI builds it
+    recipe.compile(model, steps=training_steps(len(images), 64, epochs=1))
+    model.fit(images, batch_size=64, epochs=1)
+
+`Recipe.build_model` decides what the recipe needs of the decoder (the AETv1 MSE's parameter
+scale, the official targets, the step counter of an MSE warm-up) and `Recipe.compile` reads the
+image size (and that scale) back from the model, so the loss frame, the parameter std and the
+model cannot disagree. The parts stay public: ``recipe.build_loss(image_size=32)``,
+``recipe.build_optimizer(model, steps)`` and ``recipe.metrics()``.
 
 `AETV2` (configs/cifar10_aetv2.cfg: the geodesic angle in the 16x zoomed model frame, no
 projection residual, Adam 1e-4 with warm-up and cosine decay, L2 decay 5e-4; the best AETv2
@@ -22,6 +28,9 @@ the program compiles what `build_loss` / `build_optimizer` return (one path, not
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -103,9 +112,10 @@ class Recipe:
             return None
         return np.diag([self.frame_scale, self.frame_scale, 1.0]).tolist()
 
-    def build_loss(self, image_size: int, param_std: Sequence[float] | None = None,
+    def build_loss(self, image_size: int | Sequence[int], param_std: Sequence[float] | None = None,
                    step: Any = None, shift: str = "integer") -> keras.losses.Loss:
-        """The loss, for ``image_size`` x ``image_size`` images.
+        """The loss, for ``image_size`` x ``image_size`` images (a positive int; a square
+        ``(side, side)`` is read as its side, anything else is refused).
 
         ``param_std``: the (8,) std of the sampler's parameters, which the AETv1 MSE (and the
         geodesic loss's MSE term) divide by; None computes it for ``image_size`` and ``shift``
@@ -116,6 +126,7 @@ class Recipe:
         """
         from aetv2_tf.losses import GeodesicLoss, ParameterMSELoss
 
+        image_size = square_side(image_size)
         if self.loss == "geodesic" and self.mse_decay_steps > 0 and step is None:
             raise ValueError("this recipe's MSE warm-up (mse_decay_steps > 0) reads the training "
                              "step: pass step=optimizer.iterations (TensorFlow) or a pairs "
@@ -146,10 +157,13 @@ class Recipe:
 
     # -------------------------------------------------------------------------- the optimizer
     def build_optimizer(self, model: keras.Model, steps: int,
-                        mixed_float16: bool | None = None):
-        """``(schedule, optimizer)`` for a run of ``steps`` steps. ``weight_decay_mode="l2"``
-        adds the decay to ``model``'s losses (once per model); call inside a distribution
-        scope. ``mixed_float16``: wrap for loss scaling (None: from Keras's dtype policy)."""
+                        mixed_float16: bool | None = None, *, _stacklevel: int = 2):
+        """``(schedule, optimizer)`` for a run of ``steps`` optimizer steps (`training_steps`:
+        ``epochs * ceil(examples / batch_size)``; the schedules are fractions of it).
+        ``weight_decay_mode="l2"`` adds the decay to ``model``'s losses (once per model); call
+        inside a distribution scope. ``mixed_float16``: wrap for loss scaling (None: from
+        Keras's dtype policy). A warm-up longer than half the run warns (`UserWarning`) with
+        the learning rate the run will really reach; the schedule is kept as asked."""
         from aetv2_tf import optim
 
         if self.weight_decay_mode == "l2":
@@ -157,6 +171,13 @@ class Recipe:
         schedule = optim.Schedule(self.lr_schedule, self.learning_rate, steps,
                                   self.warmup_steps, drops=self.lr_drops or optim.STEP_DROPS,
                                   drop_factor=self.lr_drop_factor)
+        if self.warmup_steps > int(steps) // 2:
+            warnings.warn(
+                f"warmup_steps={self.warmup_steps} in a run of {int(steps)} steps: the learning "
+                f"rate peaks at {schedule.reached_peak():.3g}, not at learning_rate="
+                f"{self.learning_rate:.3g}; shorten the warm-up, e.g. dataclasses.replace("
+                f"recipe, warmup_steps={int(steps) // 10}), or train for at least "
+                f"{2 * self.warmup_steps} steps", UserWarning, stacklevel=_stacklevel)
         if mixed_float16 is None:
             mixed_float16 = keras.mixed_precision.dtype_policy().name == "mixed_float16"
         optimizer = optim.build_optimizer(
@@ -164,6 +185,78 @@ class Recipe:
             beta_2=self.adam_beta2, weight_decay=self.weight_decay,
             weight_decay_mode=self.weight_decay_mode, mixed_float16=mixed_float16)
         return schedule, optimizer
+
+    # ------------------------------------------------------------------- the model, compiled
+    @property
+    def decoder_scaled(self) -> bool:
+        """Whether the decoder regresses std-normalised parameters: the AETv1 MSE on the model
+        frame's parameters (the command line's ``--decoder_scale`` default; without it SGD at
+        lr 0.1 diverges within a few steps)."""
+        return self.loss == "mse" and self.mse_target == "model"
+
+    def build_model(self, encoder: keras.Model, seed: int = 0, *, shift: str = "integer",
+                    decoder_scale: bool | None = None, **kwargs: Any) -> keras.Model:
+        """The pairs model (`models.pairs.build_pairs_model`: uint8 images in, pairs made on
+        the device) with what the recipe decides, as the command line builds it: the decoder's
+        ``param_scale`` = `parameter_std` of the encoder's image size and ``shift`` when
+        `decoder_scaled` (``decoder_scale``: True / False overrides, as ``--decoder_scale``),
+        ``target="official"`` for ``mse_target="official"``, ``count_steps=True`` for an MSE
+        warm-up (``mse_decay_steps > 0``). ``seed``: the pairs' sampler; other keyword
+        arguments (``augment``, ``mean``, ``std``, ``init_rotation_deg``, ...) pass through."""
+        from aetv2_tf.models.pairs import build_pairs_model
+
+        for name in ("param_scale", "target"):
+            if name in kwargs:
+                raise TypeError(f"build_model: the recipe decides {name} (decoder_scale=True / "
+                                "False overrides the scale); call build_pairs_model to set it")
+        official = self.loss == "mse" and self.mse_target == "official"
+        scaled = self.decoder_scaled if decoder_scale is None else bool(decoder_scale)
+        if scaled and official:
+            raise ValueError("mse_target='official' regresses the AETv1 code's own normalised "
+                             "targets: no decoder_scale")
+        size = image_size_of(encoder)
+        count_steps = bool(kwargs.pop("count_steps", False)) or self.mse_decay_steps > 0
+        return build_pairs_model(
+            encoder, seed, shift=shift, param_scale=parameter_std(size, shift) if scaled else None,
+            target="official" if official else "model", count_steps=count_steps, **kwargs)
+
+    def compile(self, model: keras.Model, steps: int, *, mixed_float16: bool | None = None,
+                **compile_kwargs: Any):
+        """``model.compile`` with the recipe's loss, optimizer and metrics; returns the
+        learning-rate schedule (the optimizer is ``model.optimizer``).
+
+        ``steps``: the run's number of optimizer steps, ``epochs * ceil(examples /
+        batch_size)`` (`training_steps`); the schedule and its warm-up are laid out over it.
+        The image size is read from ``model.inputs[0]`` (square images of a known size), the
+        parameter std of the loss from the decoder's scale (layer "decoder_scale", so the loss
+        divides by the numbers the decoder was scaled by), and an MSE warm-up's step from
+        ``model.loss_step`` (`build_model`; under TensorFlow ``optimizer.iterations`` will
+        do). Other keyword arguments (``steps_per_execution``, ``jit_compile``) go to
+        ``model.compile``."""
+        if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps <= 0:
+            raise ValueError(f"steps must be the run's number of optimizer steps, a positive "
+                             f"int (training_steps(examples, batch_size, epochs)); got {steps!r}")
+        size = image_size_of(model)
+        layers = _all_layers(model)
+        scale = next((np.asarray(layer.scale, np.float32) for layer in layers
+                      if layer.name == "decoder_scale"), None)
+        shift = next((layer.shift for layer in layers
+                      if layer.name == "pairs" and hasattr(layer, "shift")), "integer")
+        if self.decoder_scaled and scale is None:
+            warnings.warn("this recipe's MSE is meant for a decoder that regresses std-"
+                          "normalised parameters (the command line's default) and the model "
+                          "has none: SGD at its learning rate diverges; build the model with "
+                          "recipe.build_model(encoder)", UserWarning, stacklevel=2)
+        schedule, optimizer = self.build_optimizer(model, steps, mixed_float16, _stacklevel=3)
+        step = getattr(model, "loss_step", None)
+        if self.loss == "geodesic" and self.mse_decay_steps > 0 and step is None:
+            if keras.backend.backend() != "tensorflow":
+                raise ValueError("this recipe's MSE warm-up (mse_decay_steps > 0) reads the "
+                                 "step from the model: build it with recipe.build_model(encoder)")
+            step = optimizer.iterations
+        loss = self.build_loss(size, scale, step, shift)
+        model.compile(optimizer=optimizer, loss=loss, metrics=self.metrics(), **compile_kwargs)
+        return schedule
 
     # ------------------------------------------------------------------------- the flags
     @classmethod
@@ -195,6 +288,50 @@ def parameter_std(image_size: int, shift: str = "integer",
     return params.std(0).astype(np.float32)
 
 
+def square_side(image_size: int | Sequence[int]) -> int:
+    """The side of square images: a positive int, or ``(side, side)``; else a ValueError."""
+    if isinstance(image_size, Sequence) and not isinstance(image_size, str) \
+            and len(image_size) == 2 and image_size[0] == image_size[1]:
+        image_size = image_size[0]
+    if isinstance(image_size, numbers.Integral) and not isinstance(image_size, bool) \
+            and image_size > 0:
+        return int(image_size)
+    raise ValueError(f"image_size must be a positive int, the side of square images (or a "
+                     f"square (side, side), read as its side): the loss frames and the "
+                     f"parameter std are defined for square images only; got {image_size!r}")
+
+
+def image_size_of(model: keras.Model) -> int:
+    """The side of the square images ``model`` (an encoder or a pretext model) takes, read
+    from ``model.inputs[0]`` ``(batch, side, side, channels)``; else a ValueError."""
+    shape = tuple(model.inputs[0].shape)
+    if len(shape) != 4 or shape[1] is None or shape[1] != shape[2]:
+        raise ValueError(f"{model.name!r} takes inputs of shape {shape}: the recipe needs "
+                         "square images of a known size, e.g. build_backbone('nin', "
+                         "input_shape=(64, 64, 3))")
+    return int(shape[1])
+
+
+def training_steps(examples: int, batch_size: int, epochs: int = 1) -> int:
+    """The optimizer steps of ``model.fit(x, batch_size=batch_size, epochs=epochs)`` on
+    ``examples`` images: ``epochs * ceil(examples / batch_size)`` (a last, partial batch is a
+    step), the ``steps`` of `Recipe.compile` and `Recipe.build_optimizer`."""
+    if examples <= 0 or batch_size <= 0 or epochs <= 0:
+        raise ValueError(f"examples, batch_size and epochs must be positive; got {examples}, "
+                         f"{batch_size}, {epochs}")
+    return int(epochs) * math.ceil(examples / batch_size)
+
+
+def _all_layers(model: keras.Model) -> list[keras.layers.Layer]:
+    """Every layer of ``model`` and of the models nested in it, depth first."""
+    found = []
+    for layer in model.layers:
+        found.append(layer)
+        if isinstance(layer, keras.Model):
+            found.extend(_all_layers(layer))
+    return found
+
+
 #: The AETv2 recipe that learns (configs/cifar10_aetv2.cfg; docs/reproduction.md).
 AETV2 = Recipe(loss="geodesic", projection_weight=0.0, frame_scale=16.0, optimizer="adam",
                learning_rate=1e-4, lr_schedule="cosine", warmup_steps=1000, weight_decay=5e-4)
@@ -220,3 +357,19 @@ AETV2_SQ4_UNITRES = dataclasses.replace(AETV2_SQ4, projection_weight=10.0, resid
 #: A labelled hybrid: theta^2 at 4x + 0.3 x AETv1's normalised parameter MSE
 #: (configs/cifar10_aetv2_hybrid.cfg).
 AETV2_HYBRID = dataclasses.replace(AETV2_SQ4, mse_weight=0.3)
+
+#: The recipes by name (`as_recipe`): the lower-case names of the values above.
+RECIPES = {"aetv2": AETV2, "aetv2_paper": AETV2_PAPER, "aetv1": AETV1,
+           "aetv1_official": AETV1_OFFICIAL, "aetv2_sq4": AETV2_SQ4,
+           "aetv2_sq4_unitres": AETV2_SQ4_UNITRES, "aetv2_hybrid": AETV2_HYBRID}
+
+
+def as_recipe(value: Recipe | str) -> Recipe:
+    """``value`` if it is a `Recipe`, else the recipe named by the string (``"aetv1"``,
+    ``"AETV2"``; `RECIPES`). Anything else is refused with the fix."""
+    if isinstance(value, Recipe):
+        return value
+    if isinstance(value, str) and value.lower() in RECIPES:
+        return RECIPES[value.lower()]
+    raise TypeError(f"expected a Recipe, e.g. aetv2_tf.AETV2, or one of the names "
+                    f"{sorted(RECIPES)}; got {value!r}")

@@ -35,7 +35,17 @@ def export_encoder(encoder: keras.Model, output: str, dataset: str | None = "cif
     `output` is replaced only when it does not exist, is empty, or is a previous export of this
     project whose files match its `aetv2_export.json` (`aetv2_tf.trust.replace_export`: written
     beside, swapped in, the old one removed once verified); anything else raises
-    `aetv2_tf.trust.ExportTargetError` (a ValueError) before anything is written."""
+    `aetv2_tf.trust.ExportTargetError` (a ValueError) before anything is written.
+
+    Under another Keras backend (``KERAS_BACKEND=jax``) it raises RuntimeError up front (the
+    SavedModel traces the encoder with TensorFlow): save it with `aetv2_tf.save_encoder` and
+    export that directory with the command line under TensorFlow."""
+    from aetv2_tf.inputs import require_backend
+
+    require_backend("tensorflow", "export_encoder (a TensorFlow SavedModel)", instead=(
+        "aetv2_tf.save_encoder(encoder, DIR, dataset=...) here, then "
+        "`KERAS_BACKEND=tensorflow python -m aetv2_tf.export --model_dir=DIR --output=...` "
+        "(writes the same SavedModel; default DIR/export/encoder)."))
     import tensorflow as tf
 
     from aetv2_tf.data.constants import normalization_constants

@@ -1,14 +1,21 @@
 """An encoder trained in Python, saved as a directory the programs accept, and loaded back.
 
-    aetv2_tf.save_encoder(encoder, "runs/my_encoder", recipe=aetv2_tf.AETV2, dataset="cifar10")
+    aetv2_tf.save_encoder(encoder, "runs/my_encoder", recipe="aetv2", dataset="cifar10")
     encoder = aetv2_tf.load_encoder("runs/my_encoder")          # any Keras backend
+    encoder = aetv2_tf.load_encoder("aetv1_cifar10")            # a preset (`aetv2_tf.presets()`)
+    mean_std = aetv2_tf.preprocessing("runs/my_encoder")        # {"mean": ..., "std": ...}
     python -m aetv2_tf.train --flagfile=configs/cifar10_probe_conv.cfg --pretrained=runs/my_encoder
 
-The directory is what a pretraining run of the command line leaves for its readers:
-``encoder.weights.h5`` (the Keras-BatchNorm layout that every backend reads) and ``flags.json``,
-a record of what the encoder is (``stage``, ``pretext``, ``loss``, ``backbone``, ``dataset``),
-so that ``--pretrained``, ``python -m aetv2_tf.export`` and the report treat it as the encoder
-of a pretraining run. Both files are written atomically, with their checksums.
+For the package's backbones (`build_backbone`: "nin", "alexnet") the directory is what a
+pretraining run of the command line leaves for its readers: ``encoder.weights.h5`` (the
+Keras-BatchNorm layout that every backend reads) and ``flags.json``, a record of what the
+encoder is (``stage``, ``pretext``, ``loss``, ``backbone``, ``dataset``), so that
+``--pretrained``, ``python -m aetv2_tf.export`` and the report treat it as the encoder of a
+pretraining run. Any other Keras encoder (a Sequential CNN, a `keras.applications` model) is
+written whole as ``encoder.keras`` (`keras.saving.load_model` reads it on every backend), its
+record saying ``"custom_encoder": true``, ``"backbone": "custom"``, its ``features`` (output
+names, `models.features`) and ``input_shape``; the command line does not read those. Every file
+is written atomically, with its checksum.
 
 Below them, the files of a run directory that the library reads and writes and the program's
 checkpoints (`program.keras_checkpoints`) are made of: `save_atomically` (a temporary, fsync,
@@ -27,38 +34,80 @@ import re
 import keras
 from absl import logging
 
-from aetv2_tf.recipes import Recipe
+from aetv2_tf import pretrained
+from aetv2_tf.data.constants import normalization_constants
+from aetv2_tf.recipes import Recipe, as_recipe
 
 ENCODER_WEIGHTS = "encoder.weights.h5"
+#: A custom encoder (not a `build_backbone` one), saved whole by `save_encoder`.
+ENCODER_FILE = "encoder.keras"
 CHECKSUM = ".sha256"  # the suffix of a file's checksum beside it
 #: A checkpoint of a run: `checkpoints/ckpt-<step>.weights.h5` (`program.keras_checkpoints`).
 CHECKPOINT_NAME = re.compile(r"^ckpt-(\d+)\.weights\.h5$")
 
 
-def save_encoder(encoder: keras.Model, directory: str, *, recipe: Recipe | None = None,
+def save_encoder(encoder: keras.Model, directory: str, *, recipe: Recipe | str | None = None,
                  pretext: str = "aet", dataset: str = "cifar10") -> str:
-    """Writes ``encoder`` (a `build_backbone` model, "nin" or "alexnet") to ``directory``.
+    """Writes ``encoder`` to ``directory`` (module docstring) and returns ``directory``.
 
-    ``recipe``: how it was trained (its ``loss`` names the method: geodesic = AETv2, mse =
-    AETv1; None: the method is left unknown); ``pretext``: "aet" or "rotation" (RotNet);
-    ``dataset``: the training data's name, which fixes the normalisation the probes and the
-    export apply ("cifar10": CIFAR-10's mean and std; anything else: ImageNet's). Returns
-    ``directory``.
+    ``encoder``: a `build_backbone` model ("nin", "alexnet": the run layout, weights only) or
+    any functional / Sequential Keras model (written whole as ``encoder.keras``).
+    ``recipe``: how it was trained, a `Recipe` or its name (``"aetv2"``, `recipes.as_recipe`);
+    its ``loss`` names the method (geodesic = AETv2, mse = AETv1; None: left unknown);
+    ``pretext``: "aet" or "rotation" (RotNet); ``dataset``: the training data's name, which
+    fixes the normalisation the probes, the export and `preprocessing` apply ("cifar10":
+    CIFAR-10's mean and std; anything else: ImageNet's).
     """
-    if encoder.name not in ("nin", "alexnet"):
-        raise ValueError(f"save_encoder takes a build_backbone encoder named 'nin' or "
-                         f"'alexnet', not {encoder.name!r}")
+    recipe = None if recipe is None else as_recipe(recipe)
     if pretext not in ("aet", "rotation"):
         raise ValueError(f"pretext must be 'aet' or 'rotation', got {pretext!r}")
+    twin = _package_twin(encoder)
+    if twin is None:
+        from aetv2_tf.models.features import output_names
+
+        features = output_names(encoder)  # a clear error for a model without symbolic outputs
     os.makedirs(directory, exist_ok=True)
-    save_encoder_weights(encoder, encoder.name, directory)
     record = {"stage": "pretext", "pretext": pretext, "backbone": encoder.name,
               "dataset": dataset, "batch_norm": "keras", "backend": keras.backend.backend(),
               "loss": recipe.loss if recipe else None, "saved_by": "aetv2_tf.save_encoder",
               "image_size": int(encoder.input_shape[1])}
+    if twin is not None:  # the run layout, as today
+        twin.set_weights(encoder.get_weights())
+        save_atomically(twin.save_weights, os.path.join(directory, ENCODER_WEIGHTS))
+        _remove(os.path.join(directory, ENCODER_FILE))
+    else:
+        save_atomically(encoder.save, os.path.join(directory, ENCODER_FILE))
+        _remove(os.path.join(directory, ENCODER_WEIGHTS))
+        record.update(backbone="custom", custom_encoder=True, encoder_file=ENCODER_FILE,
+                      encoder_name=encoder.name, features=features,
+                      input_shape=[None if d is None else int(d)
+                                   for d in encoder.inputs[0].shape[1:]])
     write_text_atomically(os.path.join(directory, "flags.json"),
                           json.dumps(record, indent=2) + "\n")
     return directory
+
+
+def _package_twin(encoder: keras.Model) -> keras.Model | None:
+    """A keras-BN `build_backbone` twin of ``encoder`` when it IS such a backbone (its name,
+    outputs and variable shapes match), else None: it is a custom encoder."""
+    from aetv2_tf.models import BACKBONES, build_backbone
+
+    if encoder.name not in BACKBONES or not isinstance(getattr(encoder, "output", None), dict):
+        return None
+    try:
+        twin = build_backbone(encoder.name, tuple(encoder.input_shape[1:]), batch_norm="keras")
+    except (ValueError, TypeError):
+        return None
+    same = sorted(twin.output) == sorted(encoder.output) and \
+        [tuple(v.shape) for v in twin.weights] == [tuple(v.shape) for v in encoder.weights]
+    return twin if same else None
+
+
+def _remove(path: str) -> None:
+    """Remove a file of the other layout (and its checksum) that an earlier save left."""
+    for name in (path, path + CHECKSUM):
+        if os.path.isfile(name):
+            os.remove(name)
 
 
 def load_saved_flags(model_dir: str) -> dict:
@@ -79,14 +128,50 @@ def load_saved_flags(model_dir: str) -> dict:
     return saved
 
 
-def load_encoder(directory: str, batch_norm: str = "keras") -> keras.Model:
-    """The encoder in ``directory``: one written by `save_encoder`, or a pretraining run's
-    ``--model_dir`` (its ``encoder.weights.h5``, else its newest checkpoint), on the current
-    Keras backend; ``batch_norm``: "keras", or "fused" (TensorFlow's kernel, same weights)."""
+def load_encoder(name_or_directory: str | os.PathLike,
+                 batch_norm: str = "keras") -> keras.Model:
+    """The encoder in a directory, on the current Keras backend: one written by `save_encoder`,
+    a pretraining run's ``--model_dir`` (its ``encoder.weights.h5``, else its newest
+    checkpoint), or a preset's (a name of `pretrained.PRESETS`, e.g. "aetv1_cifar10").
+    ``batch_norm``: "keras", or "fused" (TensorFlow's kernel, same weights) for the package's
+    backbones; a custom encoder loads as it was saved (``encoder.keras``)."""
+    directory = pretrained.resolve(name_or_directory)
     if not os.path.isfile(os.path.join(directory, "flags.json")):
         raise FileNotFoundError(f"{directory} has no flags.json: pass a directory written by "
-                                "save_encoder or a pretraining run's model_dir")
-    return load_encoder_weights(directory, load_saved_flags(directory), batch_norm)
+                                "save_encoder, a pretraining run's model_dir, or a preset "
+                                f"name {sorted(pretrained.PRESETS)}")
+    saved = load_saved_flags(directory)
+    if saved.get("custom_encoder"):
+        return load_custom_encoder(directory, saved)
+    return load_encoder_weights(directory, saved, batch_norm)
+
+
+def load_custom_encoder(directory: str, saved: dict) -> keras.Model:
+    """The custom encoder that `save_encoder` wrote whole in ``directory`` (``saved``: its
+    flags.json): `keras.saving.load_model` (safe mode, not compiled) of ``encoder.keras``,
+    after its checksum check."""
+    path = os.path.join(directory, os.path.basename(saved.get("encoder_file") or ENCODER_FILE))
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} not found: {directory}'s flags.json records a custom "
+                                "encoder saved by aetv2_tf.save_encoder; save it again")
+    reason = damage(path)
+    if reason is not None:
+        raise ValueError(f"{path} cannot be trusted: {reason}; save the encoder again")
+    encoder = keras.saving.load_model(path, compile=False)
+    logging.info("Loaded the encoder from %s.", path)
+    return encoder
+
+
+def preprocessing(name_or_directory: str | os.PathLike) -> dict[str, tuple[float, ...]]:
+    """``{"mean": (3,), "std": (3,)}``: the normalisation ``(u / 255 - mean) / std`` that the
+    encoder in a directory (or a preset) expects, from its record's ``dataset`` (CIFAR-10's for
+    "cifar10", ImageNet's otherwise, as the probes and the export apply). Made for keywords:
+    ``build_classifier(load_encoder(p), 10, **preprocessing(p))``,
+    ``pooled_features(encoder, "block2", images, **preprocessing(p))``."""
+    directory = pretrained.resolve(name_or_directory)
+    saved = load_saved_flags(directory)
+    mean, std = normalization_constants(saved.get("dataset", "cifar10"))
+    return {"mean": tuple(mean), "std": tuple(std)}
 
 
 # ------------------------------------------- the files of a run directory, written atomically
@@ -210,6 +295,11 @@ def load_encoder_weights(model_dir: str, saved: dict, batch_norm: str) -> keras.
     )
     from aetv2_tf.models.pairs import build_pairs_model, build_rotations_model
 
+    if saved.get("custom_encoder"):
+        raise ValueError(f"{model_dir} holds a custom encoder ({ENCODER_FILE}, saved by "
+                         "aetv2_tf.save_encoder): load it with aetv2_tf.load_encoder; the "
+                         "command line and the export take the package's backbones (nin, "
+                         "alexnet) only")
     size = saved.get("image_size")  # save_encoder records it; runs use the backbone's default
     shape = (size, size, 3) if size else DEFAULT_INPUT_SHAPES[saved["backbone"]]
     twin = build_backbone(saved["backbone"], shape, batch_norm="keras")
@@ -252,9 +342,10 @@ def tensorflow_run_unreadable(model_dir: str, saved: dict) -> str | None:
     """Why a run of the TensorFlow program cannot be read on this (non-TensorFlow) backend, or
     None: its checkpoints hold TensorFlow's layers (fused batch norm) or are in the
     `tf.train.Checkpoint` format of earlier versions; its `encoder.weights.h5` (finished runs)
-    is read everywhere."""
-    if saved.get("backend", "tensorflow") != "tensorflow" or keras.backend.backend() == \
-            "tensorflow" or os.path.isfile(os.path.join(model_dir, ENCODER_WEIGHTS)):
+    is read everywhere; a custom encoder's ``encoder.keras`` too."""
+    if saved.get("custom_encoder") or saved.get("backend", "tensorflow") != "tensorflow" or \
+            keras.backend.backend() == "tensorflow" or \
+            os.path.isfile(os.path.join(model_dir, ENCODER_WEIGHTS)):
         return None
     return (f"{model_dir} is a run of the TensorFlow program without {ENCODER_WEIGHTS} (it is "
             f"unfinished, or older than that file): its TensorFlow checkpoints load under "

@@ -67,6 +67,21 @@ def test_variant_matches_numpy(name):
     check_close(f"{name} (f32)", loss(y_true, y_pred), rel, 2e-5 * max(1.0, np.max(rel)))
 
 
+def loss_and_gradients(loss, y_true: np.ndarray, y_pred: np.ndarray, oracle, h: float = 1e-6):
+    """``(value, gradient, numeric)``: the float32 loss (reduction "sum") and its autodiff
+    gradient at ``y_pred`` (B, 8), and the float64 central differences of ``sum(oracle(p))``."""
+    x = tf.constant(y_pred, tf.float32)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        value = loss(tf.constant(y_true, tf.float32), x)
+    numeric = np.zeros_like(y_pred)
+    for i in np.ndindex(y_pred.shape):
+        e = np.zeros_like(y_pred)
+        e[i] = h
+        numeric[i] = (np.sum(oracle(y_pred + e)) - np.sum(oracle(y_pred - e))) / (2 * h)
+    return float(value), tape.gradient(value, x).numpy(), numeric
+
+
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_variant_gradient_matches_finite_differences(name):
     kwargs = VARIANTS[name]
@@ -75,17 +90,8 @@ def test_variant_gradient_matches_finite_differences(name):
     loss = losses.GeodesicLoss(**kwargs, reduction="sum")
     # The loss computes in float32; the gradient is checked against float64 differences of the
     # oracle, with a step and tolerance that float32 rounding allows.
-    x = tf.constant(y_pred, tf.float32)
-    with tf.GradientTape() as tape:
-        tape.watch(x)
-        value = loss(tf.constant(y_true, tf.float32), x)
-    grad = tape.gradient(value, x).numpy()
-    h, numeric = 1e-6, np.zeros_like(y_pred)
-    for i in np.ndindex(y_pred.shape):
-        e = np.zeros_like(y_pred)
-        e[i] = h
-        numeric[i] = (np.sum(np_variant_loss(y_true, y_pred + e, **kwargs))
-                      - np.sum(np_variant_loss(y_true, y_pred - e, **kwargs))) / (2 * h)
+    _, grad, numeric = loss_and_gradients(loss, y_true, y_pred,
+                                          lambda p: np_variant_loss(y_true, p, **kwargs))
     check_close(f"{name} gradient", grad, numeric, 2e-3 * max(1.0, np.max(np.abs(numeric))))
 
 

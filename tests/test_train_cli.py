@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -71,6 +72,28 @@ def test_saved_model_loads_without_this_package(run_dir):
     assert proc.stdout.strip() == str([
         ("block1", (2, 16, 16, 96), "float32"), ("block2", (2, 8, 8, 192), "float32"),
         ("block3", (2, 8, 8, 192), "float32"), ("block4", (2, 8, 8, 192), "float32")])
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_the_keras_file_reloads_with_only_import_aetv2_tf(run_dir, backend):
+    """Issue 32's first finding: `import aetv2_tf` alone (no other module of the package, in
+    either order with Keras) registers every class the CLI's `.keras` file names, on both
+    backends, in a fresh process (aetv2_tf/registry.py); under JAX with TensorFlow blocked."""
+    path = str(run_dir[0] / "aet_model.keras")
+    script = textwrap.dedent(f"""
+        import os, sys
+        if os.environ["KERAS_BACKEND"] == "jax":
+            sys.modules["tensorflow"] = None
+        import keras, aetv2_tf
+        model = keras.saving.load_model({path!r})
+        print(model.name, model.optimizer.__class__.__name__, model.count_params())
+    """)
+    env = {**os.environ, "KERAS_BACKEND": backend}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd="/", timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    name, optimizer, params = proc.stdout.split()
+    assert (name, optimizer) == ("aet", "SkipNonFinite") and int(params) > 1_000_000
 
 
 def test_export_command_reexports_from_the_newest_checkpoint(run_dir, tmp_path):

@@ -38,11 +38,17 @@ import numpy as np
 from keras import ops
 
 from aetv2_tf.models.alexnet import build_alexnet
+from aetv2_tf.models.features import (  # noqa: F401 - DEFAULT_FEATURES, default_feature: API
+    DEFAULT_FEATURES,
+    Feature,
+    default_feature,
+    encoder_at,
+    vector_feature,
+)
 from aetv2_tf.models.nin import build_nin
 
 BACKBONES = ("nin", "alexnet")
 DEFAULT_INPUT_SHAPES = {"nin": (32, 32, 3), "alexnet": (224, 224, 3)}
-DEFAULT_FEATURES = {"nin": "block4", "alexnet": "fc7"}
 
 
 def identity_params(num_params: int = 8, rotation_deg: float = 0.0) -> np.ndarray:
@@ -110,29 +116,9 @@ class FromAETv1Targets(keras.layers.Layer):
         return {**super().get_config(), "image_size": self.image_size}
 
 
-def default_feature(encoder: keras.Model) -> str:
-    """The ONE rule for the feature an AET or RotNet model regresses from: `DEFAULT_FEATURES` of
-    the backbone, named by the encoder (`build_backbone` names it "nin" or "alexnet")."""
-    if encoder.name not in DEFAULT_FEATURES:
-        raise ValueError(f"no default feature for an encoder named {encoder.name!r} (known: "
-                         f"{sorted(DEFAULT_FEATURES)}); pass feature= explicitly")
-    return DEFAULT_FEATURES[encoder.name]
-
-
-def _vector_feature(features, feature: str, pooled: bool, suffix: str = ""):
-    """Pick `features[feature]`; reduce a map `(N, h, w, C)` to `(N, C)` (GAP) or flatten it."""
-    if feature not in features:
-        raise KeyError(f"encoder has no output {feature!r}; it has {sorted(features)}")
-    x = features[feature]
-    if len(x.shape) == 4:
-        layer = keras.layers.GlobalAveragePooling2D if pooled else keras.layers.Flatten
-        x = layer(name=f"{feature}_{'gap' if pooled else 'flatten'}{suffix}")(x)
-    return x
-
-
 def build_aet_model(
     encoder: keras.Model,
-    feature: str | None = None,
+    feature: Feature = None,
     pooled: bool = True,
     num_params: int = 8,
     name: str = "aet",
@@ -145,11 +131,15 @@ def build_aet_model(
     """The AET pretext model: inputs `[x, tx]`, each `(B, H, W, 3)`; output `(B, num_params)`.
 
     Args:
-        encoder: a backbone from `build_nin`/`build_alexnet` (dict outputs), shared by x and tx.
-        feature: which encoder output feeds the decoder; None: `default_feature(encoder)`
-            ("block4" for NIN, "fc7" for AlexNet).
-        pooled: global-average-pool a feature map (NIN: 192 + 192 inputs to the decoder);
-            if False the map is flattened. Vector features (fc7: 4096 + 4096) are used as they are.
+        encoder: shared by x and tx: a backbone from `build_backbone` (dict outputs) or any
+            functional / Sequential Keras model on `keras.Input` (`models.features`).
+        feature: which encoder output feeds the decoder: a name or index of an output, or the
+            name of a layer (the encoder is then cut there, `cut_encoder`); None:
+            `default_feature(encoder)` ("block4" for NIN, "fc7" for AlexNet, the only output of
+            a single-output encoder).
+        pooled: global-average-pool a feature map `(B, h, w, C)` (NIN: 192 + 192 inputs to the
+            decoder); if False the map is flattened. Vector features `(B, D)` (fc7: 4096 + 4096)
+            are used as they are.
         num_params: number of regressed parameters (8 for a homography).
         name: model name.
         param_scale: optional fixed per-parameter scale (e.g. the parameters' std under the
@@ -175,7 +165,7 @@ def build_aet_model(
         A `keras.Model` mapping `[x, tx]` to float32 parameters; the decoder layer is "decoder"
         and the pair features `(B, 2D)` are the output of the layer "pair_features".
     """
-    feature = feature or default_feature(encoder)
+    feature, features_of = encoder_at(encoder, feature)
     input_shape = tuple(encoder.inputs[0].shape[1:])
     if pairs is None:
         inputs = [keras.Input(shape=input_shape, name="x"),
@@ -187,12 +177,12 @@ def build_aet_model(
         x, tx = pairs(inputs)
     if siamese_batch_norm == "joint":
         joint = keras.layers.Concatenate(axis=0, name="joint_batch")([x, tx])
-        features = _vector_feature(encoder(joint), feature, pooled)
+        features = vector_feature(features_of(joint), feature, pooled)
         pair = PairConcat(name="pair_features")(features)
     elif siamese_batch_norm == "per_branch":  # x's call first: its BN update comes first
-        first = _vector_feature(encoder(x), feature, pooled, "_x")
-        second = _vector_feature(encoder(After(name="after_x")([tx, first])), feature, pooled,
-                                 "_tx")
+        first = vector_feature(features_of(x), feature, pooled, "_x")
+        second = vector_feature(features_of(After(name="after_x")([tx, first])), feature,
+                                pooled, "_tx")
         pair = keras.layers.Concatenate(axis=-1, name="pair_features")([first, second])
     else:
         raise ValueError(f"siamese_batch_norm must be 'joint' or 'per_branch', got "
@@ -227,7 +217,7 @@ def build_aet_model(
 
 def build_rotation_model(
     encoder: keras.Model,
-    feature: str | None = None,
+    feature: Feature = None,
     num_classes: int = 4,
     name: str = "rotnet",
 ) -> keras.Model:
@@ -236,9 +226,9 @@ def build_rotation_model(
     `feature`: as `build_aet_model` (None: `default_feature(encoder)`); a feature map is
     global-average-pooled (vector features are used as they are).
     """
-    feature = feature or default_feature(encoder)
+    feature, features_of = encoder_at(encoder, feature)
     inputs = keras.Input(shape=tuple(encoder.inputs[0].shape[1:]), name="image")
-    features = _vector_feature(encoder(inputs), feature, pooled=True)
+    features = vector_feature(features_of(inputs), feature, pooled=True)
     logits = keras.layers.Dense(num_classes, dtype="float32", name="rotation_logits")(features)
     return keras.Model(inputs, logits, name=name)
 

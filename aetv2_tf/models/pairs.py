@@ -75,6 +75,30 @@ class PairsModel(keras.Model):
         y_true, y_hat = self._split(y_pred)
         return super().compute_metrics(x, y_true, y_hat, sample_weight)
 
+    # Inputs checked at the door (`aetv2_tf.inputs.check_pretext_inputs`): uint8 (N, H, W, 3) of
+    # the model's size, as an array, a tensor or a tf.data.Dataset of image batches, and no
+    # labels (a `y`, or a dataset of (images, labels), is refused; `predict` ignores them).
+    def _check(self, method: str, x, y=None, allow_labels: bool = False) -> None:
+        from aetv2_tf.inputs import check_pretext_inputs
+
+        check_pretext_inputs(x, y, name=f"{type(self).__name__}.{method}",
+                             expected_hw=tuple(self.inputs[0].shape[1:3]),
+                             allow_labels=allow_labels)
+
+    def fit(self, x=None, y=None, *args, **kwargs):
+        self._check("fit", x, y)
+        if kwargs.get("validation_data") is not None:
+            self._check("fit(validation_data=...)", kwargs["validation_data"])
+        return super().fit(x, y, *args, **kwargs)
+
+    def evaluate(self, x=None, y=None, *args, **kwargs):
+        self._check("evaluate", x, y)
+        return super().evaluate(x, y, *args, **kwargs)
+
+    def predict(self, x, *args, **kwargs):
+        self._check("predict", x, allow_labels=True)
+        return super().predict(x, *args, **kwargs)
+
 
 @keras.saving.register_keras_serializable(package="aetv2_tf")
 class WarpPairs(keras.layers.Layer):
@@ -142,11 +166,13 @@ def build_pairs_model(
     count_steps: bool = False,
     siamese_batch_norm: str = "per_branch",
     target: str = "model",
+    feature: str | int | None = None,
 ) -> PairsModel:
     """uint8 images `(B, H, W, 3)` -> `(B, 16)` = `[T_hat params, T params]` (module docstring).
 
-    `encoder`, `param_scale`, `init_rotation_deg`, `siamese_batch_norm`, `target`: as
-    `build_aet_model` (same decoder and init).
+    `encoder`, `feature`, `param_scale`, `init_rotation_deg`, `siamese_batch_norm`, `target`: as
+    `build_aet_model` (same decoder and init; `feature=None`: "block4" for NIN, "fc7" for
+    AlexNet, the only output of a single-output encoder; `models.features`).
     `seed`, `shift`, `augment`, `mean`, `std`: the `HomographyPairs` sampler and normalisation.
     `count_steps`: add the training-step counter `loss_step` (module docstring).
     """
@@ -154,7 +180,8 @@ def build_pairs_model(
     images = keras.Input(shape=size, dtype="uint8", name="images")
     x, tx, params = HomographyPairs(seed=seed, shift=shift, augment=augment, mean=mean, std=std,
                                     name="pairs")(images)
-    aet = build_aet_model(encoder, param_scale=param_scale, init_rotation_deg=init_rotation_deg,
+    aet = build_aet_model(encoder, feature, param_scale=param_scale,
+                          init_rotation_deg=init_rotation_deg,
                           siamese_batch_norm=siamese_batch_norm, target=target)
     predicted = aet([x, tx])
     output = keras.layers.Concatenate(axis=-1, dtype="float32", name="pred_and_true")(
@@ -169,13 +196,15 @@ def build_rotations_model(
     augment: bool = True,
     mean: Sequence[float] = CIFAR10_MEAN,
     std: Sequence[float] = CIFAR10_STD,
+    feature: str | int | None = None,
 ) -> PairsModel:
     """RotNet on uint8 images `(B, H, W, 3)` -> `(4B, 5)` = `[logits (4), k]`: `QuarterTurns`
-    (seeded augmentation, the 4 rotations) then `build_rotation_model(encoder)`; the compiled
-    loss and metrics see `(k, logits)` (`PairsModel` with `split=4`)."""
+    (seeded augmentation, the 4 rotations) then `build_rotation_model(encoder, feature)`
+    (`feature`: as `build_aet_model`); the compiled loss and metrics see `(k, logits)`
+    (`PairsModel` with `split=4`)."""
     images = keras.Input(shape=tuple(encoder.inputs[0].shape[1:]), dtype="uint8", name="images")
     x, turns = QuarterTurns(seed=seed, augment=augment, mean=mean, std=std, name="turns")(images)
-    logits = build_rotation_model(encoder)(x)
+    logits = build_rotation_model(encoder, feature)(x)
     output = keras.layers.Concatenate(axis=-1, dtype="float32", name="pred_and_true")(
         [logits, keras.ops.expand_dims(turns, -1)])
     return PairsModel(images, output, name="rotnet_turns", split=4)

@@ -47,6 +47,8 @@ from collections.abc import Callable, Iterable, Sequence
 import keras
 import numpy as np
 
+from aetv2_tf.inputs import check_feature, check_images, check_labels
+
 METRICS = ("cosine", "euclidean")
 POOLS = ("avg2x2", "global", "flatten")
 TIES = ("smallest_label", "nearest")
@@ -83,19 +85,63 @@ def pool_feature_map(maps, pool: str = "avg2x2"):
     return ops.reshape(maps, (-1, int(np.prod(maps.shape[1:]))))
 
 
-def make_feature_fn(encoder: Callable, feature: str | None = None) -> Callable:
+def _output_names(encoder) -> list[str] | None:
+    """The names of a functional encoder's dict outputs (``build_nin``: block1..block4), else
+    None (one output, or not known before a call)."""
+    try:
+        outputs = encoder.output
+    except (AttributeError, ValueError):
+        return None
+    return sorted(outputs) if isinstance(outputs, dict) else None
+
+
+def _input_hw(encoder) -> tuple | None:
+    """``(H, W)`` of a functional encoder's input (None entries: any size), else None."""
+    try:
+        return tuple(encoder.inputs[0].shape[1:3])
+    except (AttributeError, IndexError, TypeError, ValueError):
+        return None
+
+
+def _functional(encoder: Callable) -> bool:
+    """Whether ``encoder`` is a Keras model with a symbolic graph (functional or Sequential)."""
+    try:
+        return isinstance(encoder, keras.Model) and bool(encoder.inputs)
+    except (AttributeError, ValueError):
+        return False
+
+
+def make_feature_fn(encoder: Callable, feature: str | int | None = None) -> Callable:
     """A feature function ``images (B, H, W, 3) -> feature map`` from a Keras encoder.
 
+    A functional or Sequential encoder (any Keras backbone) follows `models.features`: a dict
+    key, an output's layer name or index, any layer's name (the encoder cut there), ``None``
+    for the package's default or the only output; an unknown feature is a ValueError listing
+    the outputs. Other callables (a restored SavedModel's signature):
+
     Calls ``encoder(images, training=False)`` (BatchNorm in inference mode) and, when the encoder
-    returns a dict (``build_nin`` -> ``{"block1".."block4"}``), picks ``feature`` from it.
+    returns a dict (``build_nin`` -> ``{"block1".."block4"}``), picks ``feature`` from it. An
+    unknown ``feature`` is a ValueError that lists the available names (here when the encoder is
+    functional, else at the first call).
     """
+    if _functional(encoder):  # any Keras backbone: the one rule of `models.features`
+        from aetv2_tf.models.features import cut_encoder, is_output, resolve_feature, select_output
+
+        feature = resolve_feature(encoder, feature)
+        if is_output(encoder, feature):
+            return lambda images: select_output(encoder, encoder(images, training=False), feature)
+        cut = cut_encoder(encoder, feature)
+        return lambda images: cut(images, training=False)
+    names = _output_names(encoder)
+    if names is not None and feature is not None:
+        check_feature(feature, names)
 
     def feature_fn(images):
         outputs = encoder(images, training=False)
         if isinstance(outputs, dict):
             if feature is None:
                 raise ValueError(f"encoder returns a dict {sorted(outputs)}; pass feature=")
-            return outputs[feature]
+            return outputs[check_feature(feature, outputs)]
         return outputs
 
     return feature_fn
@@ -110,7 +156,9 @@ def extract_features(
       feature_fn: maps an image batch ``(B, H, W, 3)`` to a feature map ``(B, h, w, C)`` or to
         flat features ``(B, D)``; under TensorFlow it is wrapped in a ``tf.function`` (traced once
         per batch shape).
-      dataset: iterable of ``(images, labels)`` batches, e.g. a ``tf.data.Dataset``.
+      dataset: iterable of ``(images, labels)`` batches, e.g. a ``tf.data.Dataset``: images
+        ``(B, H, W, 3)`` NHWC of any dtype ``feature_fn`` takes (uint8, or preprocessed floats;
+        NCHW is refused), labels ``(B,)`` class indices (one-hot is refused, `inputs`).
       pool: how rank-4 feature maps become vectors (`pool_feature_map`): ``"avg2x2"`` (the
         authors' KNN), ``"global"`` (also ``True``) or ``"flatten"`` (also ``False``).
 
@@ -132,6 +180,9 @@ def extract_features(
         features = tf.function(features, reduce_retracing=True)
     feats, labels = [], []
     for images, batch_labels in dataset:
+        if not feats:  # the layout, once: any dtype (the feature function's preprocessing)
+            check_images(images, name="extract_features: the dataset's images", uint8=False)
+        check_labels(batch_labels, name="extract_features: the dataset's labels")
         feats.append(ops.convert_to_numpy(features(images)))
         labels.append(np.asarray(batch_labels))
     if not feats:
@@ -139,20 +190,27 @@ def extract_features(
     return np.concatenate(feats, axis=0), np.concatenate(labels, axis=0)
 
 
-def pooled_features(encoder: keras.Model, feature: str, images: np.ndarray,
+def pooled_features(encoder: keras.Model, feature: str | int | None, images: np.ndarray,
                     mean: Sequence[float], std: Sequence[float],
                     batch_size: int = 256, pool: str = "avg2x2") -> np.ndarray:
     """`(N, H, W, 3)` uint8 -> `(N, D)` float32: the `feature` map of `encoder` (inference
     mode) on the normalised images `(u / 255 - mean) / std`, pooled by `pool_feature_map`:
     ``"avg2x2"`` (default, the authors' KNN: NIN block 2 -> 3,072 values), ``"global"``
-    (``(N, C)``) or ``"flatten"``."""
+    (``(N, C)``) or ``"flatten"``.
+
+    The images must be uint8 NHWC with 3 channels, of the encoder's height and width when it
+    has fixed ones (`inputs.check_images`): floats are REFUSED, with their range and the
+    conversion (``(x * 255).round().astype("uint8")`` for [0, 1]), not cast; `feature` as
+    `make_feature_fn` (any Keras backbone; an unknown one: the error lists the outputs)."""
     if pool not in POOLS:
         raise ValueError(f"pool must be one of {POOLS}, got {pool!r}")
+    images = np.asarray(check_images(images, name="pooled_features: images",
+                                     expected_hw=_input_hw(encoder)))
+    feature_fn = make_feature_fn(encoder, feature)
     inputs = keras.Input(tuple(images.shape[1:]), dtype="uint8", name="images")
     x = (keras.ops.cast(inputs, "float32") / 255.0 - np.asarray(mean, np.float32)) \
         / np.asarray(std, np.float32)
-    maps = encoder(x, training=False)
-    maps = maps[feature] if isinstance(maps, dict) else maps
+    maps = feature_fn(x)
     model = keras.Model(inputs, pool_feature_map(maps, pool))
     # Whole batches only (several devices split each evenly): the last one is padded with
     # copies, dropped after; the others are read in place (no copy of the whole set).
@@ -199,7 +257,8 @@ def knn_classify(
 
     Args:
       train_features: ``(N, D)`` array-like, the labelled reference set.
-      train_labels: ``(N,)`` integer labels in ``[0, num_classes)``.
+      train_labels: ``(N,)`` integer labels in ``[0, num_classes)`` (``(N, 1)`` is taken;
+        one-hot ``(N, C)`` is refused with the fix ``labels.argmax(-1)``, `inputs.check_labels`).
       query_features: ``(Q, D)`` array-like.
       k: number of neighbours, ``1 <= k <= N``.
       metric: ``"euclidean"`` (default, the authors'; similarity ``-||a - b||^2`` computed in
@@ -222,11 +281,10 @@ def knn_classify(
     dtype = np.float64 if euclidean else np.float32
     train = np.asarray(np.asarray(train_features, np.float32), dtype)
     queries = np.asarray(np.asarray(query_features, np.float32), dtype)
-    labels = np.asarray(train_labels).astype(np.int64).reshape(-1)
     if train.ndim != 2 or queries.ndim != 2 or train.shape[1] != queries.shape[1]:
         raise ValueError(f"need (N, D) and (Q, D) features, got {train.shape}, {queries.shape}")
-    if labels.shape[0] != train.shape[0]:
-        raise ValueError(f"{labels.shape[0]} labels for {train.shape[0]} training features")
+    labels = check_labels(train_labels, train.shape[0], name="train_labels",
+                          what="training features")
     if not 1 <= k <= train.shape[0]:
         raise ValueError(f"k={k} must be in [1, {train.shape[0]}]")
     if labels.size and labels.min() < 0:
@@ -264,12 +322,12 @@ def knn_accuracy(
     query_batch_size: int = 256,
     ties: str = "smallest_label",
 ) -> float:
-    """Top-1 accuracy in PERCENT of `knn_classify` on labelled queries ``(Q, D)``, ``(Q,)``."""
+    """Top-1 accuracy in PERCENT of `knn_classify` on labelled queries ``(Q, D)``, ``(Q,)``
+    (labels as `knn_classify`'s: class indices, one-hot refused)."""
+    query_labels = check_labels(query_labels, len(query_features), name="query_labels",
+                                what="query features")
     predictions = knn_classify(
         train_features, train_labels, query_features, k=k, metric=metric,
         num_classes=num_classes, query_batch_size=query_batch_size, ties=ties,
     )
-    query_labels = np.asarray(query_labels).astype(np.int64).reshape(-1)
-    if query_labels.shape != predictions.shape:
-        raise ValueError(f"{query_labels.shape[0]} labels for {predictions.shape[0]} queries")
     return float(100.0 * np.mean(predictions == query_labels))

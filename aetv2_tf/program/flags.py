@@ -199,7 +199,8 @@ flags.DEFINE_integer("verbose", 1, "Keras progress: 0 silent, 1 progress bar, 2 
 
 # --- probe stages ------------------------------------------------------------------------------
 flags.DEFINE_string("pretrained", None,
-                    "probe: a pretraining --model_dir (its newest checkpoint), an exported "
+                    "probe: a pretraining --model_dir (its newest checkpoint), a directory "
+                    "written by aetv2_tf.save_encoder (a NIN or AlexNet), an exported "
                     "SavedModel dir (<model_dir>/export/encoder), or 'none' (random-init encoder "
                     "seeded by --seed).")
 flags.DEFINE_bool("trust_saved_model", False,

@@ -1,0 +1,187 @@
+"""Encoders that carry their preprocessing: a classifier to fine-tune, a feature extractor.
+
+Both take uint8 NHWC images, as stored, and hold everything that turns them into features:
+
+    images (B, H, W, 3) uint8
+      -> ClassifierInputs "preprocessing" (data.device: (u / 255 - mean) / std, float32; mean and
+         std in its config; optionally the AETv1 crop-and-flip augmentation in training)
+      -> the encoder CUT at `feature` (`cut_encoder`: its layers up to the feature only, weights
+         shared with `encoder`)                                   -> (B, h, w, C) or (B, D)
+      -> PoolFeatures "pool" (`probes.knn.pool_feature_map`)     -> (B, D) float32
+      -> a head (`build_head`, classifier only)                   -> (B, num_classes) float32
+
+`build_classifier(encoder, 10)` on a NIN encoder is block 2 -> adaptive average pooling to
+7 x 7 x 192 -> BatchNorm (no affine) -> Dense: the paper's linear probe, as one model that
+`fit` trains end to end (fine-tuning: blocks 3-4 are not part of it, so no "Gradients do not
+exist" warning) and that `model.save("x.keras")` / `keras.saving.load_model` round-trip.
+For a probe on the FROZEN encoder, set ``classifier.get_layer(encoder.name).trainable = False``
+before `compile` (BatchNorm then runs in inference mode; the layers are shared with
+`encoder`, which is frozen too).
+
+The normalisation defaults to CIFAR-10's (`data.constants.CIFAR10_MEAN` / `CIFAR10_STD`, as
+the AETv1 code); an encoder pretrained on other data needs its own: `aetv2_tf.saving.
+preprocessing(directory_or_preset)` gives ``{"mean": ..., "std": ...}`` from its record, e.g.
+``build_classifier(load_encoder("aetv1_cifar10"), 10, **preprocessing("aetv1_cifar10"))``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import keras
+
+from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD
+from aetv2_tf.data.device import ClassifierInputs
+from aetv2_tf.models.features import Feature, cut_encoder, default_feature, resolve_feature
+from aetv2_tf.models.heads import HEAD_KINDS, build_head
+from aetv2_tf.probes.knn import POOLS, pool_feature_map
+
+#: The feature `build_classifier` / `feature_extractor` use when `feature=None`, per
+#: `build_backbone` name: the paper's probe features (CIFAR-10 NIN block 2, AlexNet conv5).
+#: Other encoders: `default_feature` (the only output of a single-output encoder).
+CLASSIFIER_FEATURES = {"nin": "block2", "alexnet": "conv5"}
+
+
+@keras.saving.register_keras_serializable(package="aetv2_tf")
+class PoolFeatures(keras.layers.Layer):
+    """A feature map ``(B, h, w, C)`` -> float32 vector ``(B, D)`` by `pool_feature_map`:
+    ``"avg2x2"`` (2x2 average, stride 2, channel-major: NIN block 2 -> 3,072, the authors'
+    KNN), ``"global"`` (``(B, C)``) or ``"flatten"``; a vector ``(B, D)`` passes unchanged."""
+
+    def __init__(self, pool: str = "avg2x2", **kwargs):
+        kwargs.setdefault("dtype", "float32")
+        super().__init__(**kwargs)
+        if pool not in POOLS:
+            raise ValueError(f"pool must be one of {POOLS} or None, got {pool!r}")
+        self.pool = pool
+
+    def call(self, inputs):
+        return pool_feature_map(inputs, self.pool)
+
+    def compute_output_shape(self, input_shape):
+        if len(input_shape) == 2:
+            return tuple(input_shape)
+        _, h, w, c = input_shape
+        if self.pool == "global":
+            return (input_shape[0], c)
+        if self.pool == "avg2x2":
+            h, w = (None if h is None else h // 2), (None if w is None else w // 2)
+        size = None if None in (h, w, c) else h * w * c
+        return (input_shape[0], size)
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "pool": self.pool}
+
+
+def classifier_feature(encoder: keras.Model, feature: Feature = None) -> str:
+    """The feature of `build_classifier` / `feature_extractor`: `feature` if given, else
+    `CLASSIFIER_FEATURES` of a package backbone ("block2" for NIN), else `default_feature`."""
+    if feature is None and encoder.name in CLASSIFIER_FEATURES:
+        feature = CLASSIFIER_FEATURES[encoder.name]
+        try:
+            return resolve_feature(encoder, feature)
+        except ValueError:  # a custom encoder named "nin": its own default
+            return default_feature(encoder)
+    return resolve_feature(encoder, feature)
+
+
+def _preprocessed(encoder: keras.Model, mean, std, augment: bool, seed: int | None):
+    if len(encoder.inputs) != 1 or len(encoder.inputs[0].shape) != 4:
+        raise ValueError(f"encoder {encoder.name!r} must take one (B, H, W, C) image input, not "
+                         f"{[tuple(x.shape) for x in encoder.inputs]}")
+    shape = tuple(encoder.inputs[0].shape[1:])
+    if len(mean) != shape[-1] or len(std) != shape[-1]:
+        raise ValueError(f"mean {tuple(mean)} and std {tuple(std)} need one value per channel "
+                         f"of the {shape} input")
+    images = keras.Input(shape=shape, dtype="uint8", name="images")
+    x = ClassifierInputs(seed=seed, augment=augment, mean=mean, std=std,
+                         name="preprocessing")(images)
+    return images, x
+
+
+def feature_extractor(
+    encoder: keras.Model,
+    feature: Feature = None,
+    *,
+    mean: Sequence[float] = CIFAR10_MEAN,
+    std: Sequence[float] = CIFAR10_STD,
+    pool: str | None = "avg2x2",
+    name: str = "feature_extractor",
+) -> keras.Model:
+    """uint8 images ``(B, H, W, 3)`` -> the `feature` of `encoder`, pooled: a `keras.Model`.
+
+    Args:
+        encoder: a `build_backbone` encoder or any functional / Sequential Keras model on
+            `keras.Input` (`models.features`); its weights are shared, not copied.
+        feature: an output name or index, or a layer name (`models.features`); None: "block2"
+            for NIN, "conv5" for AlexNet, the only output of a single-output encoder.
+        mean, std: per-channel normalisation ``(u / 255 - mean) / std`` (default CIFAR-10's;
+            `saving.preprocessing` reads a saved encoder's).
+        pool: ``"avg2x2"`` (default; NIN block 2 -> ``(B, 3072)``, the authors' KNN features,
+            equal to `probes.knn.pooled_features`), ``"global"`` (``(B, C)``), ``"flatten"``, or
+            None: the feature map itself ``(B, h, w, C)``. Vector features pass unchanged.
+        name: the model's name.
+
+    Returns:
+        The model (layers "preprocessing", the cut encoder, "pool"); `predict` it on uint8
+        images. Call it with ``training=False`` for features (BatchNorm in inference mode).
+    """
+    feature = classifier_feature(encoder, feature)
+    images, x = _preprocessed(encoder, mean, std, augment=False, seed=None)
+    x = cut_encoder(encoder, feature)(x)
+    if pool is not None:
+        x = PoolFeatures(pool, name="pool")(x)
+    return keras.Model(images, x, name=name)
+
+
+def build_classifier(
+    encoder: keras.Model,
+    num_classes: int,
+    *,
+    feature: Feature = None,
+    mean: Sequence[float] = CIFAR10_MEAN,
+    std: Sequence[float] = CIFAR10_STD,
+    head: str | keras.layers.Layer = "linear",
+    pool: str | None = None,
+    augment: bool = False,
+    seed: int | None = None,
+    batch_norm: str = "keras",
+    name: str = "classifier",
+) -> keras.Model:
+    """uint8 images ``(B, H, W, 3)`` -> float32 logits ``(B, num_classes)``: the encoder cut at
+    `feature`, with its preprocessing and a head (module docstring).
+
+    Args:
+        encoder, feature, mean, std: as `feature_extractor` (feature None: "block2" for NIN).
+        num_classes: the number of logits.
+        head: a kind of `build_head`: "linear" (default; on a map: adaptive average pooling to
+            about 9,000 values, BatchNorm without affine, Dense; on a vector: BatchNorm, Dense),
+            "fc1", "fc2", "fc3", "conv", "nonlinear"; or your own Keras layer/model, called on
+            the (pooled) feature.
+        pool: None (default: the head takes the map) or a `PoolFeatures` pooling ("avg2x2",
+            "global", "flatten") applied before the head.
+        augment: the AETv1 crop-and-flip augmentation in training (`ClassifierInputs`; seeded
+            by `seed`); inference never augments.
+        batch_norm: the head's BatchNorm, "keras" (any backend) or "fused" (TensorFlow).
+        name: the model's name.
+
+    Returns:
+        A functional `keras.Model`; its layers are "preprocessing", the cut encoder (named like
+        `encoder`), "pool" when `pool` is given, and the head (last layer "logits").
+    """
+    feature = classifier_feature(encoder, feature)
+    images, x = _preprocessed(encoder, mean, std, augment=augment, seed=seed)
+    x = cut_encoder(encoder, feature)(x)
+    if pool is not None:
+        x = PoolFeatures(pool, name="pool")(x)
+    if isinstance(head, str):
+        if head not in HEAD_KINDS:
+            raise ValueError(f"head must be one of {HEAD_KINDS} or a Keras layer, got {head!r}")
+        if len(x.shape) not in (2, 4):
+            raise ValueError(f"feature {feature!r} has shape {tuple(x.shape)}: expected a map "
+                             "(B, h, w, C) or a vector (B, D)")
+        kind = "fc1" if head == "linear" and len(x.shape) == 2 else head
+        head = build_head(kind, tuple(x.shape[1:]), num_classes, batch_norm=batch_norm,
+                          name=f"{head}_head")
+    logits = head(x)
+    return keras.Model(images, logits, name=name)

@@ -1,0 +1,164 @@
+"""The feature of an encoder, whatever its outputs: ONE rule for every `feature=` argument.
+
+An encoder is a functional or Sequential `keras.Model` built on a `keras.Input` (the input shape
+must be known). Its outputs may be
+
+* a dict of named outputs (`build_backbone`: NIN `{"block1": .., "block4": ..}`, AlexNet
+  `{"conv1": .., "fc7": ..}`): a feature is a key;
+* a list or tuple of tensors: a feature is the name of the layer producing it, or its index;
+* one tensor (a `keras.Sequential` CNN, `keras.applications.MobileNetV3Small(...,
+  include_top=False)`): its feature is the name of the last layer, and `feature=None` means it.
+
+`feature=None` (`default_feature`): the package's default for its backbones (`DEFAULT_FEATURES`:
+NIN "block4", AlexNet "fc7"), else the only output of a single-output encoder; an encoder with
+several outputs must be told. A feature may also name ANY layer of the encoder (`encoder.layers`,
+e.g. an inner block of MobileNetV3): `cut_encoder` then ends the encoder there.
+
+A feature is a map ``(B, h, w, C)`` or a vector ``(B, D)``; other ranks are refused where a
+vector is made (`vector_feature`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+
+from aetv2_tf.errors import UsageError
+
+#: The feature the pretext models regress from when `feature=None`, per `build_backbone` name.
+DEFAULT_FEATURES = {"nin": "block4", "alexnet": "fc7"}
+
+Feature = str | int | None
+
+
+def output_structure(encoder: keras.Model) -> Any:
+    """The symbolic outputs of `encoder`, in its structure: a dict, a list, or one KerasTensor."""
+    try:
+        if isinstance(encoder, keras.Sequential):
+            return encoder.outputs[0]
+        return encoder.output
+    except (AttributeError, ValueError, TypeError, IndexError) as e:
+        raise ValueError(f"encoder {encoder.name!r} has no symbolic outputs: pass a functional "
+                         "or Sequential keras.Model built on keras.Input(shape=...) (for a "
+                         "Sequential, begin it with keras.Input)") from e
+
+
+def _producer(tensor) -> str:
+    return tensor._keras_history.operation.name
+
+
+def output_names(encoder: keras.Model) -> list[str]:
+    """The names `feature=` gives to the outputs of `encoder` (module docstring), in order."""
+    outputs = output_structure(encoder)
+    if isinstance(outputs, dict):
+        return [str(key) for key in outputs]
+    tensors = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+    names = [_producer(t) for t in tensors]
+    if len(set(names)) < len(names):  # one layer with several outputs: name them by position
+        names = [f"output_{i}" for i in range(len(names))]
+    return names
+
+
+def _layer_names(encoder: keras.Model) -> list[str]:
+    return [layer.name for layer in getattr(encoder, "layers", [])]
+
+
+def default_feature(encoder: keras.Model) -> str:
+    """The ONE rule for `feature=None`: `DEFAULT_FEATURES` of a backbone of the package (named
+    "nin" or "alexnet" by `build_backbone`), else the only output of an encoder whose output is
+    one tensor (or a one-element list); otherwise ValueError listing the outputs."""
+    outputs = output_structure(encoder)
+    names = output_names(encoder)
+    if DEFAULT_FEATURES.get(encoder.name) in names:
+        return DEFAULT_FEATURES[encoder.name]
+    if not isinstance(outputs, dict) and len(names) == 1:
+        return names[0]
+    raise ValueError(f"no default feature for an encoder named {encoder.name!r} (known: "
+                     f"{sorted(DEFAULT_FEATURES)}); pass feature= explicitly, one of its "
+                     f"outputs {names}")
+
+
+def resolve_feature(encoder: keras.Model, feature: Feature) -> str:
+    """The name of the feature `feature` of `encoder`: None -> `default_feature`; an int -> the
+    output at that index; a name of an output or of a layer -> itself. ValueError listing the
+    outputs when there is no such feature."""
+    if feature is None:
+        return default_feature(encoder)
+    names = output_names(encoder)
+    if isinstance(feature, int) and not isinstance(feature, bool):
+        if not 0 <= feature < len(names):
+            raise ValueError(f"feature={feature}: encoder {encoder.name!r} has {len(names)} "
+                             f"outputs {names}")
+        return names[feature]
+    if feature in names or feature in _layer_names(encoder):
+        return str(feature)
+    raise UsageError(f"unknown feature {feature!r}: encoder {encoder.name!r} outputs {names} "
+                     f"(or name one of its {len(_layer_names(encoder))} layers, encoder.layers, "
+                     "to cut it there)")
+
+
+def is_output(encoder: keras.Model, feature: str) -> bool:
+    """Whether `feature` (resolved) names an output of `encoder` (else it names a layer)."""
+    return feature in output_names(encoder)
+
+
+def select_output(encoder: keras.Model, outputs, feature: str):
+    """Pick the output named `feature` from `outputs`, a result of calling `encoder` (a dict, a
+    list/tuple, or one tensor)."""
+    if isinstance(outputs, dict):
+        return outputs[feature]
+    index = output_names(encoder).index(feature)
+    return outputs[index] if isinstance(outputs, (list, tuple)) else outputs
+
+
+def feature_tensor(encoder: keras.Model, feature: str):
+    """The symbolic tensor of `feature` (resolved) in the graph of `encoder`."""
+    if is_output(encoder, feature):
+        return select_output(encoder, output_structure(encoder), feature)
+    try:
+        return encoder.get_layer(feature).output
+    except (AttributeError, ValueError) as e:
+        raise ValueError(f"layer {feature!r} of encoder {encoder.name!r} has no single output "
+                         f"to cut at ({e}); name one of its outputs {output_names(encoder)}") \
+            from e
+
+
+def cut_encoder(encoder: keras.Model, feature: Feature = None,
+                name: str | None = None) -> keras.Model:
+    """The encoder from its input to `feature` only: `(B, H, W, 3) -> (B, h, w, C)` or
+    `(B, D)`. Layers (and weights) are SHARED with `encoder`; layers after the feature are not
+    part of it, so they are neither computed nor asked for gradients (fine-tuning on NIN
+    block 2 trains blocks 1-2 only). An encoder whose only output is `feature` is returned as
+    it is. `name`: the sub-model's name (default: the encoder's)."""
+    feature = resolve_feature(encoder, feature)
+    outputs = output_structure(encoder)
+    if not isinstance(outputs, (dict, list, tuple)) and is_output(encoder, feature):
+        return encoder
+    return keras.Model(encoder.inputs, feature_tensor(encoder, feature),
+                       name=name or encoder.name)
+
+
+def encoder_at(encoder: keras.Model, feature: Feature):
+    """`(feature name, fn)`: `fn(x)` calls `encoder` on `x` and returns the feature tensor.
+    An output is picked from the encoder's outputs (the encoder itself is the layer called, as
+    the package's checkpoints expect); a layer's output is computed by `cut_encoder`."""
+    feature = resolve_feature(encoder, feature)
+    if is_output(encoder, feature):
+        return feature, lambda x: select_output(encoder, encoder(x), feature)
+    cut = cut_encoder(encoder, feature, name=f"{encoder.name}_to_{feature}")
+    return feature, cut
+
+
+def vector_feature(x, feature: str, pooled: bool = True, suffix: str = ""):
+    """A feature `x` as a vector: a map `(B, h, w, C)` -> `(B, C)` (global average pooling,
+    layer "<feature>_gap<suffix>") or `(B, h*w*C)` (`pooled=False`, "<feature>_flatten
+    <suffix>"); a vector `(B, D)` as it is; other ranks: ValueError."""
+    if len(x.shape) == 4:
+        layer = keras.layers.GlobalAveragePooling2D if pooled else keras.layers.Flatten
+        name = f"{feature}_{'gap' if pooled else 'flatten'}{suffix}"
+        return layer(name=name.replace("/", "_"))(x)
+    if len(x.shape) != 2:
+        raise ValueError(f"feature {feature!r} has shape {tuple(x.shape)}: expected a map "
+                         "(B, h, w, C) or a vector (B, D)")
+    return x

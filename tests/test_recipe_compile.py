@@ -1,0 +1,128 @@
+"""The recipe decides everything it affects (issue 32): `Recipe.build_model` builds the decoder
+the command line builds (AETv1's parameter scale, the official targets, the step counter),
+`Recipe.compile` reads the image size and that scale back from the model, a warm-up longer than
+half the run warns, and image sizes are validated."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import keras
+import numpy as np
+import pytest
+
+import aetv2_tf
+from aetv2_tf import recipes
+from aetv2_tf.recipes import AETV1, AETV1_OFFICIAL, AETV2, parameter_std, training_steps
+
+
+def _layer(model: keras.Model, name: str):
+    return next((layer for layer in recipes._all_layers(model) if layer.name == name), None)
+
+
+def _fit_loss(model: keras.Model, images: np.ndarray) -> float:
+    return float(model.fit(images, batch_size=64, epochs=1, verbose=0).history["loss"][-1])
+
+
+def test_aetv1_through_the_recipe_trains_where_the_unscaled_decoder_diverges(cifar10_dir):
+    images = aetv2_tf.load_cifar10(str(cifar10_dir), "train")[0][:256]
+    steps = training_steps(len(images), batch_size=64)
+    assert steps == 4
+    # The README's earlier path: no decoder scale, so SGD at 0.1 diverges (5e20 measured).
+    keras.utils.set_random_seed(0)
+    old = aetv2_tf.build_pairs_model(aetv2_tf.build_backbone("nin"), seed=0)
+    _, optimizer = AETV1.build_optimizer(old, steps=steps)
+    old.compile(optimizer=optimizer, loss=AETV1.build_loss(32), metrics=AETV1.metrics())
+    old_loss = _fit_loss(old, images)
+    assert not np.isfinite(old_loss) or old_loss > 1e6, old_loss
+    # The recipe's path: the decoder scale the command line uses (adapter_portable:
+    # parameter_std(size, --shift)), the loss dividing by the same numbers.
+    keras.utils.set_random_seed(0)
+    model = AETV1.build_model(aetv2_tf.build_backbone("nin"), seed=0)
+    scale = np.asarray(_layer(model, "decoder_scale").scale, np.float32)
+    np.testing.assert_allclose(scale, parameter_std(32, "integer"), rtol=1e-6)
+    schedule = AETV1.compile(model, steps)
+    assert schedule.total_steps == steps and model.optimizer is not None
+    np.testing.assert_allclose(model.loss.get_config()["std"], scale, rtol=1e-6)
+    new_loss = _fit_loss(model, images)
+    assert np.isfinite(new_loss) and new_loss < 100.0, new_loss
+
+
+def test_compile_warns_for_an_aetv1_model_without_the_decoder_scale():
+    model = aetv2_tf.build_pairs_model(aetv2_tf.build_backbone("nin"), seed=0)
+    with pytest.warns(UserWarning, match=r"recipe\.build_model"):
+        AETV1.compile(model, steps=10)
+
+
+def test_a_warmup_longer_than_half_the_run_warns_with_the_peak_it_reaches():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    with pytest.warns(UserWarning, match=r"peaks at 2\.7\de-07.*dataclasses\.replace\("
+                                         r"recipe, warmup_steps=0\)") as record:
+        schedule, _ = AETV2.build_optimizer(model, steps=8)
+    assert record[0].filename == __file__  # attributed to the caller
+    assert schedule.warmup_steps == 1000  # warned, not changed
+    with pytest.warns(UserWarning, match=r"peaks at 1\.03e-05"):
+        AETV2.build_optimizer(model, steps=390)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        AETV2.build_optimizer(model, steps=2000)
+        AETV1.build_optimizer(model, steps=8)  # no warm-up
+        dataclasses.replace(AETV2, warmup_steps=0).build_optimizer(model, steps=8)
+
+
+def test_compile_reads_the_image_size_from_the_model():
+    encoder = aetv2_tf.build_backbone("nin", input_shape=(64, 64, 3))
+    model = AETV2.build_model(encoder, seed=0)
+    assert model.loss_step is None and _layer(model, "decoder_scale") is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        AETV2.compile(model, steps=4000)
+    assert model.loss.get_config() == AETV2.build_loss(64).get_config()
+    pixel = dataclasses.replace(AETV2, frame="pixel")  # a frame that depends on the size
+    pixel.compile(model, steps=4000)
+    assert model.loss.get_config() == pixel.build_loss(64).get_config()
+    assert model.loss.get_config() != pixel.build_loss(32).get_config()
+    for shape in ((32, 64, 3), (None, None, 3)):
+        inputs = keras.Input(shape)
+        other = keras.Model(inputs, keras.layers.Dense(8)(inputs), name="other")
+        with pytest.raises(ValueError, match="square images of a known size"):
+            AETV2.compile(other, steps=10)
+
+
+def test_build_model_decides_the_target_and_the_step_counter():
+    encoder = aetv2_tf.build_backbone("nin")
+    official = AETV1_OFFICIAL.build_model(encoder, seed=0)
+    assert _layer(official, "from_aetv1_targets") is not None
+    assert _layer(official, "decoder_scale") is None
+    warm_up = dataclasses.replace(AETV2, mse_weight=1.0, mse_decay_steps=10)
+    model = warm_up.build_model(encoder, seed=0)
+    assert model.loss_step is not None
+    warm_up.compile(model, steps=4000)
+    assert model.loss.step is model.loss_step
+    with pytest.raises(TypeError, match="the recipe decides param_scale"):
+        AETV1.build_model(encoder, param_scale=np.ones(8))
+    with pytest.raises(ValueError, match="no decoder_scale"):
+        AETV1_OFFICIAL.build_model(encoder, decoder_scale=True)
+    with pytest.raises(ValueError, match="positive int"):
+        AETV2.compile(model, steps=0)
+
+
+def test_build_loss_takes_square_image_sizes_only():
+    assert AETV2.build_loss((64, 64)).get_config() == AETV2.build_loss(64).get_config()
+    np.testing.assert_allclose(AETV1.build_loss(np.int64(64)).get_config()["std"],
+                               parameter_std(64), rtol=1e-6)
+    for bad in ((32, 64), (32, 32, 3), 0, -32, 32.0, True, "32", None):
+        with pytest.raises(ValueError, match="square images"):
+            AETV2.build_loss(bad)
+
+
+def test_recipes_by_name_and_run_lengths():
+    assert recipes.as_recipe("aetv1") is AETV1 and recipes.as_recipe("AETV2") is AETV2
+    assert recipes.as_recipe(AETV1_OFFICIAL) is AETV1_OFFICIAL
+    for bad in (3, "aetv3", None):
+        with pytest.raises(TypeError, match="expected a Recipe"):
+            recipes.as_recipe(bad)
+    assert training_steps(512, 64) == 8 and training_steps(50_000, 128, epochs=3) == 1173
+    with pytest.raises(ValueError):
+        training_steps(0, 64)
