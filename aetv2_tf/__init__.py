@@ -57,7 +57,7 @@ __version__ = "0.1.0"
 # its classes are registered with Keras as soon as Keras is imported (aetv2_tf/registry.py).
 from aetv2_tf import registry  # noqa: E402  (no Keras import: after the environment above)
 
-registry.register_when_keras_loads()
+registry.install()
 
 _EXPORTS = {
     "Recipe": "recipes", "AETV2": "recipes", "AETV2_PAPER": "recipes", "AETV1": "recipes",
@@ -84,7 +84,6 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-        registry.register_when_keras_loads()  # the module imported Keras: register the rest
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,7 +1,9 @@
 """Inputs checked at the door: images, labels, feature names and the backend (library code).
 
-The library's raw-image entry points (`models.pairs.PairsModel`'s ``fit`` / ``evaluate`` /
-``predict``, `probes.knn.pooled_features`) take **uint8 images (N, H, W, 3), NHWC, RGB, values
+The library's raw-image entry points (``fit`` / ``evaluate`` / ``predict`` and the
+``*_on_batch`` methods of `models.pairs.PairsModel` and of `models.encoders.CheckedModel`, i.e.
+`build_classifier` / `feature_extractor`, through `models.checked.ChecksInputs`;
+`probes.knn.pooled_features`) take **uint8 images (N, H, W, 3), NHWC, RGB, values
 0..255**, and normalise them themselves (``(u / 255 - mean) / std``). Anything else used to be
 cast to uint8 silently ([0, 1] floats became black images) or to fail deep inside a layer; these
 functions refuse it up front, with a message that names the problem and the fix:
@@ -10,12 +12,15 @@ functions refuse it up front, with a message that names the problem and the fix:
   channels and, when given, the encoder's height and width. Floats are refused with their range
   and the conversion (``(x * 255).round().astype("uint8")`` for [0, 1];
   ``x.astype("uint8")`` for [0, 255]); NCHW (``shape[1] == 3 != shape[-1]``) with
-  ``np.transpose(x, (0, 2, 3, 1))``.
-* `check_image_dataset`: the same on a ``tf.data.Dataset``'s ``element_spec`` (nothing read);
+  ``np.transpose(x, (0, 2, 3, 1))``; one image ``(H, W, 3)`` with ``x[None]``.
+* `check_image_dataset`: the same on a ``tf.data.Dataset``'s ``element_spec`` (nothing read;
+  an unbatched dataset, elements ``(H, W, 3)``, with ``dataset.batch(n)``);
   with ``labels=False`` a dataset of ``(images, labels)`` is refused (self-supervised models:
   the pairs are the targets).
 * `check_pretext_inputs`: what ``PairsModel.fit`` / ``evaluate`` / ``predict`` are given: the
   images as above, and no labels.
+* `check_supervised_inputs`: what a classifier's ``fit`` / ``evaluate`` are given: the images
+  as above, with class labels (`check_labels`; a dataset of ``(images, labels)`` batches).
 * `check_labels`: class labels ``(N,)`` of integers (``(N, 1)`` is flattened); one-hot or
   probabilities ``(N, C)`` are refused with ``labels.argmax(-1)``; the length against ``n``.
 * `check_feature`: a feature name among the encoder's outputs, else the names available.
@@ -59,12 +64,14 @@ def is_tf_dataset(x: Any) -> bool:
     return hasattr(x, "element_spec") and type(x).__module__.startswith("tensorflow")
 
 
-def _check_shape(shape: Sequence, name: str, expected_hw: Sequence | None) -> None:
-    """NHWC with 3 channels and, when fixed, the expected (H, W); None dims pass."""
+def _check_shape(shape: Sequence, name: str, expected_hw: Sequence | None,
+                 batch_fix: str = "x[None]") -> None:
+    """NHWC with 3 channels and, when fixed, the expected (H, W); None dims pass. `batch_fix`:
+    how to make a batch of one image (an array: ``x[None]``; a dataset: ``dataset.batch(n)``)."""
     shape = tuple(None if d is None else int(d) for d in shape)
     if len(shape) == 3 and shape[-1] == 3:
         raise UsageError(f"{name}: shape {shape} is one image; pass a batch (N, H, W, 3), "
-                         "e.g. x[None]")
+                         f"e.g. {batch_fix}")
     if len(shape) != 4:
         raise UsageError(f"{name}: shape {shape}; expected a batch of {UINT8_RULE}")
     if shape[1] == 3 and shape[-1] != 3:
@@ -157,7 +164,8 @@ def check_image_dataset(dataset: Any, *, name: str = "dataset",
         spec = next(iter(spec.values()))
     if not (hasattr(spec, "shape") and hasattr(spec, "dtype")):
         return  # a structure the model itself will judge
-    _check_shape(tuple(spec.shape), name, expected_hw)
+    _check_shape(tuple(spec.shape), name, expected_hw,
+                 batch_fix="dataset.batch(n) (unbatched elements: one image each)")
     dtype = _dtype_name(spec.dtype)
     if dtype != "uint8":
         raise UsageError(f"{name}: " + _dtype_fix(dtype))
@@ -190,6 +198,50 @@ def check_pretext_inputs(x: Any, y: Any = None, *, name: str = "fit",
         raise UsageError(f"{name}: got a tuple of {len(x)} (images, labels?); {SELF_SUPERVISED}")
     elif _is_array(x) or isinstance(x, (tuple, list, str, bytes)):
         check_images(x, name=f"{name}: x", expected_hw=expected_hw)
+
+
+def _check_label_spec(spec: Any, name: str) -> None:
+    """A dataset's label spec: class indices ``(B,)`` / ``(B, 1)``, not one-hot ``(B, C)``."""
+    shape = tuple(getattr(spec, "shape", ()) or ())
+    if len(shape) == 2 and shape[-1] not in (1, None):
+        raise UsageError(f"{name}: labels of shape {shape} look one-hot (or class scores); "
+                         "pass the class indices (B,): dataset.map(lambda x, y: "
+                         "(x, tf.argmax(y, -1)))")
+
+
+def check_supervised_inputs(x: Any, y: Any = None, *, name: str = "fit",
+                            expected_hw: Sequence | None = None,
+                            num_classes: int | None = None) -> None:
+    """What a classifier on raw images (`models.encoders.build_classifier`) is given to ``fit``
+    / ``evaluate``: `x` uint8 ``(N, H, W, 3)`` as `check_pretext_inputs`, and class labels: an
+    array `y` (`check_labels`: integer class indices ``(N,)``, one-hot refused, one per image,
+    below `num_classes`), or a ``tf.data.Dataset`` of ``(images, labels)`` batches. Images
+    without labels are refused; other inputs (a ``keras.utils.PyDataset``, a generator) pass
+    unchecked."""
+    if isinstance(x, dict) and len(x) == 1:
+        x = next(iter(x.values()))
+    if isinstance(x, tuple) and len(x) == 1:
+        x = x[0]
+    if is_tf_dataset(x):
+        check_image_dataset(x, name=f"{name}: the dataset", expected_hw=expected_hw)
+        spec = x.element_spec
+        if not isinstance(spec, (tuple, list)) or len(spec) < 2:
+            raise UsageError(f"{name}: the dataset's elements are images only; a classifier "
+                             "needs (images, labels) batches, e.g. tf.data.Dataset."
+                             "from_tensor_slices((images, labels)).batch(n)")
+        _check_label_spec(spec[1], f"{name}: the dataset")
+        return
+    if not (_is_array(x) or isinstance(x, (list, str, bytes))):
+        return
+    images = check_images(x, name=f"{name}: x", expected_hw=expected_hw)
+    if y is None:
+        raise UsageError(f"{name}: no labels; a classifier needs integer class labels: "
+                         f"model.{name.split('.')[-1]}(images, labels)")
+    labels = check_labels(y, len(images), name=f"{name}: y", what="images")
+    if num_classes is not None and labels.size and \
+            (labels.min() < 0 or labels.max() >= num_classes):
+        raise UsageError(f"{name}: y holds labels in [{labels.min()}, {labels.max()}]; the "
+                         f"model has {num_classes} classes: 0..{num_classes - 1}")
 
 
 def check_labels(labels: Any, n: int | None = None, *, name: str = "labels",

@@ -37,6 +37,8 @@ from typing import Any
 import keras
 import numpy as np
 
+from aetv2_tf.errors import UsageError
+
 
 @dataclasses.dataclass(frozen=True)
 class Recipe:
@@ -227,6 +229,8 @@ class Recipe:
 
         ``steps``: the run's number of optimizer steps, ``epochs * ceil(examples /
         batch_size)`` (`training_steps`); the schedule and its warm-up are laid out over it.
+        ``model``: an AET pairs model (`build_model` / `build_pairs_model`: a layer "pairs");
+        other models (RotNet's `build_rotations_model`) are refused.
         The image size is read from ``model.inputs[0]`` (square images of a known size), the
         parameter std of the loss from the decoder's scale (layer "decoder_scale", so the loss
         divides by the numbers the decoder was scaled by), and an MSE warm-up's step from
@@ -238,6 +242,14 @@ class Recipe:
                              f"int (training_steps(examples, batch_size, epochs)); got {steps!r}")
         size = image_size_of(model)
         layers = _all_layers(model)
+        if not any(layer.name == "pairs" for layer in layers):
+            raise UsageError(
+                f"Recipe.compile: model {model.name!r} has no layer 'pairs' (the homography pairs "
+                "of AET): the recipe's loss regresses the transformation of an AET pairs model; "
+                "build one with recipe.build_model(encoder) or aetv2_tf.build_pairs_model("
+                "encoder, seed=0). A RotNet model (build_rotations_model) is not an AET recipe's: "
+                "compile it yourself with a cross-entropy (keras.losses."
+                "SparseCategoricalCrossentropy(from_logits=True))")
         scale = next((np.asarray(layer.scale, np.float32) for layer in layers
                       if layer.name == "decoder_scale"), None)
         shift = next((layer.shift for layer in layers

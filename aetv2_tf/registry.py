@@ -4,23 +4,27 @@
 config names only for Keras's own packages), so a `.keras` file the package or its CLI wrote
 reloads in a fresh process only once the modules that define its classes ran. ``import
 aetv2_tf`` does not import Keras (the program sets up the backend, logging and signals before
-TensorFlow loads), so `register_when_keras_loads` arranges for `SERIALIZABLE` to be imported right
-after Keras is: at once if Keras is already imported, else by a one-shot import hook on the
-module ``keras``. Then
+TensorFlow loads), so `install` (run by ``import aetv2_tf``) arranges for `SERIALIZABLE` to be
+imported as soon as Keras is there and no module of the package is mid-import: a one-shot import
+hook wraps the loader of ``keras`` and of the package's own modules, and the first of them to
+finish executing with Keras imported and nothing of the package half-done runs `register_all`
+(then the hook removes itself). Whatever the order of imports, e.g.
 
-    import aetv2_tf, keras
+    import aetv2_tf, keras                    # or: import keras, aetv2_tf
+    from aetv2_tf.saving import load_encoder  # or any other module of the package first
     model = keras.saving.load_model("runs/<run>/aet_model.keras")
 
-works on any backend, in either order of the two imports.
+works on any backend. (A module of the package cannot register the others while it is itself
+mid-import: they may read names it has not defined yet.)
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.abc
-import importlib.util
 import sys
 from types import ModuleType
+from typing import Any
 
 #: The modules that define the package's registered (``register_keras_serializable``) objects;
 #: each imports only Keras and NumPy at its top (no TensorFlow), so this is safe on any backend.
@@ -29,56 +33,86 @@ SERIALIZABLE = ("aetv2_tf.data.device", "aetv2_tf.losses", "aetv2_tf.metrics",
                 "aetv2_tf.models.heads", "aetv2_tf.models.encoders", "aetv2_tf.optim",
                 "aetv2_tf.probes.classifier")
 
+_state = {"registered": False}
+
 
 def register_all() -> None:
-    """Imports `SERIALIZABLE` (which registers their classes with Keras)."""
+    """Imports `SERIALIZABLE` (which registers their classes with Keras); once."""
+    if _state["registered"]:
+        return
+    _state["registered"] = True
+    _uninstall()
     for name in SERIALIZABLE:
         importlib.import_module(name)
 
 
-class _ThenRegister(importlib.abc.Loader):
-    """Keras's own loader, then `register_all` once Keras's module has run."""
+def _initialising(name: str) -> bool:
+    module = sys.modules.get(name)
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
 
-    def __init__(self, loader: importlib.abc.Loader) -> None:
+
+def _ready(finishing: str = "") -> bool:
+    """Keras imported, and no module of the package but ``finishing`` (at its end) mid-import."""
+    if "keras" not in sys.modules or (finishing != "keras" and _initialising("keras")):
+        return False
+    return not any(name.startswith("aetv2_tf.") and name not in (__name__, finishing)
+                   and _initialising(name) for name in list(sys.modules))
+
+
+# Hooks and loaders are recognised by these markers, not by their class: the package may be
+# imported afresh in one process (its modules dropped from sys.modules), and a second copy of
+# this module must not take the first one's hook for a finder to ask.
+_HOOK, _LOADER = "_aetv2_tf_registry_hook", "_aetv2_tf_registry_loader"
+
+
+class _ThenRegister(importlib.abc.Loader):
+    """A module's own loader, then `register_all` if the package is ready (module docstring)."""
+
+    _aetv2_tf_registry_loader = True
+
+    def __init__(self, loader: Any) -> None:
         self.loader = loader
+
+    def __getattr__(self, name: str) -> Any:  # get_code, get_source, ... (runpy, inspect)
+        return getattr(self.loader, name)
 
     def create_module(self, spec):  # noqa: ANN001 (importlib's protocol)
         return self.loader.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
         self.loader.exec_module(module)
-        if not _package_module_initialising():
+        if not _state["registered"] and _ready(finishing=module.__name__):
             register_all()
-        # else a module of the package imported Keras: importing the others now would read
-        # names that module has not defined yet; `aetv2_tf.__getattr__` registers once it is done.
 
 
-class _KerasHook(importlib.abc.MetaPathFinder):
-    """Finds ``keras`` through the other finders and wraps its loader; removes itself."""
+class _Hook(importlib.abc.MetaPathFinder):
+    """Wraps the loaders of ``keras`` and of ``aetv2_tf.*`` found by the other finders."""
+
+    _aetv2_tf_registry_hook = True
 
     def find_spec(self, fullname, path, target=None):  # noqa: ANN001 (importlib's protocol)
-        if fullname != "keras":
+        if fullname != "keras" and not fullname.startswith("aetv2_tf."):
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is not None and spec.loader is not None:
-            spec.loader = _ThenRegister(spec.loader)
-        return spec
+        for finder in list(sys.meta_path):
+            if getattr(finder, _HOOK, False) or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and not getattr(spec.loader, _LOADER, False):
+                    spec.loader = _ThenRegister(spec.loader)
+                return spec
+        return None
 
 
-def _package_module_initialising(finishing: str = "") -> bool:
-    """Whether a module of the package (other than its top, this one and ``finishing``, a module
-    at its last line) is mid-import."""
-    return any(name.startswith("aetv2_tf.") and name not in (__name__, finishing)
-               and getattr(getattr(module, "__spec__", None), "_initializing", False)
-               for name, module in list(sys.modules.items()))
+def _uninstall() -> None:
+    sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, _HOOK, False)]
 
 
-def register_when_keras_loads(finishing: str = "") -> None:
-    """`register_all` now if Keras is imported, else right after it is (module docstring).
-    ``finishing``: the name of the module that calls this at its end (not mid-import then)."""
-    if "keras" in sys.modules:
-        if not _package_module_initialising(finishing):
-            register_all()
-    elif not any(isinstance(f, _KerasHook) for f in sys.meta_path):
-        sys.meta_path.insert(0, _KerasHook())
+def install() -> None:
+    """`register_all` now if the package is ready, else when it is (module docstring)."""
+    if _state["registered"]:
+        return
+    if _ready():
+        register_all()
+    elif not any(getattr(f, _HOOK, False) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Hook())

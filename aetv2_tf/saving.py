@@ -56,21 +56,27 @@ def save_encoder(encoder: keras.Model, directory: str, *, recipe: Recipe | str |
     its ``loss`` names the method (geodesic = AETv2, mse = AETv1; None: left unknown);
     ``pretext``: "aet" or "rotation" (RotNet); ``dataset``: the training data's name, which
     fixes the normalisation the probes, the export and `preprocessing` apply ("cifar10":
-    CIFAR-10's mean and std; anything else: ImageNet's).
+    CIFAR-10's mean and std; anything else: ImageNet's). The record's ``image_size`` is the
+    side of the encoder's input, ``null`` for an encoder of any size (``keras.Input(shape=(None,
+    None, 3))``). Everything is checked before ``directory`` is made.
     """
     recipe = None if recipe is None else as_recipe(recipe)
     if pretext not in ("aet", "rotation"):
         raise ValueError(f"pretext must be 'aet' or 'rotation', got {pretext!r}")
+    if not isinstance(encoder, keras.Model):
+        raise TypeError(f"save_encoder: expected a keras.Model encoder, got "
+                        f"{type(encoder).__name__}")
     twin = _package_twin(encoder)
     if twin is None:
         from aetv2_tf.models.features import output_names
 
         features = output_names(encoder)  # a clear error for a model without symbolic outputs
-    os.makedirs(directory, exist_ok=True)
+    # Everything is validated before the directory is made (no empty directory on an error).
     record = {"stage": "pretext", "pretext": pretext, "backbone": encoder.name,
               "dataset": dataset, "batch_norm": "keras", "backend": keras.backend.backend(),
               "loss": recipe.loss if recipe else None, "saved_by": "aetv2_tf.save_encoder",
-              "image_size": int(encoder.input_shape[1])}
+              "image_size": _image_size(encoder)}
+    os.makedirs(directory, exist_ok=True)
     if twin is not None:  # the run layout, as today
         twin.set_weights(encoder.get_weights())
         save_atomically(twin.save_weights, os.path.join(directory, ENCODER_WEIGHTS))
@@ -85,6 +91,21 @@ def save_encoder(encoder: keras.Model, directory: str, *, recipe: Recipe | str |
     write_text_atomically(os.path.join(directory, "flags.json"),
                           json.dumps(record, indent=2) + "\n")
     return directory
+
+
+def _image_size(encoder: keras.Model) -> int | None:
+    """The side of the images ``encoder`` takes (its input's height), None when it takes any
+    size (``keras.Input(shape=(None, None, 3))``); ValueError for an input that is not an
+    image batch ``(B, H, W, C)``."""
+    try:
+        shape = tuple(encoder.inputs[0].shape)
+    except (AttributeError, IndexError, TypeError, ValueError) as e:
+        raise ValueError(f"save_encoder: encoder {encoder.name!r} has no symbolic input: pass a "
+                         "functional or Sequential keras.Model built on keras.Input") from e
+    if len(shape) != 4:
+        raise ValueError(f"save_encoder: encoder {encoder.name!r} takes inputs of shape "
+                         f"{shape}; expected images (B, H, W, C)")
+    return None if shape[1] is None else int(shape[1])
 
 
 def _package_twin(encoder: keras.Model) -> keras.Model | None:

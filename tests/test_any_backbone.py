@@ -19,9 +19,10 @@ import aetv2_tf
 from aetv2_tf import pretrained
 from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD, IMAGENET_MEAN, IMAGENET_STD
 from aetv2_tf.models import build_aet_model, build_backbone
-from aetv2_tf.models.encoders import build_classifier, feature_extractor
-from aetv2_tf.models.pairs import build_pairs_model, build_rotations_model
+from aetv2_tf.models.encoders import CheckedModel, build_classifier, feature_extractor
+from aetv2_tf.models.pairs import PairsModel, build_pairs_model, build_rotations_model
 from aetv2_tf.probes.knn import pooled_features
+from aetv2_tf.registry import SERIALIZABLE
 from aetv2_tf.saving import load_encoder, load_encoder_weights, preprocessing, save_encoder
 from tests.cli import REPO, _env
 
@@ -121,6 +122,32 @@ def test_the_feature_of_single_list_and_vector_encoders():
         build_pairs_model(build_backbone("nin", (16, 16, 3)), seed=0, feature="block_x")
 
 
+def test_save_encoder_takes_an_encoder_of_any_size(tmp_path):
+    """A variable-size encoder (input (None, None, 3)): its record's image_size is null, it
+    reloads and gives the same features; a refused save leaves no directory behind."""
+    encoder = keras.applications.MobileNetV3Small(
+        input_shape=(None, None, 3), include_top=False, weights=None,
+        include_preprocessing=False)
+    with pytest.raises(TypeError, match="expected a Recipe"):
+        save_encoder(encoder, str(tmp_path / "refused"), recipe=3)
+    with pytest.raises(ValueError, match="no symbolic outputs"):
+        save_encoder(keras.Sequential([keras.layers.Dense(2)]), str(tmp_path / "unbuilt"))
+    assert not (tmp_path / "refused").exists() and not (tmp_path / "unbuilt").exists()
+    save_encoder(encoder, str(tmp_path / "any_size"), recipe="aetv2")
+    record = json.loads((tmp_path / "any_size" / "flags.json").read_text())
+    assert record["image_size"] is None and record["input_shape"] == [None, None, 3]
+    again = load_encoder(str(tmp_path / "any_size"))
+    assert again.input_shape == (None, None, None, 3)
+    images = _images(2, 32)
+    want = pooled_features(encoder, None, images, CIFAR10_MEAN, CIFAR10_STD, pool="global")
+    np.testing.assert_allclose(
+        pooled_features(again, None, images, CIFAR10_MEAN, CIFAR10_STD, pool="global"), want,
+        atol=1e-4)
+    nin = build_backbone("nin", (16, 16, 3))
+    save_encoder(nin, str(tmp_path / "nin"))
+    assert json.loads((tmp_path / "nin" / "flags.json").read_text())["image_size"] == 16
+
+
 def test_save_encoder_keeps_the_run_layout_for_the_package_backbones(tmp_path):
     nin = build_backbone("nin", (16, 16, 3))
     save_encoder(nin, str(tmp_path / "nin"), recipe="aetv1")
@@ -172,8 +199,18 @@ def test_a_classifier_fine_tunes_block2_only_and_reloads(tmp_path):
     extractor.save(tmp_path / "extractor.keras")
     want = pooled_features(encoder, "block2", images, CIFAR10_MEAN, CIFAR10_STD, batch_size=8)
     assert want.shape == (8, 2 * 2 * 192)
-    for model in (extractor, keras.saving.load_model(tmp_path / "extractor.keras")):
+    again = keras.saving.load_model(tmp_path / "extractor.keras")
+    for model in (extractor, again):
         np.testing.assert_allclose(model.predict(images, verbose=0), want, atol=1e-5)
+    # both reload as the checking model (registered, in a module of registry.SERIALIZABLE)
+    for model, kind in ((classifier, "classes"), (reloaded, "classes"), (extractor, "any"),
+                        (again, "any")):
+        assert type(model) is CheckedModel and model.labels == kind
+        with pytest.raises(ValueError, match=r"\(x \* 255\)\.round\(\)\.astype"):
+            model.predict(images / 255, verbose=0)
+    assert CheckedModel.__module__ in SERIALIZABLE and PairsModel.__module__ in SERIALIZABLE
+    with pytest.raises(ValueError, match=r"labels\.argmax\(-1\)"):
+        reloaded.fit(images, np.eye(10)[labels], verbose=0)
 
 
 def test_a_preset_is_its_run_directory(tmp_path, monkeypatch):

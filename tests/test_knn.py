@@ -251,3 +251,30 @@ def cifar_slice_for_knn(cifar10_dir):
     train_x, train_y = load_cifar10(cifar10_dir, "train")
     test_x, test_y = load_cifar10(cifar10_dir, "test")
     return (train_x[:3000], train_y[:3000]), (test_x[:1000], test_y[:1000])
+
+
+def test_feature_none_is_the_probe_feature_of_feature_extractor():
+    """`pooled_features` / `make_feature_fn` with `feature=None` probe what `feature_extractor`
+    and `build_classifier` probe by default (NIN block 2, `models.features.classifier_feature`),
+    not the pretext models' block 4."""
+    import keras
+
+    from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD
+    from aetv2_tf.models import build_backbone
+    from aetv2_tf.models.encoders import feature_extractor
+    from aetv2_tf.models.features import classifier_feature, default_feature
+    from aetv2_tf.probes.knn import pooled_features
+
+    keras.utils.set_random_seed(0)
+    nin = build_backbone("nin", (16, 16, 3))
+    assert classifier_feature(nin) == "block2" and default_feature(nin) == "block4"
+    images = np.random.default_rng(0).integers(0, 256, (6, 16, 16, 3), dtype=np.uint8)
+    default = pooled_features(nin, None, images, CIFAR10_MEAN, CIFAR10_STD, batch_size=4)
+    block2 = pooled_features(nin, "block2", images, CIFAR10_MEAN, CIFAR10_STD, batch_size=4)
+    assert default.shape == (6, 192 * 2 * 2)
+    np.testing.assert_array_equal(default, block2)
+    np.testing.assert_allclose(feature_extractor(nin).predict(images, verbose=0), default,
+                               atol=1e-5)
+    x = (images / 255.0 - np.float32(CIFAR10_MEAN)) / np.float32(CIFAR10_STD)
+    np.testing.assert_allclose(make_feature_fn(nin)(x.astype("float32")),
+                               nin(x.astype("float32"), training=False)["block2"], atol=1e-6)

@@ -90,6 +90,19 @@ def test_compile_reads_the_image_size_from_the_model():
             AETV2.compile(other, steps=10)
 
 
+def test_compile_refuses_a_model_without_the_pairs():
+    """RotNet's model (or any other) has no homography pairs: the AET loss would be compiled
+    on its logits; refused, naming the builders of an AET model."""
+    encoder = aetv2_tf.build_backbone("nin", (16, 16, 3))
+    rotations = aetv2_tf.build_rotations_model(encoder, seed=0)
+    with pytest.raises(ValueError, match=r"no layer 'pairs'.*recipe\.build_model\(encoder\).*"
+                                         r"build_pairs_model.*RotNet"):
+        AETV2.compile(rotations, steps=10)
+    assert not rotations.compiled
+    warm = dataclasses.replace(AETV2, warmup_steps=0)  # 10 steps: no warm-up warning
+    warm.compile(aetv2_tf.build_pairs_model(encoder, seed=0), steps=10)  # the pairs: taken
+
+
 def test_build_model_decides_the_target_and_the_step_counter():
     encoder = aetv2_tf.build_backbone("nin")
     official = AETV1_OFFICIAL.build_model(encoder, seed=0)
@@ -106,6 +119,22 @@ def test_build_model_decides_the_target_and_the_step_counter():
         AETV1_OFFICIAL.build_model(encoder, decoder_scale=True)
     with pytest.raises(ValueError, match="positive int"):
         AETV2.compile(model, steps=0)
+
+
+def test_pairs_models_reload_with_their_split_and_step_counter(tmp_path):
+    """`PairsModel`'s config carries `split` (RotNet: 4) and `count_steps` (an MSE warm-up's
+    `loss_step`, saved with the weights): both reload from `.keras`."""
+    encoder = aetv2_tf.build_backbone("nin", (16, 16, 3))
+    warm_up = dataclasses.replace(AETV2, mse_weight=1.0, mse_decay_steps=10)
+    model = warm_up.build_model(encoder, seed=0)
+    model.loss_step.assign(7)
+    model.save(tmp_path / "pairs.keras")
+    again = keras.saving.load_model(tmp_path / "pairs.keras", compile=False)
+    assert int(again.loss_step.numpy()) == 7 and again.split == 8
+    rotations = aetv2_tf.build_rotations_model(encoder, seed=0)
+    rotations.save(tmp_path / "rotations.keras")
+    again = keras.saving.load_model(tmp_path / "rotations.keras", compile=False)
+    assert again.split == 4 and again.loss_step is None
 
 
 def test_build_loss_takes_square_image_sizes_only():

@@ -51,8 +51,3 @@ __all__ = [
     "make_batch_norm",
 ]
 
-# Imported on its own (`import aetv2_tf.models`), this package imported Keras mid-import: register
-# the package's other Keras objects now that its names exist (aetv2_tf/registry.py).
-from aetv2_tf import registry  # noqa: E402
-
-registry.register_when_keras_loads(finishing=__name__)

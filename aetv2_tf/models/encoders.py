@@ -18,6 +18,13 @@ For a probe on the FROZEN encoder, set ``classifier.get_layer(encoder.name).trai
 before `compile` (BatchNorm then runs in inference mode; the layers are shared with
 `encoder`, which is frozen too).
 
+Both are a `CheckedModel` (registered: the `.keras` file reloads after ``import aetv2_tf``)
+whose ``fit`` / ``evaluate`` / ``predict`` (and ``*_on_batch``) refuse what would silently be
+wrong: float images ([0, 1] floats would be cast to black uint8 images), NCHW, another size,
+and for the classifier labels that are not integer class indices (one-hot: ``labels.argmax(-1)``).
+`feature=None` means the probe feature (`models.features.classifier_feature`: NIN block 2), the
+same as `probes.knn.pooled_features`'s.
+
 The normalisation defaults to CIFAR-10's (`data.constants.CIFAR10_MEAN` / `CIFAR10_STD`, as
 the AETv1 code); an encoder pretrained on other data needs its own: `aetv2_tf.saving.
 preprocessing(directory_or_preset)` gives ``{"mean": ..., "std": ...}`` from its record, e.g.
@@ -32,14 +39,33 @@ import keras
 
 from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD
 from aetv2_tf.data.device import ClassifierInputs
-from aetv2_tf.models.features import Feature, cut_encoder, default_feature, resolve_feature
+from aetv2_tf.models.checked import LABELS, ChecksInputs
+from aetv2_tf.models.features import (  # noqa: F401 - CLASSIFIER_FEATURES, classifier_feature: API
+    CLASSIFIER_FEATURES,
+    Feature,
+    classifier_feature,
+    cut_encoder,
+)
 from aetv2_tf.models.heads import HEAD_KINDS, build_head
 from aetv2_tf.probes.knn import POOLS, pool_feature_map
 
-#: The feature `build_classifier` / `feature_extractor` use when `feature=None`, per
-#: `build_backbone` name: the paper's probe features (CIFAR-10 NIN block 2, AlexNet conv5).
-#: Other encoders: `default_feature` (the only output of a single-output encoder).
-CLASSIFIER_FEATURES = {"nin": "block2", "alexnet": "conv5"}
+
+@keras.saving.register_keras_serializable(package="aetv2_tf")
+class CheckedModel(ChecksInputs, keras.Model):
+    """A functional model on uint8 images ``(B, H, W, 3)`` whose ``fit`` / ``evaluate`` /
+    ``predict`` and ``*_on_batch`` check what they are given (`models.checked.ChecksInputs`):
+    uint8 NHWC images of the model's size (floats refused with the conversion) and, with
+    ``labels="classes"`` (`build_classifier`), integer class labels (one-hot refused with
+    ``labels.argmax(-1)``); ``labels="any"`` (`feature_extractor`): the images only."""
+
+    def __init__(self, *args, labels: str = "any", **kwargs):
+        if labels not in LABELS:
+            raise ValueError(f"labels must be one of {LABELS}, got {labels!r}")
+        super().__init__(*args, **kwargs)
+        self.labels = labels
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "labels": self.labels}
 
 
 @keras.saving.register_keras_serializable(package="aetv2_tf")
@@ -73,18 +99,6 @@ class PoolFeatures(keras.layers.Layer):
         return {**super().get_config(), "pool": self.pool}
 
 
-def classifier_feature(encoder: keras.Model, feature: Feature = None) -> str:
-    """The feature of `build_classifier` / `feature_extractor`: `feature` if given, else
-    `CLASSIFIER_FEATURES` of a package backbone ("block2" for NIN), else `default_feature`."""
-    if feature is None and encoder.name in CLASSIFIER_FEATURES:
-        feature = CLASSIFIER_FEATURES[encoder.name]
-        try:
-            return resolve_feature(encoder, feature)
-        except ValueError:  # a custom encoder named "nin": its own default
-            return default_feature(encoder)
-    return resolve_feature(encoder, feature)
-
-
 def _preprocessed(encoder: keras.Model, mean, std, augment: bool, seed: int | None):
     if len(encoder.inputs) != 1 or len(encoder.inputs[0].shape) != 4:
         raise ValueError(f"encoder {encoder.name!r} must take one (B, H, W, C) image input, not "
@@ -107,8 +121,9 @@ def feature_extractor(
     std: Sequence[float] = CIFAR10_STD,
     pool: str | None = "avg2x2",
     name: str = "feature_extractor",
-) -> keras.Model:
-    """uint8 images ``(B, H, W, 3)`` -> the `feature` of `encoder`, pooled: a `keras.Model`.
+) -> CheckedModel:
+    """uint8 images ``(B, H, W, 3)`` -> the `feature` of `encoder`, pooled: a `CheckedModel`
+    (``predict`` refuses floats, NCHW or another size, with the fix).
 
     Args:
         encoder: a `build_backbone` encoder or any functional / Sequential Keras model on
@@ -131,7 +146,7 @@ def feature_extractor(
     x = cut_encoder(encoder, feature)(x)
     if pool is not None:
         x = PoolFeatures(pool, name="pool")(x)
-    return keras.Model(images, x, name=name)
+    return CheckedModel(images, x, name=name)
 
 
 def build_classifier(
@@ -147,7 +162,7 @@ def build_classifier(
     seed: int | None = None,
     batch_norm: str = "keras",
     name: str = "classifier",
-) -> keras.Model:
+) -> CheckedModel:
     """uint8 images ``(B, H, W, 3)`` -> float32 logits ``(B, num_classes)``: the encoder cut at
     `feature`, with its preprocessing and a head (module docstring).
 
@@ -166,7 +181,9 @@ def build_classifier(
         name: the model's name.
 
     Returns:
-        A functional `keras.Model`; its layers are "preprocessing", the cut encoder (named like
+        A `CheckedModel` (``labels="classes"``: ``fit`` / ``evaluate`` take uint8 images and
+        integer class labels, refuse floats and one-hot with the fix); its layers are
+        "preprocessing", the cut encoder (named like
         `encoder`), "pool" when `pool` is given, and the head (last layer "logits").
     """
     feature = classifier_feature(encoder, feature)
@@ -184,4 +201,4 @@ def build_classifier(
         head = build_head(kind, tuple(x.shape[1:]), num_classes, batch_norm=batch_norm,
                           name=f"{head}_head")
     logits = head(x)
-    return keras.Model(images, logits, name=name)
+    return CheckedModel(images, logits, name=name, labels="classes")

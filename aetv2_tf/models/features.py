@@ -11,8 +11,13 @@ must be known). Its outputs may be
 
 `feature=None` (`default_feature`): the package's default for its backbones (`DEFAULT_FEATURES`:
 NIN "block4", AlexNet "fc7"), else the only output of a single-output encoder; an encoder with
-several outputs must be told. A feature may also name ANY layer of the encoder (`encoder.layers`,
-e.g. an inner block of MobileNetV3): `cut_encoder` then ends the encoder there.
+several outputs must be told. That is the PRETEXT models' feature (what the decoder regresses
+from). Where a feature is PROBED (`models.encoders.build_classifier` / `feature_extractor`,
+`probes.knn.pooled_features` / `make_feature_fn`), `feature=None` is `classifier_feature`:
+`CLASSIFIER_FEATURES` of a package backbone (NIN "block2", AlexNet "conv5": the paper's probe
+features), else `default_feature`. A feature may also name ANY layer of the encoder
+(`encoder.layers`, e.g. an inner block of MobileNetV3): `cut_encoder` then ends the encoder
+there.
 
 A feature is a map ``(B, h, w, C)`` or a vector ``(B, D)``; other ranks are refused where a
 vector is made (`vector_feature`).
@@ -28,6 +33,10 @@ from aetv2_tf.errors import UsageError
 
 #: The feature the pretext models regress from when `feature=None`, per `build_backbone` name.
 DEFAULT_FEATURES = {"nin": "block4", "alexnet": "fc7"}
+
+#: The feature probed (classifier, feature extractor, KNN) when `feature=None`, per
+#: `build_backbone` name: the paper's probe features (CIFAR-10 NIN block 2, AlexNet conv5).
+CLASSIFIER_FEATURES = {"nin": "block2", "alexnet": "conv5"}
 
 Feature = str | int | None
 
@@ -96,6 +105,18 @@ def resolve_feature(encoder: keras.Model, feature: Feature) -> str:
     raise UsageError(f"unknown feature {feature!r}: encoder {encoder.name!r} outputs {names} "
                      f"(or name one of its {len(_layer_names(encoder))} layers, encoder.layers, "
                      "to cut it there)")
+
+
+def classifier_feature(encoder: keras.Model, feature: Feature = None) -> str:
+    """The ONE rule for a probed feature (module docstring): `feature` if given
+    (`resolve_feature`), else `CLASSIFIER_FEATURES` of a package backbone ("block2" for NIN),
+    else `default_feature`."""
+    if feature is None and encoder.name in CLASSIFIER_FEATURES:
+        try:
+            return resolve_feature(encoder, CLASSIFIER_FEATURES[encoder.name])
+        except ValueError:  # a custom encoder named "nin": its own default
+            return default_feature(encoder)
+    return resolve_feature(encoder, feature)
 
 
 def is_output(encoder: keras.Model, feature: str) -> bool:

@@ -43,15 +43,20 @@ from aetv2_tf.data.device import (
     QuarterTurns,
 )
 from aetv2_tf.models.aet import build_aet_model, build_rotation_model
+from aetv2_tf.models.checked import ChecksInputs
 
 NUM_PARAMS = 8
 
 
 @keras.saving.register_keras_serializable(package="aetv2_tf")
-class PairsModel(keras.Model):
+class PairsModel(ChecksInputs, keras.Model):
     """A functional model whose output is `concat([y_pred, y_true])`; loss and metrics see the
-    two halves as `(y_true, y_pred)` (module docstring). Fitted on images alone (`y=None`).
+    two halves as `(y_true, y_pred)` (module docstring). Fitted on images alone (`y=None`):
+    ``fit`` / ``evaluate`` / ``predict`` and the ``*_on_batch`` methods check them (uint8
+    (N, H, W, 3) of the model's size; no labels: `models.checked.ChecksInputs`, ``"none"``).
     `count_steps=True` adds the step counter `loss_step` (module docstring; else None)."""
+
+    labels = "none"  # self-supervised: a `y` is refused (`ChecksInputs`)
 
     def __init__(self, *args, count_steps: bool = False, split: int = NUM_PARAMS, **kwargs):
         super().__init__(*args, **kwargs)
@@ -60,6 +65,10 @@ class PairsModel(keras.Model):
         if count_steps:
             self.loss_step = self.add_weight(shape=(), dtype="int32", initializer="zeros",
                                              trainable=False, name="loss_step")
+
+    def get_config(self) -> dict:  # a `.keras` reload keeps the split and the step counter
+        return {**super().get_config(), "count_steps": self.loss_step is not None,
+                "split": self.split}
 
     def _split(self, y_pred):
         return y_pred[..., self.split:], y_pred[..., :self.split]
@@ -74,30 +83,6 @@ class PairsModel(keras.Model):
     def compute_metrics(self, x, y, y_pred, sample_weight=None):
         y_true, y_hat = self._split(y_pred)
         return super().compute_metrics(x, y_true, y_hat, sample_weight)
-
-    # Inputs checked at the door (`aetv2_tf.inputs.check_pretext_inputs`): uint8 (N, H, W, 3) of
-    # the model's size, as an array, a tensor or a tf.data.Dataset of image batches, and no
-    # labels (a `y`, or a dataset of (images, labels), is refused; `predict` ignores them).
-    def _check(self, method: str, x, y=None, allow_labels: bool = False) -> None:
-        from aetv2_tf.inputs import check_pretext_inputs
-
-        check_pretext_inputs(x, y, name=f"{type(self).__name__}.{method}",
-                             expected_hw=tuple(self.inputs[0].shape[1:3]),
-                             allow_labels=allow_labels)
-
-    def fit(self, x=None, y=None, *args, **kwargs):
-        self._check("fit", x, y)
-        if kwargs.get("validation_data") is not None:
-            self._check("fit(validation_data=...)", kwargs["validation_data"])
-        return super().fit(x, y, *args, **kwargs)
-
-    def evaluate(self, x=None, y=None, *args, **kwargs):
-        self._check("evaluate", x, y)
-        return super().evaluate(x, y, *args, **kwargs)
-
-    def predict(self, x, *args, **kwargs):
-        self._check("predict", x, allow_labels=True)
-        return super().predict(x, *args, **kwargs)
 
 
 @keras.saving.register_keras_serializable(package="aetv2_tf")

@@ -115,9 +115,11 @@ def make_feature_fn(encoder: Callable, feature: str | int | None = None) -> Call
     """A feature function ``images (B, H, W, 3) -> feature map`` from a Keras encoder.
 
     A functional or Sequential encoder (any Keras backbone) follows `models.features`: a dict
-    key, an output's layer name or index, any layer's name (the encoder cut there), ``None``
-    for the package's default or the only output; an unknown feature is a ValueError listing
-    the outputs. Other callables (a restored SavedModel's signature):
+    key, an output's layer name or index, any layer's name (the encoder cut there); ``None``
+    is the PROBE feature, as `models.encoders.feature_extractor`'s (`models.features.
+    classifier_feature`: "block2" for NIN, "conv5" for AlexNet, else the only output of a
+    single-output encoder; not the pretext models' "block4"); an unknown feature is a
+    ValueError listing the outputs. Other callables (a restored SavedModel's signature):
 
     Calls ``encoder(images, training=False)`` (BatchNorm in inference mode) and, when the encoder
     returns a dict (``build_nin`` -> ``{"block1".."block4"}``), picks ``feature`` from it. An
@@ -125,9 +127,14 @@ def make_feature_fn(encoder: Callable, feature: str | int | None = None) -> Call
     functional, else at the first call).
     """
     if _functional(encoder):  # any Keras backbone: the one rule of `models.features`
-        from aetv2_tf.models.features import cut_encoder, is_output, resolve_feature, select_output
+        from aetv2_tf.models.features import (
+            classifier_feature,
+            cut_encoder,
+            is_output,
+            select_output,
+        )
 
-        feature = resolve_feature(encoder, feature)
+        feature = classifier_feature(encoder, feature)
         if is_output(encoder, feature):
             return lambda images: select_output(encoder, encoder(images, training=False), feature)
         cut = cut_encoder(encoder, feature)
@@ -201,7 +208,8 @@ def pooled_features(encoder: keras.Model, feature: str | int | None, images: np.
     The images must be uint8 NHWC with 3 channels, of the encoder's height and width when it
     has fixed ones (`inputs.check_images`): floats are REFUSED, with their range and the
     conversion (``(x * 255).round().astype("uint8")`` for [0, 1]), not cast; `feature` as
-    `make_feature_fn` (any Keras backbone; an unknown one: the error lists the outputs)."""
+    `make_feature_fn` (any Keras backbone; an unknown one: the error lists the outputs;
+    ``None``: the probe feature of `feature_extractor`, "block2" for NIN)."""
     if pool not in POOLS:
         raise ValueError(f"pool must be one of {POOLS}, got {pool!r}")
     images = np.asarray(check_images(images, name="pooled_features: images",

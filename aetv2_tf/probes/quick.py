@@ -17,7 +17,9 @@ import time
 import keras
 import numpy as np
 
-FEATURE = {"nin": "block2", "alexnet": "conv5"}
+from aetv2_tf.models.features import CLASSIFIER_FEATURES
+
+FEATURE = CLASSIFIER_FEATURES  # the probed feature per backbone: the one rule, models.features
 
 
 def quick_knn(
