@@ -18,7 +18,8 @@ measured, docs/reproduction.md), `AETV2_PAPER` (the paper's literal Eq. 11, lamb
 constant: below a random init in our measurements) and `AETV1` (the std-normalised parameter MSE,
 SGD Nesterov 0.1 on the AETv1 code's piecewise schedule) are the three of the paper's tables.
 `AETV2_SQ4`, `AETV2_SQ4_UNITRES` and `AETV2_HYBRID` are issue 31's variants that see the whole
-homography (theta^2 in the 4x frame; + the unit-frame residual; + AETv1's MSE), not yet screened.
+homography (theta^2 in the 4x frame; + the unit-frame residual; + AETv1's MSE), screened at B1
+on the CPU: `AETV2_SQ4_UNITRES` ties AETv1, the others fall below random init (README).
 Change a field with ``dataclasses.replace(AETV2, learning_rate=3e-4)``.
 
 The command line builds the same objects: `Recipe.from_flags` reads the flags into a recipe, and
@@ -358,9 +359,10 @@ AETV1 = Recipe(loss="mse", mse_normalize=True, optimizer="sgd", momentum=0.9,
 AETV1_OFFICIAL = dataclasses.replace(AETV1, mse_target="official")
 
 # Issue 31: AETv2 variants that see every degree of freedom (docs/reproduction.md, "AETv2 that
-# earns its name"; not yet screened). The squared angle (Eq. 5: 1/2 ||log P||^2 = theta^2) in the
-# 4x zoomed frame, otherwise the recipe's optimiser and schedule. The weights were chosen from the
-# gradient shares of `benchmarks.loss_gradients` (the configs' headers say why).
+# earns its name"; screened at B1 on the CPU: SQ4_UNITRES ties AETv1, SQ4 and HYBRID fall below
+# random init). The squared angle (Eq. 5: 1/2 ||log P||^2 = theta^2) in the 4x zoomed frame,
+# otherwise the recipe's optimiser and schedule. The weights were chosen from the gradient shares
+# of `benchmarks.loss_gradients` (the configs' headers say why).
 #: theta^2 at 4x, no residual (configs/cifar10_aetv2_sq4.cfg): the control, still blind to
 #: T_hat = T S for S symmetric positive definite.
 AETV2_SQ4 = dataclasses.replace(AETV2, angle_power=2, frame_scale=4.0)
