@@ -7,7 +7,7 @@ Both take uint8 NHWC images, as stored, and hold everything that turns them into
          std in its config; optionally the AETv1 crop-and-flip augmentation in training)
       -> the encoder CUT at `feature` (`cut_encoder`: its layers up to the feature only, weights
          shared with `encoder`)                                   -> (B, h, w, C) or (B, D)
-      -> PoolFeatures "pool" (`probes.knn.pool_feature_map`)     -> (B, D) float32
+      -> PoolFeatures "pool" (`models.features.pool_feature_map`)     -> (B, D) float32
       -> a head (`build_head`, classifier only)                   -> (B, num_classes) float32
 
 `build_classifier(encoder, 10)` on a NIN encoder is block 2 -> adaptive average pooling to
@@ -42,12 +42,13 @@ from aetv2_tf.data.device import ClassifierInputs
 from aetv2_tf.models.checked import LABELS, ChecksInputs
 from aetv2_tf.models.features import (  # noqa: F401 - CLASSIFIER_FEATURES, classifier_feature: API
     CLASSIFIER_FEATURES,
+    POOLS,
     Feature,
     classifier_feature,
     cut_encoder,
+    pool_feature_map,
 )
 from aetv2_tf.models.heads import HEAD_KINDS, build_head
-from aetv2_tf.probes.knn import POOLS, pool_feature_map
 
 
 @keras.saving.register_keras_serializable(package="aetv2_tf")

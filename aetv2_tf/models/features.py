@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 import keras
+import numpy as np
 
 from aetv2_tf.errors import UsageError
 
@@ -183,3 +184,35 @@ def vector_feature(x, feature: str, pooled: bool = True, suffix: str = ""):
         raise ValueError(f"feature {feature!r} has shape {tuple(x.shape)}: expected a map "
                          "(B, h, w, C) or a vector (B, D)")
     return x
+
+
+#: How `pool_feature_map` turns a feature map into a vector (the KNN's and the classifiers').
+POOLS = ("avg2x2", "global", "flatten")
+
+
+def pool_feature_map(maps, pool: str = "avg2x2"):
+    """``(B, h, w, C)`` feature maps -> ``(B, D)`` float32 features (Keras ops, any backend).
+
+    ``"avg2x2"``: 2x2 average pooling, stride 2, no padding (``(B, h // 2, w // 2, C)``), then
+    flattened channel-major, i.e. in the order of a PyTorch ``(B, C, h // 2, w // 2)`` tensor
+    (NIN block 2: 8x8x192 -> 3,072); ``"global"``: the mean over ``h, w`` (``(B, C)``);
+    ``"flatten"``: the map as it is, flattened. Rank-2 features pass through unchanged.
+    """
+    if pool not in POOLS:
+        raise ValueError(f"pool must be one of {POOLS}, got {pool!r}")
+    ops = keras.ops
+    if not isinstance(maps, keras.KerasTensor):
+        maps = ops.convert_to_tensor(maps)
+    if len(maps.shape) == 2:
+        return ops.cast(maps, "float32")
+    if len(maps.shape) != 4:
+        raise ValueError(f"expected (B, h, w, C) feature maps or (B, D) features, got "
+                         f"shape {tuple(maps.shape)}")
+    maps = ops.cast(maps, "float32")
+    if pool == "global":
+        return ops.mean(maps, axis=(1, 2))
+    if pool == "avg2x2":
+        maps = ops.transpose(ops.average_pool(maps, 2, strides=2, padding="valid"), (0, 3, 1, 2))
+    if any(d is None for d in maps.shape[1:]):
+        return ops.reshape(maps, (ops.shape(maps)[0], -1))
+    return ops.reshape(maps, (-1, int(np.prod(maps.shape[1:]))))

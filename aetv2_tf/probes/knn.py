@@ -49,40 +49,14 @@ import numpy as np
 
 from aetv2_tf.inputs import check_feature, check_images, check_labels
 
+# The pooling of a feature map lives with the features (models); the probes re-export it.
+from aetv2_tf.models.features import POOLS, pool_feature_map  # noqa: F401 (public here too)
+
 METRICS = ("cosine", "euclidean")
-POOLS = ("avg2x2", "global", "flatten")
 TIES = ("smallest_label", "nearest")
 # The published AETv1 code's KNN (module docstring) and the project's earlier one.
 AUTHORS = dict(pool="avg2x2", metric="euclidean", ties="smallest_label", k=10)
 GAP_COSINE = dict(pool="global", metric="cosine", ties="nearest", k=10)
-
-
-def pool_feature_map(maps, pool: str = "avg2x2"):
-    """``(B, h, w, C)`` feature maps -> ``(B, D)`` float32 features (Keras ops, any backend).
-
-    ``"avg2x2"``: 2x2 average pooling, stride 2, no padding (``(B, h // 2, w // 2, C)``), then
-    flattened channel-major, i.e. in the order of a PyTorch ``(B, C, h // 2, w // 2)`` tensor
-    (NIN block 2: 8x8x192 -> 3,072); ``"global"``: the mean over ``h, w`` (``(B, C)``);
-    ``"flatten"``: the map as it is, flattened. Rank-2 features pass through unchanged.
-    """
-    if pool not in POOLS:
-        raise ValueError(f"pool must be one of {POOLS}, got {pool!r}")
-    ops = keras.ops
-    if not isinstance(maps, keras.KerasTensor):
-        maps = ops.convert_to_tensor(maps)
-    if len(maps.shape) == 2:
-        return ops.cast(maps, "float32")
-    if len(maps.shape) != 4:
-        raise ValueError(f"expected (B, h, w, C) feature maps or (B, D) features, got "
-                         f"shape {tuple(maps.shape)}")
-    maps = ops.cast(maps, "float32")
-    if pool == "global":
-        return ops.mean(maps, axis=(1, 2))
-    if pool == "avg2x2":
-        maps = ops.transpose(ops.average_pool(maps, 2, strides=2, padding="valid"), (0, 3, 1, 2))
-    if any(d is None for d in maps.shape[1:]):
-        return ops.reshape(maps, (ops.shape(maps)[0], -1))
-    return ops.reshape(maps, (-1, int(np.prod(maps.shape[1:]))))
 
 
 def _output_names(encoder) -> list[str] | None:
