@@ -82,6 +82,15 @@ def test_knn_random_init(runs, cifar10_dir):
     assert 0.0 <= r["test_top1"] <= 100.0
 
 
+def test_knn_of_a_preset_by_name(runs, cifar10_dir):
+    """`--pretrained=<preset name>` probes the preset's run directory in results/scale."""
+    from aetv2_tf.pretrained import PRESETS
+
+    r = probe(runs / "knn_preset", cifar10_dir, "--probe=knn", "--pretrained=aetv2_cifar10")
+    assert r["pretrained"] == PRESETS["aetv2_cifar10"].directory and r["method"] == "AETv2"
+    assert 0.0 <= r["test_top1"] <= 100.0
+
+
 def test_fc2_probe_and_report(knn_saved_model, pretrained, runs, cifar10_dir):
     model_dir = runs / "fc2_saved_model"
     r = probe(model_dir, cifar10_dir, "--probe=fc2", f"--pretrained={pretrained}/export/encoder",

@@ -201,8 +201,9 @@ flags.DEFINE_integer("verbose", 1, "Keras progress: 0 silent, 1 progress bar, 2 
 flags.DEFINE_string("pretrained", None,
                     "probe: a pretraining --model_dir (its newest checkpoint), a directory "
                     "written by aetv2_tf.save_encoder (a NIN or AlexNet), an exported "
-                    "SavedModel dir (<model_dir>/export/encoder), or 'none' (random-init encoder "
-                    "seeded by --seed).")
+                    "SavedModel dir (<model_dir>/export/encoder), a preset name (the encoders of "
+                    "results/scale: aetv1_cifar10, aetv2_cifar10, ...; aetv2_tf.presets()), or "
+                    "'none' (random-init encoder seeded by --seed).")
 flags.DEFINE_bool("trust_saved_model", False,
                   "probe: load a --pretrained SavedModel that is not a verified export of this "
                   "project (no aetv2_export.json, or files that differ from it) by running its "

@@ -107,6 +107,18 @@ def backend_inputs(data: ProbeData, mean, std, image_size: int) -> Inputs:
                                                           name="inputs"))
 
 
+def preset_resolved(pretrained: str | None) -> str | None:
+    """``--pretrained``: a preset name (`aetv2_tf.presets()`, e.g. aetv1_cifar10) -> its run
+    directory in results/scale; anything else as given. A preset whose directory is not in this
+    checkout is a usage error (exit 2) that says where presets live."""
+    from aetv2_tf import pretrained as presets
+
+    try:
+        return presets.resolve(pretrained) if pretrained else pretrained
+    except FileNotFoundError as e:
+        raise UsageError(str(e)) from e
+
+
 def check_flags() -> None:
     """The probe/supervised flag checks, run by ``adapter_tensorflow.check_flags`` (and the
     portable adapter's) before anything is written."""
@@ -123,6 +135,7 @@ def check_flags() -> None:
             raise UsageError("--stage=supervised trains from scratch: drop --pretrained (or "
                              "use --stage=probe to evaluate a pretrained encoder).")
     else:
+        F.pretrained = preset_resolved(F.pretrained)
         check_pretrained_is_not_model_dir(F.pretrained, F.model_dir)
         encoders.check_pretrained(F.pretrained, F.backbone,
                                   trust_saved_model=F.trust_saved_model)
