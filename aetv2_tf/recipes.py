@@ -197,31 +197,46 @@ class Recipe:
         lr 0.1 diverges within a few steps)."""
         return self.loss == "mse" and self.mse_target == "model"
 
+    def decoder_options(self, image_size: int, shift: str = "integer",
+                        decoder_scale: bool | None = None,
+                        param_std: Sequence[float] | None = None) -> dict[str, Any]:
+        """The decoder's ``param_scale`` and ``target``: keyword arguments of `build_aet_model`
+        and `build_pairs_model`, the one rule of this recipe, the command line and `build_model`.
+
+        ``param_scale``: the (8,) parameter std when `decoder_scaled` (``decoder_scale``: True /
+        False overrides, as ``--decoder_scale``), ``param_std`` if given (a backend's own
+        sampler's numbers), else `parameter_std` of ``image_size`` and ``shift``; else None.
+        ``target``: ``"official"`` for ``mse_target="official"`` (the AETv1 code's own
+        normalised targets, never scaled), else ``"model"``."""
+        official = self.loss == "mse" and self.mse_target == "official"
+        scaled = self.decoder_scaled if decoder_scale is None else bool(decoder_scale)
+        if scaled and official:
+            raise ValueError("mse_target='official' regresses the AETv1 code's own normalised "
+                             "targets: no decoder_scale")
+        if scaled and param_std is None:
+            param_std = parameter_std(image_size, shift)
+        return {"param_scale": param_std if scaled else None,
+                "target": "official" if official else "model"}
+
     def build_model(self, encoder: keras.Model, seed: int = 0, *, shift: str = "integer",
                     decoder_scale: bool | None = None, **kwargs: Any) -> keras.Model:
         """The pairs model (`models.pairs.build_pairs_model`: uint8 images in, pairs made on
         the device) with what the recipe decides, as the command line builds it: the decoder's
-        ``param_scale`` = `parameter_std` of the encoder's image size and ``shift`` when
-        `decoder_scaled` (``decoder_scale``: True / False overrides, as ``--decoder_scale``),
-        ``target="official"`` for ``mse_target="official"``, ``count_steps=True`` for an MSE
-        warm-up (``mse_decay_steps > 0``). ``seed``: the pairs' sampler; other keyword
-        arguments (``augment``, ``mean``, ``std``, ``init_rotation_deg``, ...) pass through."""
+        ``param_scale`` and ``target`` (`decoder_options` of the encoder's image size and
+        ``shift``; ``decoder_scale``: True / False overrides, as ``--decoder_scale``),
+        ``count_steps=True`` for an MSE warm-up (``mse_decay_steps > 0``). ``seed``: the pairs'
+        sampler; other keyword arguments (``augment``, ``mean``, ``std``,
+        ``init_rotation_deg``, ...) pass through."""
         from aetv2_tf.models.pairs import build_pairs_model
 
         for name in ("param_scale", "target"):
             if name in kwargs:
                 raise TypeError(f"build_model: the recipe decides {name} (decoder_scale=True / "
                                 "False overrides the scale); call build_pairs_model to set it")
-        official = self.loss == "mse" and self.mse_target == "official"
-        scaled = self.decoder_scaled if decoder_scale is None else bool(decoder_scale)
-        if scaled and official:
-            raise ValueError("mse_target='official' regresses the AETv1 code's own normalised "
-                             "targets: no decoder_scale")
-        size = image_size_of(encoder)
+        options = self.decoder_options(image_size_of(encoder), shift, decoder_scale)
         count_steps = bool(kwargs.pop("count_steps", False)) or self.mse_decay_steps > 0
-        return build_pairs_model(
-            encoder, seed, shift=shift, param_scale=parameter_std(size, shift) if scaled else None,
-            target="official" if official else "model", count_steps=count_steps, **kwargs)
+        return build_pairs_model(encoder, seed, shift=shift, count_steps=count_steps,
+                                 **options, **kwargs)
 
     def compile(self, model: keras.Model, steps: int, *, mixed_float16: bool | None = None,
                 **compile_kwargs: Any):

@@ -132,16 +132,17 @@ def hooked_cli(tmp_path, name: str, *args: str) -> dict:
 
 
 def test_the_program_builds_through_the_public_constructors(tmp_path, cifar10_dir):
-    """`--stage=pretext` compiles what `Recipe.build_loss` / `build_optimizer` return, for the
-    config's recipe with the command line's override; `--stage=probe --probe=knn` scores with
-    the public `pooled_features` and `knn_accuracy`."""
+    """`--stage=pretext` compiles what `Recipe.build_loss` / `build_optimizer` return and builds
+    the decoder `Recipe.decoder_options` describes, for the config's recipe with the command
+    line's override; `--stage=probe --probe=knn` scores with the public `pooled_features` and
+    `knn_accuracy`."""
     pretext = tmp_path / "pretext"
     seen = hooked_cli(tmp_path, "pretext", "--flagfile=configs/cifar10_aetv2.cfg",
                       f"--data_dir={cifar10_dir}", f"--model_dir={pretext}",
                       "--train_steps=1", "--batch_size=8", "--train_examples=64",
                       "--learning_rate=3e-4", "--export=false", "--verbose=0")
     assert seen["calls"]["build_loss"] >= 1 and seen["calls"]["build_optimizer"] >= 1
-    assert seen["calls"]["build_aet_model"] >= 1
+    assert seen["calls"]["build_aet_model"] >= 1 and seen["calls"]["decoder_options"] >= 1
     want = json.loads(json.dumps(dataclasses.asdict(  # as the JSON file has it
         dataclasses.replace(recipes.AETV2, learning_rate=3e-4))))
     assert all(r == want for r in seen["recipes"]), seen["recipes"]

@@ -6,6 +6,7 @@ half the run warns, and image sizes are validated."""
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 import warnings
 
 import keras
@@ -155,3 +156,24 @@ def test_recipes_by_name_and_run_lengths():
     assert training_steps(512, 64) == 8 and training_steps(50_000, 128, epochs=3) == 1173
     with pytest.raises(ValueError):
         training_steps(0, 64)
+
+
+def test_one_decoder_rule_for_the_recipe_and_both_adapters():
+    """`Recipe.decoder_options` is the decoder's one rule: `build_model` and both program
+    adapters (adapter_portable, adapter_tensorflow) build through it, none restates it."""
+    std = parameter_std(32, "integer")
+    options = AETV1.decoder_options(32)
+    np.testing.assert_allclose(options["param_scale"], std, rtol=1e-6)
+    assert options["target"] == "model"
+    assert AETV2.decoder_options(32) == {"param_scale": None, "target": "model"}
+    assert AETV1_OFFICIAL.decoder_options(32) == {"param_scale": None, "target": "official"}
+    assert AETV1.decoder_options(32, decoder_scale=False)["param_scale"] is None
+    given = np.arange(1, 9, dtype=np.float32)  # a backend's own sampler's numbers are used
+    assert AETV2.decoder_options(32, decoder_scale=True, param_std=given)["param_scale"] is given
+    with pytest.raises(ValueError, match="no decoder_scale"):
+        AETV1_OFFICIAL.decoder_options(32, decoder_scale=True)
+    program = pathlib.Path(aetv2_tf.__file__).parent / "program"
+    for adapter in ("adapter_portable.py", "adapter_tensorflow.py"):
+        text = (program / adapter).read_text()
+        assert "decoder_options(" in text and "param_scale=" not in text, adapter
+        assert 'mse_target == "model"' not in text and "F.mse_target if" not in text, adapter

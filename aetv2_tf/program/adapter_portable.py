@@ -144,11 +144,11 @@ class KerasPretext(pretext.PretextAdapter):
         else:
             model = build_pairs_model(encoder, F.seed, shift=F.shift, augment=augment,
                                       mean=self.mean, std=self.std,
-                                      param_scale=self.param_std if self.decoder_scaled else None,
                                       init_rotation_deg=F.decoder_init_rotation,
                                       siamese_batch_norm=F.siamese_batch_norm,
-                                      target=F.mse_target if F.loss == "mse" else "model",
-                                      count_steps=F.mse_decay_steps > 0)
+                                      count_steps=F.mse_decay_steps > 0,
+                                      **program.recipe().decoder_options(
+                                          self.size, F.shift, F.decoder_scale, self.param_std))
         schedule, optimizer = program.schedule_and_optimizer(model, steps)
         # An MSE warm-up reads the step a jitted JAX step carries (models.pairs).
         loss, compiled_metrics = program.pretext_loss(self.param_std, self.size, model.loss_step)

@@ -142,17 +142,16 @@ class TensorFlowPretext(pretext.PretextAdapter):
         with self.strategy.scope():
             encoder = build_backbone(F.backbone, (self.size, self.size, 3),
                                      batch_norm=F.batch_norm)
-            scale = self.param_std if self.decoder_scaled else None
             # The fused warp op has no XLA kernel: a TPU compiles the keras.ops warp.
             tpu = isinstance(self.strategy, tf.distribute.TPUStrategy)
             pairs = WarpPairs(mean=self.mean, std=self.std, fused=False if tpu else None,
                               name="pairs") \
                 if self.warp_on_device else None
             model = build_rotation_model(encoder) if self.rotation else \
-                build_aet_model(encoder, param_scale=scale,
-                                init_rotation_deg=F.decoder_init_rotation, pairs=pairs,
+                build_aet_model(encoder, init_rotation_deg=F.decoder_init_rotation, pairs=pairs,
                                 siamese_batch_norm=F.siamese_batch_norm,
-                                target=F.mse_target if F.loss == "mse" else "model")
+                                **program.recipe().decoder_options(
+                                    self.size, F.shift, F.decoder_scale, self.param_std))
             schedule, optimizer = program.schedule_and_optimizer(model, steps)
             loss, compiled_metrics = program.pretext_loss(self.param_std, self.size,
                                                           optimizer.iterations)

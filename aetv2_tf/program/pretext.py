@@ -48,8 +48,7 @@ class PretextAdapter:
 
     def __init__(self, images):
         """What both backends derive from the flags alike: `size` (the backbone's input side),
-        `rotation` (RotNet), `images_per_step`, `decoder_scaled` (the decoder regresses
-        std-normalised parameters: AETv1's default, or `--decoder_scale`), and `mean`, `std`:
+        `rotation` (RotNet), `images_per_step`, and `mean`, `std`:
         the dataset's normalisation (`normalization_constants`, the one rule that the probes
         and the export follow too)."""
         F = FLAGS
@@ -57,8 +56,6 @@ class PretextAdapter:
         self.size = program.IMAGE_SIZE[F.backbone]
         self.rotation = F.pretext == "rotation"
         self.images_per_step = F.batch_size // 4 if self.rotation else F.batch_size
-        self.decoder_scaled = (F.loss == "mse" and F.mse_target == "model") \
-            if F.decoder_scale is None else F.decoder_scale
         self.mean, self.std = normalization_constants(F.dataset)
 
     def build(self, steps: int) -> tuple[keras.Model, keras.Model, Any, Any]:
