@@ -1,4 +1,5 @@
-"""Shared fixtures: the real CIFAR-10 in ../shared (never downloaded)."""
+"""Shared fixtures: the real CIFAR-10 in ../shared (never downloaded); the longest test files
+first, so that the workers of `pytest -n` (pyproject's addopts) end together."""
 
 import os
 import pathlib
@@ -26,3 +27,19 @@ def cifar10_dir() -> pathlib.Path:
             f"CIFAR-10 not found at {path}; set AETV2_CIFAR10_DIR to the cifar-10-batches-py dir"
         )
     return path
+
+
+# The files whose tests run longest (minutes of CLI child processes; `--durations` of the CI run,
+# BUILD.md "Tests"): collected first, so that no worker starts one of them when the others are
+# nearly done. The order of the tests inside a file is kept.
+LONGEST_FIRST = ("test_library.py", "test_jax_cli.py", "test_reliability_interrupt.py",
+                 "test_reliability_input.py", "test_benchmarks.py", "test_imagenet_cli.py",
+                 "test_multiworker.py", "test_backend_parity.py", "test_train_cli.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: every file's own order is kept
