@@ -25,7 +25,8 @@
 # longest run so far, and every run is cut (SIGTERM: no encoder, skipped) at LIMIT_S = 545 s,
 # inside the tool's 600 s: with the machine's start (1-2 min) and the transfers, ~11 minutes of a
 # 15-minute allowance. A later session runs the seed-2 runs that were skipped with e.g.
-# SEEDS=2 METHODS="recipe sq4_unitres hybrid sq4".
+# SEEDS=2 METHODS="hybrid sq4" (session 10 ran seed 0 of all five and seed 2 of aetv1,
+# sq4_unitres and recipe on an H100: docs/reproduction.md, "The GPU screen at 1.8 M pairs").
 #
 # Device call: run(command="OUT=$OUT bash benchmarks/gpu_screen31.sh", carry=[".whl", ".devdata"],
 # timeout_s=600). Back (at most 6 files, each <= 12 MiB, <= 60 MiB together; the tool takes 8 x 16
