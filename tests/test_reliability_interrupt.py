@@ -321,32 +321,56 @@ def _damage(path: pathlib.Path, how: str) -> None:
 
 def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_resumes_exactly(
         tmp_path, cifar10_dir, reference):
-    """The newest checkpoint cut in half, or 4 KiB of it overwritten (the same size: only the
-    checksum sees it), or cut in half without a checksum (an earlier version's file): the rerun
-    renames it `*.bad` (nothing deleted), says so, resumes from the one before and ends bitwise
-    like the uninterrupted run. With every checkpoint damaged it exits 2 and keeps them all."""
-    import shutil
-
+    """The program end to end: the newest checkpoint with 4 KiB of it overwritten (the same
+    size: only the checksum sees it): the rerun renames it `*.bad` (nothing deleted), says so,
+    resumes from the one before and ends bitwise like the uninterrupted run. The other kinds of
+    damage, and every checkpoint damaged, are `restore_checkpoint`'s (the one reader of both
+    backends' programs): the next test."""
     stopped = tmp_path / "stopped"
     train(stopped, cifar10_dir, *COMMON, "--stop_after_steps=4")
     assert listed_step(stopped) == 4
-    for how in ("truncated", "overwritten", "truncated_no_checksum"):
-        run = tmp_path / how
-        shutil.copytree(stopped, run)
-        newest = run / "checkpoints" / "ckpt-4.weights.h5"
-        _damage(newest, how)
-        proc = train(run, cifar10_dir, *COMMON)
-        assert f"Set aside {newest} as {newest}.bad: " in proc.stdout, how
-        assert "Resumed from checkpoint" in proc.stdout and "at step 2." in proc.stdout, how
-        assert (run / "checkpoints" / "ckpt-4.weights.h5.bad").is_file()
-        assert_same_final_state(run, reference[0])
-    run = tmp_path / "all"
-    shutil.copytree(stopped, run)
-    for step in (2, 4):
-        _damage(run / "checkpoints" / f"ckpt-{step}.weights.h5", "overwritten")
-    proc = train(run, cifar10_dir, *COMMON, check=False)
-    assert proc.returncode == 2 and "no intact checkpoint is left" in proc.stderr
-    assert sorted(p.name for p in (run / "checkpoints").glob("*.bad")) == [
+    newest = stopped / "checkpoints" / "ckpt-4.weights.h5"
+    _damage(newest, "overwritten")
+    proc = train(stopped, cifar10_dir, *COMMON)
+    assert f"Set aside {newest} as {newest}.bad: " in proc.stdout
+    assert "Resumed from checkpoint" in proc.stdout and "at step 2." in proc.stdout
+    assert (stopped / "checkpoints" / "ckpt-4.weights.h5.bad").is_file()
+    assert_same_final_state(stopped, reference[0])
+
+
+@pytest.mark.parametrize("how", ["truncated", "overwritten", "truncated_no_checksum"])
+def test_restore_sets_a_damaged_checkpoint_aside_and_loads_the_one_before(tmp_path, how,
+                                                                          capsys):
+    """`restore_checkpoint` (what `--model_dir` resumes from, on every backend): the newest
+    checkpoint cut in half, or 4 KiB of it overwritten, or cut in half without a checksum (an
+    earlier version's file), is renamed `*.bad` with its checksum, said so, and the one before
+    is loaded (its weights, its step); with every checkpoint damaged it raises (the program's
+    exit 2) and keeps them all. (Moved here from the CLI test above: three training runs less.)"""
+    import keras
+
+    from aetv2_tf.program.keras_checkpoints import KerasCheckpoints, restore_checkpoint
+
+    def model(seed: int) -> keras.Model:
+        keras.utils.set_random_seed(seed)
+        return keras.Sequential([keras.Input((4,)), keras.layers.Dense(512), keras.layers.Dense(3)])
+
+    store, directory = KerasCheckpoints(str(tmp_path), keep=2), tmp_path
+    two, four = model(2), model(4)
+    store.save(two, 2)
+    store.save(four, 4)
+    newest = directory / "ckpt-4.weights.h5"
+    _damage(newest, how)
+    restored = model(0)
+    assert restore_checkpoint(restored, str(directory)) == 2
+    assert f"Set aside {newest} as {newest}.bad: " in capsys.readouterr().out
+    for got, want in zip(restored.get_weights(), two.get_weights(), strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert (directory / "ckpt-4.weights.h5.bad").is_file() and not newest.exists()
+    assert (directory / "ckpt-4.weights.h5.bad.sha256").is_file() != how.endswith("no_checksum")
+    _damage(directory / "ckpt-2.weights.h5", how)
+    with pytest.raises(FileNotFoundError, match="no intact checkpoint is left"):
+        restore_checkpoint(model(0), str(directory))
+    assert sorted(p.name for p in directory.glob("*.bad")) == [
         "ckpt-2.weights.h5.bad", "ckpt-4.weights.h5.bad"]
 
 
