@@ -6,6 +6,8 @@ service (`--data_service`). Each is compared with the path it replaces."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -18,7 +20,7 @@ from aetv2_tf.data.sources import list_image_folder
 from aetv2_tf.models.pairs import WarpPairs
 from benchmarks.imagenet_input import full_resize_then_crop
 from benchmarks.make_folder import PHOTO_SIZE, photo_like, write_cifar10_folder
-from tests.cli import run_module
+from tests.cli import _env, run_module
 
 
 @pytest.fixture(scope="module")
@@ -78,16 +80,32 @@ def test_pairs_warped_in_the_step_equal_the_host_pairs(photos):
     np.testing.assert_array_equal(t_rows, t[2:])
 
 
+SERVICE = """
+import sys, time
+import tensorflow as tf
+dispatcher = tf.data.experimental.service.DispatchServer()
+address = dispatcher.target.split("://")[1]
+worker = tf.data.experimental.service.WorkerServer(
+    tf.data.experimental.service.WorkerConfig(dispatcher_address=address))
+print(dispatcher.target, flush=True)
+time.sleep(3600)
+"""
+
+
 @pytest.fixture(scope="module")
 def data_service():
-    """An in-process tf.data service: a dispatcher and one worker on local ports."""
-    dispatcher = tf.data.experimental.service.DispatchServer()
-    address = dispatcher.target.split("://")[1]
-    worker = tf.data.experimental.service.WorkerServer(
-        tf.data.experimental.service.WorkerConfig(dispatcher_address=address))
-    yield dispatcher.target
-    worker.stop()
-    dispatcher.stop()
+    """A tf.data service, a dispatcher and one worker on local ports, in a child process that is
+    killed at the end: stopping the servers in this process waited 40-60 s for the tasks of the
+    program's job (the client gone) before returning."""
+    proc = subprocess.Popen([sys.executable, "-c", SERVICE], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, env=_env(None))
+    try:
+        target = proc.stdout.readline().strip()
+        assert target.startswith("grpc://"), f"the data service did not start: {target!r}"
+        yield target
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_data_service_serves_the_same_pairs(photos, data_service):
