@@ -32,9 +32,10 @@ def cifar10_dir() -> pathlib.Path:
 # The files whose tests run longest (minutes of CLI child processes; `--durations` of the CI run,
 # BUILD.md "Tests"): collected first, so that no worker starts one of them when the others are
 # nearly done. The order of the tests inside a file is kept.
-LONGEST_FIRST = ("test_library.py", "test_jax_cli.py", "test_reliability_interrupt.py",
-                 "test_reliability_input.py", "test_benchmarks.py", "test_imagenet_cli.py",
-                 "test_multiworker.py", "test_backend_parity.py", "test_train_cli.py")
+LONGEST_FIRST = ("test_library.py", "test_reliability_interrupt.py", "test_jax_cli.py",
+                 "test_reliability_input.py", "test_benchmarks.py", "test_backend_parity.py",
+                 "test_multiworker.py", "test_train_cli.py", "test_imagenet_cli.py",
+                 "test_probe_stage.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
