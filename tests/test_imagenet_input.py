@@ -81,7 +81,7 @@ def test_pairs_warped_in_the_step_equal_the_host_pairs(photos):
 
 
 SERVICE = """
-import sys, time
+import time
 import tensorflow as tf
 dispatcher = tf.data.experimental.service.DispatchServer()
 address = dispatcher.target.split("://")[1]
@@ -101,7 +101,8 @@ def data_service():
                             stderr=subprocess.DEVNULL, text=True, env=_env(None))
     try:
         target = proc.stdout.readline().strip()
-        assert target.startswith("grpc://"), f"the data service did not start: {target!r}"
+        assert target.startswith("grpc://"), \
+            f"the data service did not start: {target!r}, exit {proc.poll()}"
         yield target
     finally:
         proc.kill()
