@@ -32,28 +32,36 @@ import sys
 if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
-from aetv2_tf.program import console
-
-with console.quiet_native_stderr(not console.verbose_requested()):
-    import keras
-
-    TENSORFLOW = keras.backend.backend() == "tensorflow"
-    if TENSORFLOW:  # other backends run program.adapter_portable and never import TensorFlow
-        import tensorflow  # noqa: F401  (imported here, its start-up lines quieted)
 from absl import app, logging
 
 from aetv2_tf.data.sources import DataError
 from aetv2_tf.errors import UsageError
+from aetv2_tf.program import console
 from aetv2_tf.program.flags import FLAGS, resolve_run_length
 
 
+def import_backend() -> bool:
+    """Imports Keras, and TensorFlow where it is Keras's backend, with their start-up lines
+    quieted; True under TensorFlow (other backends run `program.adapter_portable` and never
+    import it). Called once the flags have parsed: a command line absl refuses (an unknown or
+    invalid flag, `--help`) answers in a fraction of a second, not after ~4 s of imports."""
+    with console.quiet_native_stderr(not console.verbose_requested()):
+        import keras
+
+        tensorflow = keras.backend.backend() == "tensorflow"
+        if tensorflow:
+            import tensorflow as tf  # noqa: F401  (imported here, its start-up lines quieted)
+    return tensorflow
+
+
 def main(argv) -> None:
-    console.configure_logging(FLAGS["verbosity"].present, tensorflow=TENSORFLOW)
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}: every option is a --flag.")
+    on_tensorflow = import_backend()
+    console.configure_logging(FLAGS["verbosity"].present, tensorflow=on_tensorflow)
     if (note := resolve_run_length(sys.argv)) is not None:
         logging.info(note)
-    if TENSORFLOW:
+    if on_tensorflow:
         from aetv2_tf.program import adapter_tensorflow as adapter
 
         peer_lost = adapter.PEER_LOST

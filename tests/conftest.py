@@ -3,6 +3,7 @@ first, so that the workers of `pytest -n` (pyproject's addopts) end together."""
 
 import os
 import pathlib
+import shutil
 import tempfile
 
 import pytest
@@ -10,7 +11,17 @@ import pytest
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # `--mixed_precision=auto` caches its CPU measurement: one probe per test session, not ~/.cache.
-os.environ.setdefault("AETV2_CACHE_DIR", tempfile.mkdtemp(prefix="aetv2-test-cache-"))
+# The session's first process (pytest, or xdist's controller) makes the folder; its workers and
+# every child process inherit it, and the session's end removes it (`pytest_unconfigure`).
+_MADE_CACHE = "AETV2_CACHE_DIR" not in os.environ
+CACHE = os.environ.setdefault("AETV2_CACHE_DIR", tempfile.mkdtemp(prefix="aetv2-test-cache-"))
+# The Keras-on-JAX children compile the same steps again and again (the same tiny run resumed,
+# probed, on two devices): XLA's persistent compilation cache, shared by the session's processes,
+# compiles each once. A cached executable is the one XLA would compile (the CLI's outputs are
+# the same bitwise: the resume tests compare digests); it halves a tiny JAX run's CPU time.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(CACHE, "jax"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
 import aetv2_tf  # noqa: E402,F401  (before any TensorFlow import: it asks for oneDNN on every CPU)
 
@@ -32,10 +43,10 @@ def cifar10_dir() -> pathlib.Path:
 # The files whose tests run longest (minutes of CLI child processes; `--durations` of the CI run,
 # BUILD.md "Tests"): collected first, so that no worker starts one of them when the others are
 # nearly done. The order of the tests inside a file is kept.
-LONGEST_FIRST = ("test_library.py", "test_reliability_interrupt.py", "test_jax_cli.py",
-                 "test_reliability_input.py", "test_benchmarks.py", "test_backend_parity.py",
-                 "test_multiworker.py", "test_train_cli.py", "test_imagenet_cli.py",
-                 "test_probe_stage.py")
+LONGEST_FIRST = ("test_reliability_interrupt.py", "test_benchmarks.py", "test_reliability_input.py",
+                 "test_library.py", "test_jax_cli.py", "test_backend_parity.py",
+                 "test_imagenet_cli.py", "test_multiworker.py", "test_train_cli.py",
+                 "test_imagenet_input.py", "test_probe_stage.py", "test_learning.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -44,3 +55,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
 
     items.sort(key=rank)  # stable: every file's own order is kept
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The session's caches go with it (only where this process made them: not in a worker)."""
+    if _MADE_CACHE and not hasattr(config, "workerinput"):
+        shutil.rmtree(CACHE, ignore_errors=True)
+

@@ -118,31 +118,52 @@ def test_fc2_probe_and_report(knn_saved_model, pretrained, runs, cifar10_dir):
     assert f"{knn_saved_model['test_error']:.2f}" in report
 
 
-@pytest.mark.parametrize("case", ["missing", "other_backbone", "no_signature", "not_a_run"])
-def test_bad_pretrained_is_refused(case, tmp_path, cifar10_dir):
+def bad_pretrained(case: str, root: pathlib.Path) -> tuple[pathlib.Path, str]:
+    """A bad ``--pretrained`` of kind ``case`` under ``root``, and what its refusal must say."""
     if case == "missing":
-        pretrained, expected = tmp_path / "nowhere", "does not exist"
-    elif case == "other_backbone":
-        pretrained, expected = tmp_path / "alexnet_run", "--backbone=alexnet"
+        return root / "nowhere", "does not exist"
+    if case == "other_backbone":
+        pretrained = root / "alexnet_run"
         pretrained.mkdir()
         (pretrained / "flags.json").write_text(json.dumps(
             {"stage": "pretext", "backbone": "alexnet", "dataset": "imagenet2012",
              "loss": "geodesic", "batch_norm": "fused"}))
-    elif case == "no_signature":
+        return pretrained, "--backbone=alexnet"
+    if case == "no_signature":
         import tensorflow as tf
 
-        pretrained, expected = tmp_path / "bare_saved_model", "without the serving_default"
-        tf.saved_model.save(tf.Module(), str(pretrained))
-    else:
-        pretrained, expected = tmp_path / "empty", "neither a pretraining --model_dir"
-        pretrained.mkdir()
+        tf.saved_model.save(tf.Module(), str(root / "bare_saved_model"))
+        return root / "bare_saved_model", "without the serving_default"
+    (root / "empty").mkdir()
+    return root / "empty", "neither a pretraining --model_dir"
+
+
+@pytest.mark.parametrize("case", ["missing", "other_backbone", "no_signature", "not_a_run"])
+def test_bad_pretrained_is_refused(case, tmp_path):
+    """`encoders.load_encoder`, which the probe stage reads --pretrained with before it writes
+    anything (`probe_stage.load`), refuses each with the path and the problem; a foreign
+    SavedModel is refused unread unless trusted (test_trust_files.py): this one is trusted."""
+    from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD
+    from aetv2_tf.errors import UsageError
+    from aetv2_tf.probes import encoders
+
+    pretrained, expected = bad_pretrained(case, tmp_path)
+    with pytest.raises(UsageError) as refused:
+        encoders.load_encoder(str(pretrained), "nin", "block2", batch_norm="fused",
+                              mean=CIFAR10_MEAN, std=CIFAR10_STD,
+                              trust_saved_model=case == "no_signature")
+    assert expected in str(refused.value) and str(pretrained) in str(refused.value)
+
+
+def test_a_bad_pretrained_on_the_command_line_exits_2_and_writes_nothing(tmp_path, cifar10_dir):
+    """The refusal above end to end (one case; `input[pretrained_missing]` in
+    test_reliability_input.py is another): exit 2, the message, no traceback, no results."""
+    pretrained, expected = bad_pretrained("other_backbone", tmp_path)
     model_dir = tmp_path / "probe"
-    # a foreign SavedModel is refused unread unless trusted (test_trust_files.py): trust this one
-    trust = ("--trust_saved_model",) if case == "no_signature" else ()
     proc = run_module("aetv2_tf.train", "--stage=probe", "--probe=knn",
                       f"--pretrained={pretrained}", f"--model_dir={model_dir}",
-                      f"--data_dir={cifar10_dir}", *SLICE, *trust, check=False)
-    assert proc.returncode != 0
+                      f"--data_dir={cifar10_dir}", *SLICE, check=False)
+    assert proc.returncode == 2
     assert expected in proc.stderr and str(pretrained) in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (model_dir / RESULTS_FILENAME).exists()

@@ -270,3 +270,21 @@ def test_resuming_with_other_trajectory_flags_is_refused_unless_allowed(tmp_path
     assert "--learning_rate=0.01" in (model_dir / "flags.cfg").read_text()
     # the accepted values are now the run's: resuming with them needs nothing more
     assert "Flags changed" not in train(model_dir, cifar10_dir, *base, *changed).stdout
+
+
+def test_flag_errors_answer_before_keras_is_imported():
+    """absl refuses a bad command line before the program imports Keras and TensorFlow (~4 s
+    of CPU): exit 1, the message, and neither module (nor JAX) imported when the child exits."""
+    import sys
+
+    from tests.cli import REPO, _env
+
+    code = ("import runpy, sys\ntry:\n    runpy.run_module('aetv2_tf.train', run_name='__main__',"
+            " alter_sys=True)\nfinally:\n    print('imported:', [m for m in ('keras', "
+            "'tensorflow', 'jax') if m in sys.modules])")
+    for flag, message in (("--bach_size=16", "Unknown command line flag 'bach_size'"),
+                          ("--learning_rate=inf", "--learning_rate must be a finite number")):
+        proc = subprocess.run([sys.executable, "-c", code, flag], cwd=REPO, env=_env({}),
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 1 and message in proc.stderr, proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr and "imported: []" in proc.stdout, proc.stdout

@@ -319,25 +319,6 @@ def _damage(path: pathlib.Path, how: str) -> None:
         pathlib.Path(f"{path}.sha256").unlink()
 
 
-def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_resumes_exactly(
-        tmp_path, cifar10_dir, reference):
-    """The program end to end: the newest checkpoint with 4 KiB of it overwritten (the same
-    size: only the checksum sees it): the rerun renames it `*.bad` (nothing deleted), says so,
-    resumes from the one before and ends bitwise like the uninterrupted run. The other kinds of
-    damage, and every checkpoint damaged, are `restore_checkpoint`'s (the one reader of both
-    backends' programs): the next test."""
-    stopped = tmp_path / "stopped"
-    train(stopped, cifar10_dir, *COMMON, "--stop_after_steps=4")
-    assert listed_step(stopped) == 4
-    newest = stopped / "checkpoints" / "ckpt-4.weights.h5"
-    _damage(newest, "overwritten")
-    proc = train(stopped, cifar10_dir, *COMMON)
-    assert f"Set aside {newest} as {newest}.bad: " in proc.stdout
-    assert "Resumed from checkpoint" in proc.stdout and "at step 2." in proc.stdout
-    assert (stopped / "checkpoints" / "ckpt-4.weights.h5.bad").is_file()
-    assert_same_final_state(stopped, reference[0])
-
-
 @pytest.mark.parametrize("how", ["truncated", "overwritten", "truncated_no_checksum"])
 def test_restore_sets_a_damaged_checkpoint_aside_and_loads_the_one_before(tmp_path, how,
                                                                           capsys):
@@ -345,7 +326,7 @@ def test_restore_sets_a_damaged_checkpoint_aside_and_loads_the_one_before(tmp_pa
     checkpoint cut in half, or 4 KiB of it overwritten, or cut in half without a checksum (an
     earlier version's file), is renamed `*.bad` with its checksum, said so, and the one before
     is loaded (its weights, its step); with every checkpoint damaged it raises (the program's
-    exit 2) and keeps them all. (Moved here from the CLI test above: three training runs less.)"""
+    exit 2) and keeps them all. End to end, one case: the full-disk test below."""
     import keras
 
     from aetv2_tf.program.keras_checkpoints import KerasCheckpoints, restore_checkpoint
@@ -396,8 +377,8 @@ def test_readers_skip_a_file_whose_checksum_does_not_match(tmp_path):
 DISK_FULL_AT_FSYNC = """
 import errno, os, runpy, sys
 real = os.fsync
-def fsync(fd):  # the disk fills while ckpt-4 is written (Linux: the fd's path in /proc)
-    if "-ckpt-4.weights.h5" in os.readlink(f"/proc/self/fd/{fd}"):
+def fsync(fd):  # the disk fills while ckpt-6 is written (Linux: the fd's path in /proc)
+    if "-ckpt-6.weights.h5" in os.readlink(f"/proc/self/fd/{fd}"):
         raise OSError(errno.ENOSPC, "No space left on device")
     return real(fd)
 os.fsync = fsync
@@ -405,13 +386,19 @@ runpy.run_module("aetv2_tf.train", run_name="__main__", alter_sys=True)
 """
 
 
-def test_a_full_disk_mid_run_exits_5_and_keeps_the_newest_checkpoint(
+def test_a_full_disk_then_a_damaged_checkpoint_and_the_run_resumes_exactly(
         tmp_path, cifar10_dir, reference):
-    """The disk fills while ckpt-4 is written: exit 5 with the fix, ckpt-2 intact, no temporary
-    left; rerun, the run resumes from ckpt-2 and ends bitwise like the uninterrupted run."""
+    """Two faults of one run, each met as the program meets it. The disk fills while ckpt-6 is
+    written: exit 5 with the fix, ckpt-2 and ckpt-4 intact (their checksums match), no
+    temporary left. Then 4 KiB of ckpt-4 are overwritten (the same size: only the checksum sees
+    it): the rerun renames it `*.bad` (nothing deleted), says so, resumes from ckpt-2 and ends
+    bitwise like the uninterrupted run. The other kinds of damage, and every checkpoint
+    damaged, are `restore_checkpoint`'s (the one reader of both backends' programs): the
+    parametrized test above."""
     import subprocess
     import sys
 
+    from aetv2_tf.saving import damage
     from tests.cli import REPO, _env
 
     model_dir = tmp_path / "run"
@@ -419,12 +406,20 @@ def test_a_full_disk_mid_run_exits_5_and_keeps_the_newest_checkpoint(
                            *train_args(model_dir, cifar10_dir, *COMMON)], cwd=REPO, env=_env({}),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 5, proc.stderr[-3000:]
-    newest = model_dir / "checkpoints" / "ckpt-2.weights.h5"
+    newest = model_dir / "checkpoints" / "ckpt-4.weights.h5"
     assert "is full" in proc.stderr and f"{newest}, is intact" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert sorted(p.name for p in (model_dir / "checkpoints").iterdir()) == [
-        "ckpt-2.weights.h5", "ckpt-2.weights.h5.sha256"]
-    assert resume(model_dir, cifar10_dir) == 2
+        "ckpt-2.weights.h5", "ckpt-2.weights.h5.sha256", "ckpt-4.weights.h5",
+        "ckpt-4.weights.h5.sha256"]
+    assert damage(str(newest)) is None and damage(str(newest).replace("-4.", "-2.")) is None
+
+    _damage(newest, "overwritten")
+    proc = train(model_dir, cifar10_dir, *COMMON)
+    assert f"Set aside {newest} as {newest}.bad: " in proc.stdout
+    assert "Resumed from checkpoint" in proc.stdout and "at step 2." in proc.stdout
+    assert f"steps={STEPS}" in proc.stdout
+    assert (model_dir / "checkpoints" / "ckpt-4.weights.h5.bad").is_file()
     assert_same_final_state(model_dir, reference[0])
 
 

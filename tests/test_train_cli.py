@@ -12,16 +12,18 @@ import textwrap
 
 import pytest
 
-from tests.cli import REPO, read_scalars, train
+from tests.cli import REPO, read_scalars, run_module, train, train_args
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, cifar10_dir):
-    """One 6-step AETv2 run: checkpoints every 3 steps, scalars every 2, images every 3."""
+    """One 6-step AETv2 run: checkpoints every 3 steps, scalars every 2, images every 3; its
+    length given only by --train_steps after quickstart.cfg's --train_seconds=150."""
     model_dir = tmp_path_factory.mktemp("pretext")
-    proc = train(model_dir, cifar10_dir, "--train_steps=6", "--checkpoint_every_steps=3",
-                 "--summary_every_steps=2", "--image_summary_every_steps=3")
-    return model_dir, proc
+    args = [a for a in train_args(model_dir, cifar10_dir, "--train_steps=6",
+                                  "--checkpoint_every_steps=3", "--summary_every_steps=2",
+                                  "--image_summary_every_steps=3") if a != "--train_seconds=0"]
+    return model_dir, run_module("aetv2_tf.train", *args)
 
 
 def test_run_finishes_with_a_finite_loss_and_a_summary_line(run_dir):
@@ -37,9 +39,12 @@ def test_checkpoints_flags_and_exports_are_written(run_dir):
     model_dir, _ = run_dir
     ckpts = sorted(p.name for p in (model_dir / "checkpoints").glob("*.weights.h5"))
     assert ckpts == ["ckpt-3.weights.h5", "ckpt-6.weights.h5"]  # the format of every backend
-    flags = (model_dir / "flags.cfg").read_text()
-    assert "--loss=geodesic" in flags and "--train_steps=6" in flags
-    assert json.loads((model_dir / "flags.json").read_text())["batch_size"] == 16
+    text = (model_dir / "flags.cfg").read_text()
+    assert "--loss=geodesic" in text and "--train_steps=6" in text
+    flags = json.loads((model_dir / "flags.json").read_text())
+    assert flags["batch_size"] == 16
+    # --train_steps given after a flagfile that sizes the run in seconds wins (and is recorded)
+    assert (flags["train_steps"], flags["train_seconds"]) == (6, 0.0)
     assert (model_dir / "aet_model.keras").is_file()
     assert (model_dir / "export" / "encoder" / "saved_model.pb").is_file()
 
@@ -97,8 +102,6 @@ def test_the_keras_file_reloads_with_only_import_aetv2_tf(run_dir, backend):
 
 
 def test_export_command_reexports_from_the_newest_checkpoint(run_dir, tmp_path):
-    from tests.cli import run_module
-
     out = tmp_path / "encoder"
     proc = run_module("aetv2_tf.export", f"--model_dir={run_dir[0]}", f"--output={out}")
     assert (out / "saved_model.pb").is_file(), proc.stdout
