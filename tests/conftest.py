@@ -11,10 +11,12 @@ import pytest
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # `--mixed_precision=auto` caches its CPU measurement: one probe per test session, not ~/.cache.
-# The session's first process (pytest, or xdist's controller) makes the folder; its workers and
-# every child process inherit it, and the session's end removes it (`pytest_unconfigure`).
+# The first process that loads this file (pytest, xdist's controller) makes the folder; the
+# workers and every child process inherit it, and its maker's end removes it.
 _MADE_CACHE = "AETV2_CACHE_DIR" not in os.environ
-CACHE = os.environ.setdefault("AETV2_CACHE_DIR", tempfile.mkdtemp(prefix="aetv2-test-cache-"))
+if _MADE_CACHE:  # (not `setdefault(..., mkdtemp())`: that made a folder in every worker too)
+    os.environ["AETV2_CACHE_DIR"] = tempfile.mkdtemp(prefix="aetv2-test-cache-")
+CACHE = os.environ["AETV2_CACHE_DIR"]
 # The Keras-on-JAX children compile the same steps again and again (the same tiny run resumed,
 # probed, on two devices): XLA's persistent compilation cache, shared by the session's processes,
 # compiles each once. A cached executable is the one XLA would compile (the CLI's outputs are
@@ -57,8 +59,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=rank)  # stable: every file's own order is kept
 
 
-def pytest_unconfigure(config: pytest.Config) -> None:
-    """The session's caches go with it (only where this process made them: not in a worker)."""
-    if _MADE_CACHE and not hasattr(config, "workerinput"):
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The caches go with the process that made them (never a folder that was given)."""
+    if _MADE_CACHE:
         shutil.rmtree(CACHE, ignore_errors=True)
 
