@@ -281,7 +281,7 @@ def test_flag_errors_answer_before_keras_is_imported():
 
     code = ("import runpy, sys\ntry:\n    runpy.run_module('aetv2_tf.train', run_name='__main__',"
             " alter_sys=True)\nfinally:\n    print('imported:', [m for m in ('keras', "
-            "'tensorflow', 'jax') if m in sys.modules])")
+            "'tensorflow', 'jax') if sys.modules.get(m) is not None])")  # None: hidden
     for flag, message in (("--bach_size=16", "Unknown command line flag 'bach_size'"),
                           ("--learning_rate=inf", "--learning_rate must be a finite number")):
         proc = subprocess.run([sys.executable, "-c", code, flag], cwd=REPO, env=_env({}),
