@@ -18,6 +18,11 @@ _MADE_CACHE = "AETV2_CACHE_DIR" not in os.environ
 if _MADE_CACHE:  # (not `setdefault(..., mkdtemp())`: that made a folder in every worker too)
     os.environ["AETV2_CACHE_DIR"] = tempfile.mkdtemp(prefix="aetv2-test-cache-")
 CACHE = os.environ["AETV2_CACHE_DIR"]
+if _MADE_CACHE:  # temporary files of the processes the tests start (and kill: TensorFlow's
+    # autograph sources, removed at a normal exit, stay behind a SIGKILL) go with the folder.
+    # This process's `tempfile` already chose /tmp: pytest's own tmp_path folders stay there.
+    os.environ["TMPDIR"] = os.path.join(CACHE, "tmp")
+    os.makedirs(os.environ["TMPDIR"])
 # The Keras-on-JAX children compile the same steps again and again (the same tiny run resumed,
 # probed, on two devices): XLA's persistent compilation cache, shared by the session's processes,
 # compiles each once. A cached executable is the one XLA would compile (the CLI's outputs are

@@ -1,14 +1,15 @@
 """The suite's child processes run with tests/child_site/sitecustomize.py (conftest.py puts it on
 PYTHONPATH): the test extras that Keras and TensorFlow would import at start-up are hidden there,
-and only there."""
+and only there; their temporary files go to the session's cache folder."""
 
 from __future__ import annotations
 
 import os
+import pathlib
 import subprocess
 import sys
 
-from tests.conftest import CHILD_SITE
+CHILD_SITE = str(pathlib.Path(__file__).resolve().parent / "child_site")  # as conftest.py has it
 
 PROBE = ("import sys; print([m for m in ('sklearn', 'jax') if m in sys.modules and "
          "sys.modules[m] is None])")
@@ -39,3 +40,13 @@ def test_a_sitecustomize_further_down_the_path_still_runs(tmp_path):
     out = child(PROBE, KERAS_BACKEND="tensorflow",
                 PYTHONPATH=os.pathsep.join([CHILD_SITE, str(tmp_path)])).stdout
     assert out.splitlines() == ["the distribution site ran", "['sklearn', 'jax']"]
+
+
+def test_children_write_temporary_files_in_the_session_folder():
+    """What a killed child leaves in its temporary folder goes with the session's cache folder
+    (conftest.py made it, and removes it at the end; a folder given in $AETV2_CACHE_DIR is not
+    used for this)."""
+    cache = os.environ["AETV2_CACHE_DIR"]
+    made = os.path.basename(cache).startswith("aetv2-test-cache-")  # conftest.py's mkdtemp
+    out = child("import tempfile; print(tempfile.gettempdir())").stdout.strip()
+    assert (out == os.path.join(cache, "tmp")) == made, (out, cache)
