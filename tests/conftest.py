@@ -32,14 +32,14 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
 # Child processes start with tests/child_site/sitecustomize.py, which hides the test extras that
-# Keras and TensorFlow import at start-up when installed (scikit-learn; JAX under TensorFlow):
+# Keras and TensorFlow import at start-up when installed (scikit-learn, OpenCV; JAX under TF):
 # ~1.5 CPU-s less per child, and a child's environment is a user's install. This process, and the
 # xdist workers that inherit the variable, keep them: the oracles run here.
 CHILD_SITE = str(pathlib.Path(__file__).resolve().parent / "child_site")
 if CHILD_SITE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [CHILD_SITE,
                                                              os.environ.get("PYTHONPATH")]))
-for _name in ("sklearn", "jax"):
+for _name in ("sklearn", "cv2", "jax"):
     if _name in sys.modules and sys.modules[_name] is None:
         del sys.modules[_name]
 
