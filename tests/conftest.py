@@ -17,12 +17,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 _MADE_CACHE = "AETV2_CACHE_DIR" not in os.environ
 if _MADE_CACHE:  # (not `setdefault(..., mkdtemp())`: that made a folder in every worker too)
     os.environ["AETV2_CACHE_DIR"] = tempfile.mkdtemp(prefix="aetv2-test-cache-")
-CACHE = os.environ["AETV2_CACHE_DIR"]
-if _MADE_CACHE:  # temporary files of the processes the tests start (and kill: TensorFlow's
-    # autograph sources, removed at a normal exit, stay behind a SIGKILL) go with the folder.
-    # This process's `tempfile` already chose /tmp: pytest's own tmp_path folders stay there.
-    os.environ["TMPDIR"] = os.path.join(CACHE, "tmp")
+    # Temporary files of the processes the tests start (and kill: TensorFlow's autograph
+    # sources, removed at a normal exit, stay behind a SIGKILL) go with the folder. This
+    # process's `tempfile` already chose /tmp: pytest's own tmp_path folders stay there.
+    os.environ["TMPDIR"] = os.path.join(os.environ["AETV2_CACHE_DIR"], "tmp")
     os.makedirs(os.environ["TMPDIR"])
+CACHE = os.environ["AETV2_CACHE_DIR"]
 # The Keras-on-JAX children compile the same steps again and again (the same tiny run resumed,
 # probed, on two devices): XLA's persistent compilation cache, shared by the session's processes,
 # compiles each once. A cached executable is the one XLA would compile (the CLI's outputs are
@@ -33,14 +33,14 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
 # Child processes start with tests/child_site/sitecustomize.py, which hides the test extras that
 # Keras and TensorFlow import at start-up when installed (scikit-learn, OpenCV; JAX under TF):
-# ~1.5 CPU-s less per child, and a child's environment is a user's install. This process, and the
-# xdist workers that inherit the variable, keep them: the oracles run here.
+# ~1.5 CPU-s less per child, and a child's environment is a user's install. The xdist workers,
+# which inherit the variable, take back what it hid in them: the oracles run here.
 CHILD_SITE = str(pathlib.Path(__file__).resolve().parent / "child_site")
 if CHILD_SITE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [CHILD_SITE,
                                                              os.environ.get("PYTHONPATH")]))
-for _name in ("sklearn", "cv2", "jax"):
-    if _name in sys.modules and sys.modules[_name] is None:
+for _name in getattr(sys.modules.get("sitecustomize"), "HIDDEN", ()):
+    if sys.modules.get(_name, ()) is None:
         del sys.modules[_name]
 
 import aetv2_tf  # noqa: E402,F401  (before any TensorFlow import: it asks for oneDNN on every CPU)

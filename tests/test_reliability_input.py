@@ -17,6 +17,7 @@ import pickle
 import re
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,7 +25,7 @@ import pytest
 
 from aetv2_tf.program import rundir
 from aetv2_tf.program.rundir import UsageError
-from tests.cli import run_module, train, train_args
+from tests.cli import REPO, _env, run_module, train, train_args
 
 # A pickle that runs `touch MARKER` when loaded by a plain `pickle.load` (protocol 0 opcodes:
 # push the global os.system, the argument tuple, call it).
@@ -275,10 +276,6 @@ def test_resuming_with_other_trajectory_flags_is_refused_unless_allowed(tmp_path
 def test_flag_errors_answer_before_keras_is_imported():
     """absl refuses a bad command line before the program imports Keras and TensorFlow (~4 s
     of CPU): exit 1, the message, and neither module (nor JAX) imported when the child exits."""
-    import sys
-
-    from tests.cli import REPO, _env
-
     code = ("import runpy, sys\ntry:\n    runpy.run_module('aetv2_tf.train', run_name='__main__',"
             " alter_sys=True)\nfinally:\n    print('imported:', [m for m in ('keras', "
             "'tensorflow', 'jax') if sys.modules.get(m) is not None])")  # None: hidden
