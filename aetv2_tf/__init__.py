@@ -51,7 +51,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 if platform.machine().lower() in ("x86_64", "amd64"):
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # `keras.saving.load_model` of any .keras file the package writes needs only `import aetv2_tf`:
 # its classes are registered with Keras as soon as Keras is imported (aetv2_tf/registry.py).

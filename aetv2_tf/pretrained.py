@@ -4,38 +4,48 @@
     aetv2_tf.presets()["aetv1_cifar10"].knn_top1                  # 66.33
 
 Each preset is a pretraining run directory in ``results/scale/`` of the git checkout (next to
-the package; tracked in git, 5.8 MB each): `load_encoder`, ``--pretrained`` and
-`saving.preprocessing` read it like any run directory. All are NIN on CIFAR-10 (32x32 uint8
-images, CIFAR-10's normalisation), trained on one H200 under Keras on JAX: batch 512, 8,000
-steps = 4.1 million pairs (82 epochs' worth, on a 19,000-image subset), Adam, cosine schedule
-with 1,000 warm-up steps (docs/reproduction.md, "At scale (GPU)").
+the package): `load_encoder`, ``--pretrained`` and `saving.preprocessing` read it like any run
+directory. Its small files (flags, training log) are in the working tree; its weights
+(``encoder.weights.h5``, 5.8 MB each) are kept in the repository's git history only, so that the
+working tree stays small enough to travel to a device machine: the first use of a preset
+restores them from there (`restore_weights`: ``git cat-file`` of the recorded blob, checked
+against the recorded SHA-256, written beside the other files, which .gitignore ignores). All are
+NIN on CIFAR-10 (32x32 uint8 images, CIFAR-10's normalisation), trained on one H200 under Keras
+on JAX: batch 512, 8,000 steps = 4.1 million pairs (82 epochs' worth, on a 19,000-image subset),
+Adam, cosine schedule with 1,000 warm-up steps (docs/reproduction.md, "At scale (GPU)").
 
 ``knn_top1``: CIFAR-10 test top-1 (%) of the authors' KNN protocol on their block-2 features
 (`configs/cifar10_probe_knn.cfg`: 2x2-pooled block 2, 3,072 values, Euclidean, k = 10, all
 50,000 training vs 10,000 test images; docs/reproduction.md, "Re-scored"). A random init scores
 47.94 (seed 0) / 47.10 (seed 1); the paper's AETv1 / AETv2 (1,500 epochs) 77.61 / 78.74.
 
-A pip install that is not editable has no ``results/``: a preset then raises FileNotFoundError;
-clone the repository (``pip install -e .``) or pass the run directory itself. A name of
-`PRESETS` always means the preset; write ``./aetv1_cifar10`` for a directory of that name.
-"""
+A pip install that is not editable has no ``results/``, and a clone without its history (``git
+clone --depth``) has not the weights: a preset then raises FileNotFoundError with the fix (clone
+the repository with its history and ``pip install -e .``, or pass a run directory itself). A
+name of `PRESETS` always means the preset; write ``./aetv1_cifar10`` for a directory of that
+name."""
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
+import subprocess
 
-#: Where the presets' run directories are: ``<repository root>/results/scale``.
-PRESETS_ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                            "results", "scale")
+#: The repository the package was installed from (editable), and where the presets' run
+#: directories are in it: ``<repository root>/results/scale``.
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PRESETS_ROOT = os.path.join(REPOSITORY, "results", "scale")
+WEIGHTS = "encoder.weights.h5"
 
 
 @dataclasses.dataclass(frozen=True)
 class Preset:
     """A pretrained encoder: ``name`` (what `load_encoder` takes), ``run`` (its directory in
     ``results/scale/``), ``method``, ``config`` (the pretraining flagfile and overrides),
-    ``seed``, ``knn_top1`` (module docstring), ``backbone``, ``dataset`` and ``feature`` (the
-    one the score is for)."""
+    ``seed``, ``knn_top1`` (module docstring), ``weights_blob`` (the git blob of its
+    ``encoder.weights.h5``) and ``weights_sha256`` (that file's SHA-256), ``backbone``,
+    ``dataset`` and ``feature`` (the one the score is for)."""
 
     name: str
     run: str
@@ -43,6 +53,8 @@ class Preset:
     config: str
     seed: int
     knn_top1: float
+    weights_blob: str
+    weights_sha256: str
     backbone: str = "nin"
     dataset: str = "cifar10"
     feature: str = "block2"
@@ -56,15 +68,24 @@ class Preset:
 _AETV1 = ("configs/cifar10_aetv1.cfg --optimizer=adam --learning_rate=1e-4 --lr_schedule=cosine "
           "--warmup_steps=1000 --adam_beta1=0.9 --adam_beta2=0.999")
 #: The presets by name, best first (module docstring).
+_ZOOM16 = "AETv2, the angle in the 16x zoomed frame (the default before 0.2)"
 PRESETS: dict[str, Preset] = {p.name: p for p in (
-    Preset("aetv1_cifar10", "aetv1_lr1e-4", "AETv1 (MSE), Adam 1e-4", _AETV1, 0, 66.33),
-    Preset("aetv1_cifar10_s2", "aetv1_lr1e-4_s2", "AETv1 (MSE), Adam 1e-4", _AETV1, 2, 66.73),
-    Preset("aetv2_cifar10", "aetv2_recipe", "AETv2, this project's recipe",
-           "configs/cifar10_aetv2.cfg", 0, 62.34),
-    Preset("aetv2_cifar10_s2", "aetv2_recipe_s2", "AETv2, this project's recipe",
-           "configs/cifar10_aetv2.cfg", 2, 62.87),
+    Preset("aetv1_cifar10", "aetv1_lr1e-4", "AETv1 (MSE), Adam 1e-4", _AETV1, 0, 66.33,
+           "036045a4f5edcc0fd9eed23fcfa78c10730e8fdc",
+           "0f1bed775c87ccb2b11a2f16dedfb628929575051c7157b5fe4bd468bfd52028"),
+    Preset("aetv1_cifar10_s2", "aetv1_lr1e-4_s2", "AETv1 (MSE), Adam 1e-4", _AETV1, 2, 66.73,
+           "1832b2eb59399e0d675b3aa6daf012011252f3e1",
+           "47e397f5bb420c0543889ec339c30d8b45a62aea9ec8052ecaa804fdb920734c"),
+    Preset("aetv2_cifar10", "aetv2_recipe", _ZOOM16, "configs/cifar10_aetv2_zoom16.cfg", 0, 62.34,
+           "300961c06aabca23f6050ba41759adb5cc1c7a54",
+           "edc736974e3bda95908f5e4a345b3be01f2930e16f009ce6329f4224dbe0665c"),
+    Preset("aetv2_cifar10_s2", "aetv2_recipe_s2", _ZOOM16, "configs/cifar10_aetv2_zoom16.cfg", 2,
+           62.87, "bac3870527b8f26c8e90d71ab881bbc22b0f07cd",
+           "0e014796620da709a97e03a1d6e41a8177aba10b8ad9490088246952bb7b9e70"),
     Preset("aetv2_paper_cifar10", "aetv2_paper", "AETv2 as the paper writes it",
-           "configs/cifar10_aetv2_paper.cfg", 0, 54.16),
+           "configs/cifar10_aetv2_paper.cfg", 0, 54.16,
+           "27a81bb533d4f2bd685831712df7cdd6d09df97f",
+           "1a62e79a60067309b2b15fa9abdc0be12670353d805a937d26166c765f2d82c6"),
 )}
 
 
@@ -75,8 +96,9 @@ def presets() -> dict[str, Preset]:
 
 
 def preset_directory(name: str) -> str:
-    """The run directory of the preset `name`; KeyError for an unknown name (listing them),
-    FileNotFoundError when the checkout's ``results/scale`` is not there."""
+    """The run directory of the preset `name`, its weights restored (`restore_weights`);
+    KeyError for an unknown name (listing them), FileNotFoundError when the checkout's
+    ``results/scale`` or the weights' git history is not there."""
     if name not in PRESETS:
         raise KeyError(f"no preset {name!r}; the presets: {sorted(PRESETS)}")
     directory = PRESETS[name].directory
@@ -85,7 +107,50 @@ def preset_directory(name: str) -> str:
             f"preset {name!r} is the run directory {directory}, which is not there: the presets "
             "ship in results/scale/ of the git checkout, not in a wheel; clone the repository "
             "and `pip install -e .`, or pass the run directory itself")
+    restore_weights(PRESETS[name])
     return directory
+
+
+def restore_weights(preset: Preset) -> str:
+    """``<preset directory>/encoder.weights.h5`` (and its ``.sha256``), restored from the git
+    blob ``preset.weights_blob`` if absent (module docstring); returns its path. A file there
+    whose SHA-256 is not ``preset.weights_sha256`` is refused, never replaced."""
+    from aetv2_tf.saving import CHECKSUM, file_digest, write_text_atomically
+
+    path = os.path.join(preset.directory, WEIGHTS)
+    if os.path.lexists(path):
+        link = os.path.islink(path)
+        if link or file_digest(path) != preset.weights_sha256:
+            why = "it is a symbolic link" if link else \
+                f"its SHA-256 is not {preset.weights_sha256}"
+            raise FileNotFoundError(
+                f"{path} is not preset {preset.name!r}'s encoder ({why}); it is left as it is: "
+                "move it away and use the preset again to restore the preset's weights")
+        if not os.path.isfile(path + CHECKSUM):
+            write_text_atomically(path + CHECKSUM, f"{preset.weights_sha256}  {WEIGHTS}\n")
+        return path
+    try:
+        blob = subprocess.run(["git", "-C", REPOSITORY, "cat-file", "blob", preset.weights_blob],
+                              capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        why = e.stderr.decode(errors="replace").strip() if isinstance(
+            e, subprocess.CalledProcessError) else str(e)
+        raise FileNotFoundError(
+            f"preset {preset.name!r}: its weights are kept in the git history of {REPOSITORY} "
+            f"(blob {preset.weights_blob}), which cannot be read here ({why}); use a clone with "
+            "its history (not `git clone --depth`; `git fetch --unshallow` completes one) and "
+            "git on the PATH, or pass a run directory itself") from e
+    if hashlib.sha256(blob).hexdigest() != preset.weights_sha256:
+        raise FileNotFoundError(f"preset {preset.name!r}: git blob {preset.weights_blob} is not "
+                                f"its weights (SHA-256 differs); the repository is damaged")
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(blob)
+        f.flush()
+        os.fsync(f.fileno())
+    write_text_atomically(path + CHECKSUM, f"{preset.weights_sha256}  {WEIGHTS}\n")
+    os.replace(tmp, path)
+    return path
 
 
 def resolve(name_or_directory: str | os.PathLike) -> str:

@@ -1,7 +1,7 @@
 """Pretraining recipes as values: the loss with its frame, the optimizer, its schedule and the
 weight decay, and what they need of the model, in one frozen dataclass that builds them.
 
-    recipe = aetv2_tf.recipes.AETV2                       # the recipe that learns
+    recipe = aetv2_tf.recipes.AETV2                       # the AETv2 recipe
     model = recipe.build_model(encoder, seed=0)           # build_pairs_model, as the CLI builds it
     recipe.compile(model, steps=training_steps(len(images), 64, epochs=1))
     model.fit(images, batch_size=64, epochs=1)
@@ -12,14 +12,15 @@ image size (and that scale) back from the model, so the loss frame, the paramete
 model cannot disagree. The parts stay public: ``recipe.build_loss(image_size=32)``,
 ``recipe.build_optimizer(model, steps)`` and ``recipe.metrics()``.
 
-`AETV2` (configs/cifar10_aetv2.cfg: the geodesic angle in the 16x zoomed model frame, no
-projection residual, Adam 1e-4 with warm-up and cosine decay, L2 decay 5e-4; the best AETv2
-measured, docs/reproduction.md), `AETV2_PAPER` (the paper's literal Eq. 11, lambda = 1, Adam 1e-5
-constant: below a random init in our measurements) and `AETV1` (the std-normalised parameter MSE,
-SGD Nesterov 0.1 on the AETv1 code's piecewise schedule) are the three of the paper's tables.
-`AETV2_SQ4`, `AETV2_SQ4_UNITRES` and `AETV2_HYBRID` are issue 31's variants that see the whole
-homography (theta^2 in the 4x frame; + the unit-frame residual; + AETv1's MSE), screened at B1
-on the CPU: `AETV2_SQ4_UNITRES` ties AETv1, the others fall below random init (README).
+`AETV2` (configs/cifar10_aetv2.cfg: the squared geodesic angle in the 4x zoomed model frame plus
+10 x the projection residual of the error in the unit frame, Adam 1e-4 with warm-up and cosine
+decay, L2 decay 5e-4: the best AETv2 measured, docs/reproduction.md), `AETV2_PAPER` (the paper's
+literal Eq. 11, lambda = 1, Adam 1e-5 constant: below a random init in our measurements) and
+`AETV1` (the std-normalised parameter MSE, SGD Nesterov 0.1 on the AETv1 code's piecewise
+schedule) are the three of the paper's tables. `AETV2_ZOOM16` is the default AETv2 of versions
+before 0.2 (the angle in the 16x zoomed frame, no residual: blind to scale, shear and keystone
+errors); `AETV2_SQ4` and `AETV2_HYBRID` are the variants screened beside `AETV2`
+(docs/reproduction.md, "AETv2 that earns its name"; `AETV2_SQ4_UNITRES` is `AETV2`'s earlier name).
 Change a field with ``dataclasses.replace(AETV2, learning_rate=3e-4)``.
 
 The command line builds the same objects: `Recipe.from_flags` reads the flags into a recipe, and
@@ -51,7 +52,7 @@ class Recipe:
     ``mse_decay_steps``; its frame: ``frame`` "model" (centred, normalised; its coordinates
     multiplied by ``frame_scale``) or "pixel"; ``residual_frame``: "loss" (the projection
     residual in that frame, as the angle) or "unit" (the residual of ``M`` in the unit model
-    frame, the angle in the zoomed one: issue 31); ``mse_normalize``: the MSE divides by the
+    frame, the angle in the zoomed one); ``mse_normalize``: the MSE divides by the
     parameters' std under the sampler (AETv1); ``mse_target``: "model" (the MSE on T's
     model-frame parameters) or "official" (on the published AETv1 code's own targets, PIL's
     inverse map normalised by its fixed constants, `geometry.aetv1_official_targets`; the model
@@ -360,9 +361,6 @@ def _all_layers(model: keras.Model) -> list[keras.layers.Layer]:
     return found
 
 
-#: The AETv2 recipe that learns (configs/cifar10_aetv2.cfg; docs/reproduction.md).
-AETV2 = Recipe(loss="geodesic", projection_weight=0.0, frame_scale=16.0, optimizer="adam",
-               learning_rate=1e-4, lr_schedule="cosine", warmup_steps=1000, weight_decay=5e-4)
 #: The paper's literal AETv2 (configs/cifar10_aetv2_paper.cfg): Eq. 11 with lambda = 1.
 AETV2_PAPER = Recipe(loss="geodesic", projection_weight=1.0, optimizer="adam",
                      learning_rate=1e-5, lr_schedule="constant", weight_decay=5e-4)
@@ -373,24 +371,30 @@ AETV1 = Recipe(loss="mse", mse_normalize=True, optimizer="sgd", momentum=0.9,
 #: MSE on its own targets (PIL's inverse map, fixed normalisation), otherwise as `AETV1`.
 AETV1_OFFICIAL = dataclasses.replace(AETV1, mse_target="official")
 
-# Issue 31: AETv2 variants that see every degree of freedom (docs/reproduction.md, "AETv2 that
-# earns its name"; screened at B1 on the CPU: SQ4_UNITRES ties AETv1, SQ4 and HYBRID fall below
-# random init). The squared angle (Eq. 5: 1/2 ||log P||^2 = theta^2) in the 4x zoomed frame,
-# otherwise the recipe's optimiser and schedule. The weights were chosen from the gradient shares
-# of `benchmarks.loss_gradients` (the configs' headers say why).
-#: theta^2 at 4x, no residual (configs/cifar10_aetv2_sq4.cfg): the control, still blind to
-#: T_hat = T S for S symmetric positive definite.
-AETV2_SQ4 = dataclasses.replace(AETV2, angle_power=2, frame_scale=4.0)
-#: theta^2 at 4x + 10 ||M - P||_F^2 of M in the UNIT frame (configs/cifar10_aetv2_sq4_unitres.cfg).
-AETV2_SQ4_UNITRES = dataclasses.replace(AETV2_SQ4, projection_weight=10.0, residual_frame="unit")
+#: theta in the 16x zoomed frame, no residual (configs/cifar10_aetv2_zoom16.cfg): the default
+#: AETv2 before version 0.2, and the optimiser and schedule of every AETv2 below.
+AETV2_ZOOM16 = Recipe(loss="geodesic", projection_weight=0.0, frame_scale=16.0, optimizer="adam",
+                      learning_rate=1e-4, lr_schedule="cosine", warmup_steps=1000,
+                      weight_decay=5e-4)
+# The squared angle (Eq. 5: 1/2 ||log P||^2 = theta^2) in the 4x zoomed frame; the weights were
+# chosen from the gradient shares of `benchmarks.loss_gradients` (the configs' headers say why).
+#: theta^2 at 4x, no residual (configs/cifar10_aetv2_sq4.cfg): still blind to T_hat = T S for S
+#: symmetric positive definite.
+AETV2_SQ4 = dataclasses.replace(AETV2_ZOOM16, angle_power=2, frame_scale=4.0)
+#: The AETv2 recipe (configs/cifar10_aetv2.cfg): theta^2 at 4x + 10 ||M - P||_F^2 of M in the
+#: UNIT frame, so that scale, shear and keystone errors weigh at their own size.
+AETV2 = dataclasses.replace(AETV2_SQ4, projection_weight=10.0, residual_frame="unit")
+#: `AETV2`'s name while it was a variant (configs/cifar10_aetv2_sq4_unitres.cfg).
+AETV2_SQ4_UNITRES = AETV2
 #: A labelled hybrid: theta^2 at 4x + 0.3 x AETv1's normalised parameter MSE
 #: (configs/cifar10_aetv2_hybrid.cfg).
 AETV2_HYBRID = dataclasses.replace(AETV2_SQ4, mse_weight=0.3)
 
 #: The recipes by name (`as_recipe`): the lower-case names of the values above.
 RECIPES = {"aetv2": AETV2, "aetv2_paper": AETV2_PAPER, "aetv1": AETV1,
-           "aetv1_official": AETV1_OFFICIAL, "aetv2_sq4": AETV2_SQ4,
-           "aetv2_sq4_unitres": AETV2_SQ4_UNITRES, "aetv2_hybrid": AETV2_HYBRID}
+           "aetv1_official": AETV1_OFFICIAL, "aetv2_zoom16": AETV2_ZOOM16,
+           "aetv2_sq4": AETV2_SQ4, "aetv2_sq4_unitres": AETV2_SQ4_UNITRES,
+           "aetv2_hybrid": AETV2_HYBRID}
 
 
 def as_recipe(value: Recipe | str) -> Recipe:

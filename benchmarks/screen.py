@@ -36,7 +36,12 @@ def main() -> None:
     p.add_argument("--train_flag", action="append", default=[],
                    help="An extra pretraining flag, e.g. --train_flag=--seed=1 (repeatable).")
     p.add_argument("--work_dir", type=pathlib.Path, default=common.REPO / "runs" / "screen")
-    p.add_argument("--data_dir", default=str(common.DEFAULT_CIFAR10))
+    p.add_argument("--data_dir", default=str(common.DEFAULT_CIFAR10),
+                   help="CIFAR-10 of the KNN and the diagnostics (and of pretraining, unless "
+                        "--train_data_dir).")
+    p.add_argument("--train_data_dir", default=None,
+                   help="Pretrain on this cifar-10-batches-py folder instead of --data_dir "
+                        "(e.g. an unpacked experiments.campaign.pack); scored on --data_dir.")
     p.add_argument("--knn_train_examples", type=int, default=0)
     p.add_argument("--knn_test_examples", type=int, default=0)
     args = p.parse_args()
@@ -53,9 +58,11 @@ def main() -> None:
     else:
         flags = [f"--flagfile={args.flagfile}", f"--model_dir={run_dir}",
                  f"--train_steps={args.steps}", *args.train_flag]
-        output, wall, _ = run_program([*flags, f"--data_dir={args.data_dir}", "--verbose=0"], log)
+        train_data = args.train_data_dir or args.data_dir
+        output, wall, _ = run_program([*flags, f"--data_dir={train_data}", "--verbose=0"], log)
         done = done_summary(output)
-        command = "python -m aetv2_tf.train " + " ".join(shlex.quote(f) for f in flags)
+        shown = [*flags, f"--data_dir={args.train_data_dir}"] if args.train_data_dir else flags
+        command = "python -m aetv2_tf.train " + " ".join(shlex.quote(f) for f in shown)
         batch = next((f.split("=")[1] for f in reversed(args.train_flag)
                       if f.startswith("--batch_size=")), "cfg")
         train = dict(wall=wall, loss=done.get("loss", "-"), steps=done["steps"], batch=batch)

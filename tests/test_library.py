@@ -88,13 +88,16 @@ def recipe_of_flagfile(name: str) -> recipes.Recipe:
 
 def test_the_recipes_are_the_configs():
     assert recipe_of_flagfile("cifar10_aetv2") == recipes.AETV2
+    assert recipe_of_flagfile("cifar10_aetv2_zoom16") == recipes.AETV2_ZOOM16
     assert recipe_of_flagfile("cifar10_aetv2_paper") == recipes.AETV2_PAPER
     assert recipe_of_flagfile("cifar10_aetv1") == recipes.AETV1
     assert recipe_of_flagfile("cifar10_aetv1_official") == recipes.AETV1_OFFICIAL
     assert recipe_of_flagfile("cifar10_aetv2_sq4") == recipes.AETV2_SQ4
     assert recipe_of_flagfile("cifar10_aetv2_sq4_unitres") == recipes.AETV2_SQ4_UNITRES
     assert recipe_of_flagfile("cifar10_aetv2_hybrid") == recipes.AETV2_HYBRID
-    assert recipes.AETV2.residual_frame == "loss"  # the old runs' behaviour, recorded
+    assert recipes.AETV2_ZOOM16.residual_frame == "loss"  # the old runs' behaviour, recorded
+    assert recipes.AETV2_SQ4_UNITRES is recipes.AETV2 and recipes.as_recipe(
+        "aetv2_sq4_unitres") is recipes.AETV2  # its name while it was a variant
     with pytest.raises(ValueError, match="residual_frame"):
         recipes.Recipe(residual_frame="pixel")
     with pytest.raises(ValueError, match="mse_target"):
@@ -102,15 +105,16 @@ def test_the_recipes_are_the_configs():
     with pytest.raises(ValueError, match="loss"):
         recipes.Recipe(loss="l1")
     changed = dataclasses.replace(recipes.AETV2, learning_rate=3e-4)
-    assert changed.learning_rate == 3e-4 and changed.frame_scale == 16.0
+    assert changed.learning_rate == 3e-4 and changed.frame_scale == 4.0
 
 
 def test_recipe_builds_the_loss_the_paper_describes():
     geodesic = recipes.AETV2.build_loss(image_size=32)
     assert type(geodesic).__name__ == "GeodesicLoss"
-    assert geodesic.get_config()["frame"] == [[16.0, 0.0, 0.0], [0.0, 16.0, 0.0],
-                                               [0.0, 0.0, 1.0]]
-    assert geodesic.get_config()["projection_weight"] == 0.0
+    assert geodesic.get_config()["frame"] == [[4.0, 0.0, 0.0], [0.0, 4.0, 0.0], [0.0, 0.0, 1.0]]
+    assert geodesic.get_config()["projection_weight"] == 10.0
+    assert geodesic.get_config()["residual_frame"] == "unit"
+    assert geodesic.get_config()["angle_power"] == 2
     mse = recipes.AETV1.build_loss(image_size=32)
     np.testing.assert_allclose(mse.get_config()["std"], recipes.parameter_std(32), rtol=1e-6)
 

@@ -40,21 +40,3 @@ def test_same_variables_and_bad_value_refused():
     per_branch.set_weights(joint.get_weights())
     with pytest.raises(ValueError, match="per_branch"):
         build_aet_model(build_backbone("nin", (32, 32, 3)), siamese_batch_norm="split")
-
-
-def test_a_run_of_an_earlier_version_resumes_with_the_joint_batch(monkeypatch):
-    """The default changed to per_branch in session 8: a run whose flags.json does not record
-    the flag (it trained with the joint batch) continues with joint, unless the command line
-    gives the flag; a run that records it keeps its own value."""
-    from aetv2_tf.program.flags import FLAGS, adopt_earlier_defaults
-
-    flag = FLAGS["siamese_batch_norm"]
-    monkeypatch.setattr(flag, "value", "per_branch")
-    monkeypatch.setattr(flag, "present", 0)
-    assert adopt_earlier_defaults({"stage": "pretext", "siamese_batch_norm": "per_branch"}) == []
-    assert flag.value == "per_branch"
-    assert adopt_earlier_defaults({"stage": "pretext"}) == ["--siamese_batch_norm=joint"]
-    assert flag.value == "joint"
-    flag.value, flag.present = "per_branch", 1  # given on the command line: it wins
-    assert adopt_earlier_defaults({"stage": "pretext"}) == []
-    assert flag.value == "per_branch"

@@ -35,6 +35,7 @@ import keras
 import numpy as np
 from absl import logging
 
+from aetv2_tf import __version__
 from aetv2_tf.errors import UsageError
 from aetv2_tf.program import common as program
 from aetv2_tf.program import pretext, rundir
@@ -86,7 +87,8 @@ def run() -> dict:
     # A probe reads its data and --pretrained encoder here too: a failure writes nothing.
     loaded = probe_stage.load() if F.stage != "pretext" else None
     program.continue_earlier_run()
-    recorded = dict(run_flags(), precision=precision._asdict(), backend=keras.backend.backend())
+    recorded = dict(run_flags(), version=__version__, precision=precision._asdict(),
+                    backend=keras.backend.backend())
     rundir.prepare(F.model_dir, recorded, flagfile_text(), ESSENTIAL, F.overwrite,
                    trajectory=TRAJECTORY)
     distribution = "DataParallel" if len(devices) > 1 else "OneDevice"

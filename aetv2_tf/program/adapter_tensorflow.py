@@ -14,6 +14,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
+from aetv2_tf import __version__
 from aetv2_tf.errors import UsageError
 from aetv2_tf.program import common as program
 from aetv2_tf.program import pretext, rundir
@@ -247,7 +248,7 @@ def run() -> dict:
     # A probe reads its data and --pretrained encoder here too: a failure writes nothing.
     loaded = probe_stage.load() if F.stage != "pretext" else None
     program.continue_earlier_run()
-    recorded = dict(run_flags(), precision=precision._asdict())
+    recorded = dict(run_flags(), version=__version__, precision=precision._asdict())
     rundir.prepare(F.model_dir, recorded, flagfile_text(), ESSENTIAL, F.overwrite, chief,
                    TRAJECTORY)
     kernels = "" if accelerator else f"oneDNN {onednn_state()}"

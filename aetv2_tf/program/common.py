@@ -372,10 +372,13 @@ def quick_knn_summary(encoder: keras.Model, images, labels) -> dict:
 
 def continue_earlier_run() -> None:
     """A `--model_dir` holding a run of an earlier version resumes as it trained: flags whose
-    default changed since take the value it had (`flags.adopt_earlier_defaults`), unless given
-    or `--overwrite` starts afresh. A missing or unreadable flags.json changes nothing (the
-    model_dir's own checks report it)."""
-    from aetv2_tf.program.flags import adopt_earlier_defaults
+    default changed since take the value it had (`flags.adopt_earlier_defaults`), and so do the
+    loss flags of a config whose recipe changed since (`flags.adopt_earlier_recipe`), unless
+    given or `--overwrite` starts afresh. A missing or unreadable flags.json changes nothing
+    (the model_dir's own checks report it)."""
+    import sys
+
+    from aetv2_tf.program.flags import adopt_earlier_defaults, adopt_earlier_recipe
 
     path = os.path.join(FLAGS.model_dir or "", "flags.json")
     if FLAGS.overwrite or FLAGS.stage != "pretext" or not os.path.isfile(path):
@@ -385,7 +388,10 @@ def continue_earlier_run() -> None:
             saved = json.load(f)
     except (OSError, ValueError):
         return
-    if isinstance(saved, dict) and (made := adopt_earlier_defaults(saved)):
+    if not isinstance(saved, dict):
+        return
+    made = adopt_earlier_defaults(saved) + adopt_earlier_recipe(saved, sys.argv[1:])
+    if made:
         logging.info("%s records a run of an earlier version: it continues with %s.", path,
                      " ".join(made))
         print(f"Resuming a run of an earlier version: {' '.join(made)} (as it trained).",

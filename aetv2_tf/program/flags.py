@@ -353,6 +353,37 @@ def adopt_earlier_defaults(saved: dict) -> list[str]:
     return made
 
 
+#: The loss flags of configs/cifar10_aetv2.cfg and configs/quickstart.cfg: (before version 0.2,
+#: since). The default AETv2 changed from the angle in the 16x zoomed frame without a residual
+#: (`recipes.AETV2_ZOOM16`) to `recipes.AETV2`; runs recorded before keep what they trained with
+#: (`adopt_earlier_recipe`).
+RECIPE_CHANGED_IN_0_2 = {"angle_power": (1, 2), "loss_frame_scale": (16.0, 4.0),
+                         "projection_weight": (0.0, 10.0), "residual_frame": ("loss", "unit")}
+
+
+def adopt_earlier_recipe(saved: dict, argv: list[str]) -> list[str]:
+    """For a run recorded before version 0.2 (`saved`, its flags.json, has no "version") that
+    trained the earlier default AETv2, resumed with a flagfile that now holds the current one:
+    sets the flags of `RECIPE_CHANGED_IN_0_2` back to the values it trained with and returns the
+    ``--flag=value`` settings made (to be logged). Nothing is changed when the run records a
+    version, when its values or the command line's are any others, or when the command line
+    (`argv`, flagfiles not expanded) names one of these flags itself: then the run's own check
+    reports the difference."""
+    if "version" in saved or saved.get("loss") != "geodesic":
+        return []
+    earlier = {name: saved.get(name, old) for name, (old, _) in RECIPE_CHANGED_IN_0_2.items()}
+    if any(earlier[name] != old or FLAGS[name].value != new
+           for name, (old, new) in RECIPE_CHANGED_IN_0_2.items()):
+        return []
+    if any(arg == f"--{name}" or arg.startswith(f"--{name}=")
+           for arg in argv for name in RECIPE_CHANGED_IN_0_2):
+        return []
+    for name, value in earlier.items():
+        FLAGS[name].value = value
+    return [f"--{name}={value:g}" if isinstance(value, float) else f"--{name}={value}"
+            for name, value in earlier.items()]
+
+
 def run_flags() -> dict:
     """The values of this module's flags, as a dict (written to results and compared on resume)."""
     return {f.name: f.value for f in FLAGS.get_flags_for_module(__name__)}
