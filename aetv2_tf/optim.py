@@ -106,6 +106,25 @@ class SkipNonFinite(keras.optimizers.LossScaleOptimizer):
     def scale_loss(self, loss):
         return loss
 
+    def save_own_variables(self, store) -> None:
+        """Its own variables only (step counter, loss scale, `skipped_steps`): Keras's
+        `LossScaleOptimizer` would also store the inner optimizer's here, which are saved under
+        ``inner_optimizer`` as well: every checkpoint would hold the optimizer state twice."""
+        for i, variable in enumerate(self._variables):
+            store[str(i)] = keras.ops.convert_to_numpy(variable)
+
+    def load_own_variables(self, store) -> None:
+        """Its own variables from a checkpoint of this class: its own alone, or (files written
+        before `save_own_variables` existed) its own followed by the inner optimizer's, which
+        load from ``inner_optimizer``. Any other count is refused: a silent skip would resume
+        with a fresh optimizer."""
+        if len(store.keys()) not in (len(self._variables), len(self.variables)):
+            raise ValueError(f"optimizer {self.name!r}: the checkpoint holds {len(store.keys())} "
+                             f"variables, expected {len(self._variables)} (or "
+                             f"{len(self.variables)}): it is not a checkpoint of this optimizer")
+        for i, variable in enumerate(self._variables):
+            variable.assign(store[str(i)])
+
     def _stateful_handle_finite_grads(self, grads, trainable_variables):
         self.inner_optimizer.apply(grads, trainable_variables=trainable_variables)
 

@@ -131,3 +131,48 @@ def test_exit_codes(outcome, code, capsys):
     from aetv2_tf.train import exit_code
 
     assert exit_code({"steps": 7, **outcome}) == code
+
+
+def _adam_model(seed: int):
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.Dense(1)])
+    model.compile(optimizer=optim.build_optimizer("adam", 1e-2), loss="mse")
+    return model
+
+
+def test_a_checkpoint_holds_the_optimizer_state_once_and_restores_it(tmp_path, monkeypatch):
+    """`SkipNonFinite` saves its own variables only (the inner optimizer's are saved under
+    ``inner_optimizer``): the state once, not twice, restored exactly; a file written with both
+    copies (before) loads too."""
+    import h5py
+
+    x, y = np.random.default_rng(0).normal(size=(8, 3)), np.ones((8, 1))
+    model = _adam_model(0)
+    model.fit(x, y, epochs=2, batch_size=4, verbose=0)
+    new, old = tmp_path / "new.weights.h5", tmp_path / "old.weights.h5"
+    model.save_weights(new)
+    with monkeypatch.context() as m:
+        m.setattr(optim.SkipNonFinite, "save_own_variables",
+                  keras.optimizers.LossScaleOptimizer.save_own_variables)
+        model.save_weights(old)
+
+    def stored(path):
+        with h5py.File(path) as f:
+            return sorted(f["optimizer"]["vars"].keys(), key=int), len(
+                f["optimizer"]["inner_optimizer"]["vars"].keys())
+
+    own = len(model.optimizer._variables)
+    inner = len(model.optimizer.inner_optimizer.variables)
+    assert stored(new) == ([str(i) for i in range(own)], inner)
+    assert len(stored(old)[0]) == own + stored(old)[1]
+    for path in (new, old):
+        restored = _adam_model(1)
+        restored.optimizer.build(restored.trainable_variables)
+        restored.load_weights(path)
+        for a, b in zip(model.optimizer.variables, restored.optimizer.variables, strict=True):
+            np.testing.assert_array_equal(keras.ops.convert_to_numpy(a),
+                                          keras.ops.convert_to_numpy(b))
+    with h5py.File(new, "a") as f:
+        f["optimizer"]["vars"].create_dataset(str(own), data=np.zeros(()))
+    with pytest.raises(ValueError, match="not a checkpoint of this optimizer"):
+        _adam_model(1).load_weights(new)

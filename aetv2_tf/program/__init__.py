@@ -16,3 +16,9 @@ backend and turns the outcome into an exit code; `aetv2_tf.export` and `aetv2_tf
 other command lines. Nothing here (nor an entry point) is imported by the library
 (`tests/test_program_structure.py`).
 """
+
+import time as _time
+
+#: When the program layer was first imported (`time.monotonic()`): the start of the program
+#: that `--stop_after_seconds` counts from.
+STARTED = _time.monotonic()

@@ -50,6 +50,10 @@ def check_flags(num_replicas: int, backend: str, accelerator: bool) -> None:
     if F.train_seconds and F.strategy in ("multi_worker_mirrored", "tpu"):
         raise UsageError(f"--train_seconds times this machine alone; with --strategy="
                          f"{F.strategy} pass --train_steps (every worker the same).")
+    if F.stop_after_seconds and F.strategy in ("multi_worker_mirrored", "tpu"):
+        raise UsageError(f"--stop_after_seconds reads this machine's clock alone; with "
+                         f"--strategy={F.strategy} pass --stop_after_steps (every worker stops "
+                         "at the same step).")
     if F.train_seconds and not F.overwrite:
         recorded_budget()  # a resumed budgeted run keeps the budget that sized it
     if F.mixed_precision == "mixed_float16" and not accelerator:
@@ -306,6 +310,8 @@ def fit_and_summarize(model: keras.Model, data, start: int, stop: int, steps: in
     skipped = getattr(model.optimizer, "skipped_steps", None)
     if skipped is not None and int(keras.ops.convert_to_numpy(skipped.value)):
         summary["skipped_steps"] = int(keras.ops.convert_to_numpy(skipped.value))
+    if any(isinstance(c, StopAtDeadline) and c.reached for c in callbacks):
+        summary["stopped_at_deadline"] = True  # --stop_after_seconds: not an error, not the end
     outcomes = dict(interrupted_by=signals.received, diverged=skips.diverged,
                     stopped_nonfinite=skips.stopped, nonfinite_weights=saver.refused)
     summary.update({key: value for key, value in outcomes.items() if value})
@@ -323,6 +329,29 @@ class StopAtStep(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if self.step_fn() >= self.steps:
             self.model.stop_training = True
+
+
+class StopAtDeadline(keras.callbacks.Callback):
+    """Ends `fit` after the step (execution) during which `clock()` reached `deadline`; the
+    checkpoint saver then writes the step reached (`callbacks.CheckpointEvery.on_train_end`).
+    `reached`: whether it did."""
+
+    def __init__(self, deadline: float, clock: Callable[[], float] = time.monotonic):
+        super().__init__()
+        self.deadline, self.clock = deadline, clock
+        self.reached = False
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.clock() >= self.deadline:
+            self.reached = self.model.stop_training = True
+
+
+def deadline() -> float | None:
+    """`--stop_after_seconds` as a `time.monotonic()` deadline from the program's start
+    (`program.STARTED`); None when off."""
+    from aetv2_tf.program import STARTED
+
+    return STARTED + FLAGS.stop_after_seconds if FLAGS.stop_after_seconds else None
 
 
 def start_line(distribution: str, replicas: int, precision: Choice, data, kernels: str = "") -> str:

@@ -134,6 +134,11 @@ flags.DEFINE_float("train_seconds", 0.0,
 flags.DEFINE_integer("stop_after_steps", 0,
                      "End this invocation after this many steps (checkpointed; 0: run to the end). "
                      "For time-limited job slots: rerun the same command to continue.")
+flags.DEFINE_float("stop_after_seconds", 0.0,
+                   "End this invocation at the first step that ends this many seconds after the "
+                   "program started (start-up and compilation count), with a checkpoint; 0: run "
+                   "to the end. For job slots of a fixed length (a lent GPU): the learning-rate "
+                   "schedule stays that of the whole run; rerun the same command to continue.")
 flags.DEFINE_integer("steps_per_execution", 1,
                      "Steps run inside one tf.function call (fewer Python round trips).")
 flags.DEFINE_enum("optimizer", "adam", ["adam", "sgd"], "adam (AETv2) or SGD Nesterov (AETv1).")
@@ -277,7 +282,8 @@ for _name in ("quick_knn_train", "mse_decay_steps", "epochs", "train_steps", "st
               "warmup_steps"):
     _positive(_name, allow_zero=True)
 for _name in ("projection_weight", "residual_scale", "chordal_weight", "mse_weight",
-              "loss_frame_scale", "decoder_init_rotation", "train_seconds", "learning_rate",
+              "loss_frame_scale", "decoder_init_rotation", "train_seconds", "stop_after_seconds",
+              "learning_rate",
               "lr_drop_factor", "momentum", "adam_beta1", "adam_beta2", "weight_decay"):
     flags.register_validator(_name, lambda v: v is None or math.isfinite(v),
                              message=f"--{_name} must be a finite number, not inf or nan.")
@@ -285,6 +291,8 @@ flags.register_validator("learning_rate", lambda v: v > 0,
                          message="--learning_rate must be > 0.")
 flags.register_validator("train_seconds", lambda v: v >= 0,
                          message="--train_seconds must be >= 0 (0: off).")
+flags.register_validator("stop_after_seconds", lambda v: v >= 0,
+                         message="--stop_after_seconds must be >= 0 (0: off).")
 flags.register_validator("lr_drop_factor", lambda v: v > 0,
                          message="--lr_drop_factor must be > 0 (0.1 divides the rate by 10)")
 flags.register_validator("loss_frame_scale", lambda v: v > 0,

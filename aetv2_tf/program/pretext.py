@@ -157,6 +157,7 @@ def run(adapter: PretextAdapter, images, labels, num_examples: int | None) -> di
                  StopOnSkippedStep(optimizer, counter, F.on_nonfinite == "stop",
                                    every=adapter.skip_check_every),
                  program.StopAtStep(stop, counter),
+                 *([program.StopAtDeadline(end)] if (end := program.deadline()) else []),
                  CheckpointEvery(store, counter, F.checkpoint_every_steps, writer=adapter.chief),
                  # after CheckpointEvery: its handlers outlive the final save
                  StopOnSignal(adapter.signal_agreement()),

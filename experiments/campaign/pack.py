@@ -87,10 +87,15 @@ def encode_jpeg(mosaic: np.ndarray, quality: int) -> bytes:
 def decode_jpeg(data: bytes) -> np.ndarray:
     from PIL import Image
 
-    with Image.open(io.BytesIO(data)) as image:
-        if image.format != "JPEG":
-            raise PackError(f"expected a JPEG, found {image.format}")
-        return np.asarray(image.convert("RGB"))
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            if image.format != "JPEG":
+                raise PackError(f"expected a JPEG, found {image.format}")
+            return np.asarray(image.convert("RGB"))
+    except (OSError, ValueError) as e:
+        if isinstance(e, PackError):
+            raise
+        raise PackError(f"not a decodable JPEG ({e}); make or copy the pack again") from e
 
 
 def read_cifar10(source: pathlib.Path, name: str) -> tuple[np.ndarray, np.ndarray]:
