@@ -33,6 +33,7 @@ from keras.backend import standardize_dtype
 __all__ = [
     "params_to_matrix",
     "matrix_to_params",
+    "adjugate_3x3",
     "determinant_3x3",
     "inverse_3x3",
     "normalize_determinant",
@@ -79,7 +80,7 @@ def _entries(m) -> list:
     return [m[..., i, j] for i in range(3) for j in range(3)]
 
 
-def _adjugate_3x3(m) -> tuple:
+def adjugate_3x3(m) -> tuple:
     """Adjugate (transposed cofactor matrix) ``(..., 3, 3)`` and determinant ``(...,)``."""
     a, b, c, d, e, f, g, h, i = _entries(m)
     rows = [
@@ -94,12 +95,12 @@ def _adjugate_3x3(m) -> tuple:
 
 def determinant_3x3(m):
     """Determinant ``(...,)`` of ``(..., 3, 3)`` matrices by cofactor expansion (XLA-safe)."""
-    return _adjugate_3x3(_tensor(m))[1]
+    return adjugate_3x3(_tensor(m))[1]
 
 
 def inverse_3x3(m):
     """Inverse ``adj(m) / det(m)`` of ``(..., 3, 3)`` matrices (XLA-safe; inf/NaN if singular)."""
-    adj, det = _adjugate_3x3(_tensor(m))
+    adj, det = adjugate_3x3(_tensor(m))
     return adj / det[..., None, None]
 
 
@@ -286,7 +287,7 @@ def aetv1_official_targets(params, size: int = 32):
     """
     t = params_to_matrix(params)
     n, n_inv = _corner_frame(size, t.dtype)
-    g = _adjugate_3x3(ops.matmul(ops.matmul(n_inv, t), n))[0]
+    g = adjugate_3x3(ops.matmul(ops.matmul(n_inv, t), n))[0]
     mean = ops.convert_to_tensor(np.array(AETV1_TARGET_MEAN), t.dtype)
     std = ops.convert_to_tensor(np.array(AETV1_TARGET_STD), t.dtype)
     return (matrix_to_params(g) - mean) / std
@@ -300,4 +301,4 @@ def params_from_aetv1_official_targets(targets, size: int = 32):
     std = ops.convert_to_tensor(np.array(AETV1_TARGET_STD), targets.dtype)
     g = params_to_matrix(targets * std + mean)
     n, n_inv = _corner_frame(size, g.dtype)
-    return matrix_to_params(ops.matmul(ops.matmul(n, _adjugate_3x3(g)[0]), n_inv))
+    return matrix_to_params(ops.matmul(ops.matmul(n, adjugate_3x3(g)[0]), n_inv))

@@ -39,6 +39,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from aetv2_tf.data.sampler import parameter_std
 from aetv2_tf.errors import UsageError
 
 
@@ -304,17 +305,6 @@ class Recipe:
             lr_drops=tuple(lr_drops), lr_drop_factor=flags.lr_drop_factor,
             momentum=flags.momentum, adam_beta1=flags.adam_beta1, adam_beta2=flags.adam_beta2,
             weight_decay=flags.weight_decay, weight_decay_mode=flags.weight_decay_mode)
-
-
-def parameter_std(image_size: int, shift: str = "integer",
-                  samples: int = 200_000) -> np.ndarray:
-    """(8,) float32 std of the AETv1 sampler's parameters for ``image_size`` square images
-    (a fixed seed; any Keras backend): AETv1's normalisation of the regression targets."""
-    from aetv2_tf.data.device import matrix_to_params, sample_homographies
-
-    t, _ = sample_homographies(samples, image_size, image_size, 1234, shift)
-    params = keras.ops.convert_to_numpy(matrix_to_params(t)).astype(np.float64)
-    return params.std(0).astype(np.float32)
 
 
 def square_side(image_size: int | Sequence[int]) -> int:

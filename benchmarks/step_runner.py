@@ -95,7 +95,7 @@ def example_batch(batch_size: int, seed: int = 0):
 
     images = np.random.default_rng(seed).integers(0, 256, (2 * batch_size, 32, 32, 3), np.uint8)
     if keras.backend.backend() != "tensorflow":
-        from aetv2_tf.data.device import HomographyPairs
+        from aetv2_tf.data.layers import HomographyPairs
 
         x, tx, params = (keras.ops.convert_to_numpy(a) for a in
                          HomographyPairs(seed=seed)(images[:batch_size]))
@@ -133,12 +133,8 @@ class StepRunner:
         tensorflow = keras.backend.backend() == "tensorflow"
         if spec.loss == "geodesic":
             loss = losses.GeodesicLoss(1.0)
-        elif tensorflow:
-            from aetv2_tf.data.homographies import parameter_statistics
-
-            loss = losses.ParameterMSELoss(std=parameter_statistics(32, 32, "integer")[1])
         else:
-            from aetv2_tf.recipes import parameter_std
+            from aetv2_tf.data.sampler import parameter_std
 
             loss = losses.ParameterMSELoss(std=parameter_std(32, "integer"))
         self.model.compile(optimizer=optimizer, loss=loss, metrics=metrics.pretext_metrics(),

@@ -19,10 +19,10 @@ def warped_batches(images, batch_size: int, which: str, threads: int):
     """Batches of the first images, each warped by fresh homographies with `which` warp."""
     import tensorflow as tf
 
-    from aetv2_tf.data import device, homographies
+    from aetv2_tf.data import homographies, warping
     from aetv2_tf.data.constants import AETV1_FILL
 
-    warp = homographies.warp if which == "fused" else device.warp
+    warp = homographies.warp if which == "fused" else warping.warp
     size = images.shape[1]
     x = tf.constant(images[:batch_size].astype("float32") / 255.0)
 

@@ -1,7 +1,8 @@
-"""Backend-agnostic checks of aetv2_tf.data.device, shared by tests/test_device_warp.py.
+"""Backend-agnostic checks of the device sampler, warp and pairs layer, shared by
+tests/test_device_warp.py.
 
-Imports only numpy, keras and aetv2_tf.data.device, so the same code runs in the pytest process
-(TensorFlow backend) and in a child process on JAX with TensorFlow blocked:
+Imports only numpy, keras and aetv2_tf.data's sampler, warping and layers, so the same code runs
+in the pytest process (TensorFlow backend) and in a child process on JAX with TensorFlow blocked:
 
     KERAS_BACKEND=jax python tests/device_checks.py INPUT.npz OUTPUT.npz
 
@@ -23,7 +24,9 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 from keras import layers, ops  # noqa: E402
 
-from aetv2_tf.data import device  # noqa: E402
+from aetv2_tf.data import sampler, warping  # noqa: E402
+from aetv2_tf.data.layers import HomographyPairs  # noqa: E402
+from aetv2_tf.geometry import matrix_to_params  # noqa: E402
 
 SAMPLER_SEED = 2024
 NUM_SAMPLES = 20_000
@@ -70,8 +73,8 @@ def solve_float64(corners: np.ndarray) -> np.ndarray:
 
 def warp_outputs(images: np.ndarray, t: np.ndarray) -> dict:
     """The warp of fixed inputs, eager and compiled, fill 0.5."""
-    eager = ops.convert_to_numpy(device.warp(images, t, fill_value=0.5))
-    compiled = ops.convert_to_numpy(jit(lambda x, m: device.warp(x, m, fill_value=0.5))(images, t))
+    eager = ops.convert_to_numpy(warping.warp(images, t, fill_value=0.5))
+    compiled = ops.convert_to_numpy(jit(lambda x, m: warping.warp(x, m, fill_value=0.5))(images, t))
     return {"warp_eager": eager, "warp_jit": compiled}
 
 
@@ -100,17 +103,17 @@ def rot90_errors(images: np.ndarray) -> dict:
     """Max |warp(x, R_k) - np.rot90(x, k)| for k = 0..3, eager and compiled; also for the sampler
     with no scale and no shift, whose T must be exactly R_k."""
     x = images[:16]
-    warp_jit = jit(lambda a, m: device.warp(a, m, fill_value=0.5))
+    warp_jit = jit(lambda a, m: warping.warp(a, m, fill_value=0.5))
     eager, compiled = [], []
     for k in range(4):
         t = rotation_matrices(np.full(len(x), k))
         expected = np.rot90(x, k, axes=(1, 2))
-        eager.append(np.abs(ops.convert_to_numpy(device.warp(x, t)) - expected).max())
+        eager.append(np.abs(ops.convert_to_numpy(warping.warp(x, t)) - expected).max())
         compiled.append(np.abs(ops.convert_to_numpy(warp_jit(x, t)) - expected).max())
-    t, k = device.sample_homographies(len(x), 32, 32, 3, scale_range=(1.0, 1.0),
+    t, k = sampler.sample_homographies(len(x), 32, 32, 3, scale_range=(1.0, 1.0),
                                       shift_fraction=0.0)
     t, k = ops.convert_to_numpy(t), ops.convert_to_numpy(k)
-    out = ops.convert_to_numpy(device.warp(x, t))
+    out = ops.convert_to_numpy(warping.warp(x, t))
     sampled = max(np.abs(out[b] - np.rot90(x[b], k[b])).max() for b in range(len(x)))
     return {"rot90_eager": np.array(eager), "rot90_jit": np.array(compiled),
             "rot90_sampled": np.array(sampled), "rot90_sampled_k": k,
@@ -119,10 +122,10 @@ def rot90_errors(images: np.ndarray) -> dict:
 
 def sampler_outputs() -> dict:
     """NUM_SAMPLES components of the sampler (int seed) and their parameters."""
-    parts = device.sample_homography_components(NUM_SAMPLES, 32, 32, SAMPLER_SEED)
+    parts = sampler.sample_homography_components(NUM_SAMPLES, 32, 32, SAMPLER_SEED)
     out = {f"sampler_{k}": ops.convert_to_numpy(v) for k, v in parts.items()}
-    out["sampler_params"] = ops.convert_to_numpy(device.matrix_to_params(parts["matrix"]))
-    again = device.sample_homographies(4, 32, 32, SAMPLER_SEED)[0]
+    out["sampler_params"] = ops.convert_to_numpy(matrix_to_params(parts["matrix"]))
+    again = sampler.sample_homographies(4, 32, 32, SAMPLER_SEED)[0]
     out["sampler_repeat"] = ops.convert_to_numpy(again)
     return out
 
@@ -138,7 +141,7 @@ def build_model(seed: int):
     its metric ``energy`` = mean(params^2) depends on the homographies only, not on the weights).
     """
     inputs = keras.Input((32, 32, 3), dtype="uint8")
-    pairs = device.HomographyPairs(seed=seed, name="pairs")
+    pairs = HomographyPairs(seed=seed, name="pairs")
     x, tx, params = pairs(inputs)
     init = keras.initializers.GlorotUniform(seed=1)
     encoder = keras.Sequential([layers.Conv2D(4, 3, strides=4, kernel_initializer=init),
@@ -181,7 +184,7 @@ def fit_outputs(uint8_images: np.ndarray, folder: str) -> dict:
     out["fit_loss"] = np.array([step["loss"] for step in records])
     out["fit_energy"] = np.array([step["params_energy"] for step in records])
 
-    fresh = device.HomographyPairs(seed=FIT_SEED)
+    fresh = HomographyPairs(seed=FIT_SEED)
     # TF: XLA's stateless RNG differs from the eager kernels, so replay under XLA; JAX draws the
     # same numbers eagerly and under jit (a plain jax.jit would not advance the seed state).
     call = (lambda images: fresh(images)[2]) if keras.backend.backend() == "jax" \

@@ -130,7 +130,7 @@ def test_quarter_turns_are_np_rot90_of_the_normalised_images():
     image is `np.rot90(x, k)` of the normalised image, in the order of
     `pipelines.rotation_dataset` (all images in turn 0, then 1, 2, 3)."""
     from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD
-    from aetv2_tf.data.device import QuarterTurns
+    from aetv2_tf.data.layers import QuarterTurns
 
     images = np.random.default_rng(0).integers(0, 256, (3, 8, 8, 3), dtype=np.uint8)
     x, k = QuarterTurns(seed=0, augment=False)(images)
@@ -147,7 +147,7 @@ def test_classifier_inputs_normalise_and_crop_flip_like_the_tf_pipeline():
     normalisation of `pipelines.normalize`; in training every image is a crop of the 4-px
     zero-padded image (offsets in -4..4), flipped or not, as `pipelines.pad_crop_flip`."""
     from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD
-    from aetv2_tf.data.device import ClassifierInputs
+    from aetv2_tf.data.layers import ClassifierInputs
     from aetv2_tf.data.pipelines import normalize
 
     images = np.random.default_rng(1).integers(0, 256, (16, 32, 32, 3), dtype=np.uint8)

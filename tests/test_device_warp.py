@@ -1,4 +1,5 @@
-"""aetv2_tf.data.device: keras.ops homography sampling, warping and pairs, on TensorFlow and JAX.
+"""The device sampler, warp and pairs layer (aetv2_tf.data: sampler, warping, layers) in
+keras.ops, on TensorFlow and JAX.
 
 The TensorFlow-backend checks run in this process; the JAX ones run the same code
 (tests/device_checks.py) in a child process with KERAS_BACKEND=jax and TensorFlow blocked.
@@ -16,7 +17,9 @@ import pytest
 import tensorflow as tf
 
 import aetv2_tf.data as data
-from aetv2_tf.data import device, homographies, pipelines
+from aetv2_tf.data import homographies, pipelines, sampler, warping
+from aetv2_tf.data.constants import AETV1_FILL, CIFAR10_MEAN, CIFAR10_STD
+from aetv2_tf.data.layers import HomographyPairs
 from aetv2_tf.data.sources import load_cifar10
 from aetv2_tf.geometry import matrix_to_params
 from tests import device_checks as checks
@@ -29,7 +32,7 @@ CHI2_3DOF_P001 = 16.27  # chi-square quantile, 3 degrees of freedom, p = 0.001
 def inputs(cifar10_dir):
     """64 real CIFAR-10 test images in [0, 1], 16 uint8 ones, and 64 sampled T (TF backend)."""
     images, _ = load_cifar10(cifar10_dir, "test")
-    t, _ = device.sample_homographies(64, 32, 32, 11)
+    t, _ = sampler.sample_homographies(64, 32, 32, 11)
     return {"images": images[:64].astype(np.float32) / 255.0, "uint8_images": images[64:80],
             "t": keras.ops.convert_to_numpy(t)}
 
@@ -93,7 +96,7 @@ def test_warp_matches_cv2_warp_perspective(inputs, tf_results):
     assert out.shape == (64, 32, 32, 3) and out.dtype == np.float32
     interior, everywhere = _interior_errors(inputs["images"], inputs["t"], out, 0.5)
     jit_interior, _ = _interior_errors(inputs["images"], inputs["t"], tf_results["warp_jit"], 0.5)
-    print(f"\ndevice.warp (TF) vs cv2.warpPerspective on 64 CIFAR-10 images: interior max |err| "
+    print(f"\nwarping.warp (TF) vs cv2.warpPerspective on 64 CIFAR-10 images: interior max |err| "
           f"{interior:.2e} (XLA {jit_interior:.2e}), all pixels {everywhere:.2e}")
     assert interior < 1e-4 and jit_interior < 1e-4
     assert everywhere < 1e-3  # per-tap constant fill, like cv2.BORDER_CONSTANT
@@ -101,15 +104,15 @@ def test_warp_matches_cv2_warp_perspective(inputs, tf_results):
 
 def test_warp_agrees_with_tensorflow_warp_and_fill(inputs):
     x, t = inputs["images"][:8], inputs["t"][:8]
-    ours = keras.ops.convert_to_numpy(device.warp(x, t, fill_value=0.25))
+    ours = keras.ops.convert_to_numpy(warping.warp(x, t, fill_value=0.25))
     theirs = homographies.warp(x, t, fill_value=0.25).numpy()
     assert np.abs(ours - theirs).max() < 1e-4
     far = np.diag([0.2, 0.2, 1.0]).astype(np.float32)[None]  # shrinks: the border is all fill
-    out = keras.ops.convert_to_numpy(device.warp(x[:1], far, fill_value=0.25))
+    out = keras.ops.convert_to_numpy(warping.warp(x[:1], far, fill_value=0.25))
     np.testing.assert_array_equal(out[0, :5], 0.25)
     uint8 = (x[:1] * 255).round().astype(np.uint8)
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(device.warp(uint8, t[:1])),
-                               keras.ops.convert_to_numpy(device.warp(uint8 / 255.0, t[:1])),
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(warping.warp(uint8, t[:1])),
+                               keras.ops.convert_to_numpy(warping.warp(uint8 / 255.0, t[:1])),
                                atol=1e-6)
 
 
@@ -117,10 +120,10 @@ def test_dynamic_batch_in_a_tf_graph(inputs):
     """A TF graph with an unknown batch size (tf.data without drop_remainder) maps per image."""
     x, t = inputs["images"][:8], inputs["t"][:8]
     spec = [tf.TensorSpec([None, 32, 32, 3], tf.float32), tf.TensorSpec([None, 3, 3], tf.float32)]
-    graph = tf.function(lambda a, m: device.warp(a, m, 0.25), input_signature=spec)
-    eager = keras.ops.convert_to_numpy(device.warp(x, t, 0.25))
+    graph = tf.function(lambda a, m: warping.warp(a, m, 0.25), input_signature=spec)
+    eager = keras.ops.convert_to_numpy(warping.warp(x, t, 0.25))
     np.testing.assert_allclose(graph(x, t).numpy(), eager, atol=1e-6)
-    layer = device.HomographyPairs(seed=1)
+    layer = HomographyPairs(seed=1)
     pairs = tf.function(layer, input_signature=[tf.TensorSpec([None, 32, 32, 3], tf.uint8)])
     out = pairs(inputs["uint8_images"])
     assert [tuple(v.shape) for v in out] == [(16, 32, 32, 3), (16, 32, 32, 3), (16, 8)]
@@ -128,9 +131,9 @@ def test_dynamic_batch_in_a_tf_graph(inputs):
     params = out[2].numpy()
     np.testing.assert_allclose(layer.seed_generator.state.numpy(), [1, 1])
     t = np.concatenate([params, np.ones((16, 1), np.float32)], -1).reshape(16, 3, 3)
-    mean, std = np.array(device.CIFAR10_MEAN), np.array(device.CIFAR10_STD)
-    expected = keras.ops.convert_to_numpy(device.warp(
-        (out[0].numpy() * std + mean).astype(np.float32), t, device.AETV1_FILL))
+    mean, std = np.array(CIFAR10_MEAN), np.array(CIFAR10_STD)
+    expected = keras.ops.convert_to_numpy(warping.warp(
+        (out[0].numpy() * std + mean).astype(np.float32), t, AETV1_FILL))
     np.testing.assert_allclose(out[1].numpy() * std + mean, expected, atol=1e-5)
 
 
@@ -165,7 +168,9 @@ def _check_sampler(results, label):
     # distribution
     counts = np.bincount(c["rotation"], minlength=4)
     chi2 = float(((counts - n / 4) ** 2 / (n / 4)).sum())
-    mean, std = homographies.parameter_statistics(32, 32)
+    reference = homographies.sample_homographies(200_000, 32, 32, (1234, 5678)).numpy()
+    reference = matrix_to_params(reference.astype(np.float64)).numpy()
+    mean, std = reference.mean(0), reference.std(0)
     p = c["params"].astype(np.float64)
     mean_dev = np.abs(p.mean(0) - mean) / std
     std_dev = np.abs(p.std(0) / std - 1)
@@ -189,17 +194,17 @@ def test_sampler_protocol_distribution_and_solve(tf_results):
 
 def test_sampler_continuous_shift_and_generator_seed():
     gen = keras.random.SeedGenerator(3)
-    parts = device.sample_homography_components(5000, 24, 40, gen, shift="continuous")
+    parts = sampler.sample_homography_components(5000, 24, 40, gen, shift="continuous")
     shift = keras.ops.convert_to_numpy(parts["shift"])
     assert np.abs(shift[..., 0]).max() <= 5.0 and np.abs(shift[..., 1]).max() <= 3.0
     assert len(np.unique(shift)) > 1000  # not integers
     first = keras.ops.convert_to_numpy(parts["matrix"])
-    second = keras.ops.convert_to_numpy(device.sample_homographies(5000, 24, 40, gen)[0])
+    second = keras.ops.convert_to_numpy(sampler.sample_homographies(5000, 24, 40, gen)[0])
     assert np.abs(first - second).max() > 0.1  # the generator advanced
-    again = device.sample_homography_components(5000, 24, 40, 3, shift="continuous")
+    again = sampler.sample_homography_components(5000, 24, 40, 3, shift="continuous")
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(again["matrix"]), first)
     with pytest.raises(ValueError, match="shift"):
-        device.sample_homographies(2, 32, 32, 0, shift="pixels")
+        sampler.sample_homographies(2, 32, 32, 0, shift="pixels")
 
 
 # -------------------------------------------------------------------------------- (d) JAX
@@ -211,7 +216,7 @@ def test_jax_warp_matches_tensorflow_backend(inputs, tf_results, jax_results):
     eager = np.abs(jax_results["warp_eager"] - tf_results["warp_eager"]).max()
     compiled = np.abs(jax_results["warp_jit"] - tf_results["warp_eager"]).max()
     interior, _ = _interior_errors(inputs["images"], inputs["t"], jax_results["warp_jit"], 0.5)
-    print(f"\ndevice.warp JAX vs TF backend: max |diff| {eager:.1e} (eager), {compiled:.1e} "
+    print(f"\nwarping.warp JAX vs TF backend: max |diff| {eager:.1e} (eager), {compiled:.1e} "
           f"(jax.jit); jax.jit vs cv2 interior {interior:.1e}")
     assert eager < 1e-5 and compiled < 1e-5 and interior < 1e-4
 
@@ -287,13 +292,13 @@ def test_loss_reads_the_traced_step_counter(backend, tf_results, jax_results):
 def test_pairs_outputs_match_the_pretext_protocol(inputs):
     """x is a 4-px zero-padded crop (+ flip) of the image, tx = warp(x, T, 128/255), normalised."""
     images = inputs["uint8_images"]
-    layer = device.HomographyPairs(seed=9)
+    layer = HomographyPairs(seed=9)
     x, tx, params = (keras.ops.convert_to_numpy(v) for v in layer(images))
     assert x.shape == tx.shape == (16, 32, 32, 3) and params.shape == (16, 8)
     mean, std = np.array(pipelines.CIFAR10_MEAN), np.array(pipelines.CIFAR10_STD)
-    np.testing.assert_array_equal(device.CIFAR10_MEAN, pipelines.CIFAR10_MEAN)
-    np.testing.assert_array_equal(device.CIFAR10_STD, pipelines.CIFAR10_STD)
-    assert device.AETV1_FILL == homographies.AETV1_FILL
+    np.testing.assert_array_equal(CIFAR10_MEAN, pipelines.CIFAR10_MEAN)
+    np.testing.assert_array_equal(CIFAR10_STD, pipelines.CIFAR10_STD)
+    assert AETV1_FILL == homographies.AETV1_FILL
     raw = x * std + mean
     padded = np.pad(images / 255.0, [(0, 0), (4, 4), (4, 4), (0, 0)])
     found = {"flipped": 0, "shifted": 0}
@@ -306,25 +311,25 @@ def test_pairs_outputs_match_the_pretext_protocol(inputs):
         found["shifted"] += any((oy, ox) != (4, 4) for oy, ox, _ in matches)
     assert found["flipped"] > 0 and found["shifted"] > 0
     t = np.concatenate([params, np.ones((16, 1), np.float32)], -1).reshape(16, 3, 3)
-    expected = keras.ops.convert_to_numpy(device.warp(raw.astype(np.float32), t,
+    expected = keras.ops.convert_to_numpy(warping.warp(raw.astype(np.float32), t,
                                                       homographies.AETV1_FILL))
     np.testing.assert_allclose(tx * std + mean, expected, atol=1e-5)
-    plain = device.HomographyPairs(seed=9, augment=False)
+    plain = HomographyPairs(seed=9, augment=False)
     np.testing.assert_allclose(keras.ops.convert_to_numpy(plain(images)[0]) * std + mean,
                                images / 255.0, atol=1e-6)
 
 
 def test_pairs_serialization():
-    layer = device.HomographyPairs(seed=4, shift="continuous", fill_value=0.5, name="p")
+    layer = HomographyPairs(seed=4, shift="continuous", fill_value=0.5, name="p")
     clone = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(layer))
-    assert isinstance(clone, device.HomographyPairs)
+    assert isinstance(clone, HomographyPairs)
     assert clone.get_config() == layer.get_config()
     with pytest.raises(ValueError, match="shift"):
-        device.HomographyPairs(shift="pixels")
+        HomographyPairs(shift="pixels")
 
 
-def test_device_module_imports_without_tensorflow():
-    code = ("import sys; sys.modules['tensorflow'] = None; import aetv2_tf.data.device as d; "
+def test_device_modules_import_without_tensorflow():
+    code = ("import sys; sys.modules['tensorflow'] = None; import aetv2_tf.data.layers as d; "
             "import aetv2_tf.data as data; assert 'aetv2_tf.data.homographies' not in sys.modules; "
             "print(d.HomographyPairs.__name__)")
     env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu")

@@ -28,7 +28,7 @@ RUN_TRAIN = BLOCK_TF + ("import runpy; runpy.run_module('aetv2_tf.train', run_na
 FEATURES = BLOCK_TF + """
 import json, pathlib, sys
 import numpy as np
-from aetv2_tf.data.device import CIFAR10_MEAN, CIFAR10_STD
+from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD
 from aetv2_tf.data.sources import load_cifar10
 from aetv2_tf.program.keras_checkpoints import load_encoder_weights
 model_dir, data_dir, out = sys.argv[1:]
@@ -282,7 +282,7 @@ def test_tensorflow_loads_the_jax_encoder(runs, cifar10_dir):
     """--pretrained=<jax run> under TensorFlow: fused-BN NIN, same block-2 features (1e-4)."""
     import tensorflow as tf
 
-    from aetv2_tf.data.device import CIFAR10_MEAN, CIFAR10_STD
+    from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD
     from aetv2_tf.data.sources import load_cifar10
     from aetv2_tf.export import export_encoder, restore_encoder
     from aetv2_tf.models import FusedBatchNormalization

@@ -1,7 +1,8 @@
 """Data: image sources, AETv1 homographies and tf.data pipelines (see docs/conventions.md).
 
-The public names are imported lazily (PEP 562), on first access: ``aetv2_tf.data.device`` (pure
-``keras.ops``) must import without TensorFlow, which ``homographies`` and ``pipelines`` need.
+The public names are imported lazily (PEP 562), on first access: the device's modules
+(``sampler``, ``warping``, ``layers``: pure ``keras.ops``) must import without TensorFlow, which
+``homographies`` and ``pipelines`` need.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ if TYPE_CHECKING:  # pragma: no cover
         CANONICAL_CORNERS,
         corners,
         normalization_matrix,
-        parameter_statistics,
         rotation_matrix,
         sample_homographies,
         sample_homography_components,
@@ -55,7 +55,6 @@ _LAZY = {
     "CANONICAL_CORNERS": "homographies",
     "corners": "homographies",
     "normalization_matrix": "homographies",
-    "parameter_statistics": "homographies",
     "rotation_matrix": "homographies",
     "sample_homographies": "homographies",
     "sample_homography_components": "homographies",
@@ -108,7 +107,6 @@ __all__ = [
     "normalization_constants",
     "normalize",
     "pad_crop_flip",
-    "parameter_statistics",
     "pretext_dataset",
     "resize_crop",
     "resize_shorter_side",

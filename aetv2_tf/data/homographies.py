@@ -15,20 +15,19 @@ it as a cyclic shift of the corner list: corner ``i`` moves to the place of corn
 
 Every function here is TensorFlow, batched, and usable inside ``tf.data`` under the TensorFlow
 backend; the sampler's mathematics (`square_to_quad`, the corners of the AETv1 sampler) is
-`aetv2_tf.data.device`'s ``keras.ops`` code, shared with the device sampler.
+`aetv2_tf.data.sampler`'s ``keras.ops`` code, shared with the device.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 
 import numpy as np
 import tensorflow as tf
 
-from aetv2_tf.data import device
+from aetv2_tf.data import sampler
 from aetv2_tf.data.constants import AETV1_FILL  # noqa: F401 - re-exported
-from aetv2_tf.geometry import inverse_3x3, matrix_to_params
+from aetv2_tf.geometry import inverse_3x3
 
 #: The image corners in the model frame, (4, 2) as (u, v): top-left, top-right, bottom-right,
 #: bottom-left (clockwise on screen, since v points down).
@@ -79,11 +78,11 @@ def square_to_quad(quad) -> tf.Tensor:
     """Homographies mapping the model-frame square onto quadrilaterals: (..., 4, 2) -> (..., 3, 3).
 
     ``quad[..., i, :]`` is where ``CANONICAL_CORNERS[i]`` goes. The closed form of
-    `aetv2_tf.data.device.square_to_quad` (no linear solve), on a corner array; the result has
+    `aetv2_tf.data.sampler.square_to_quad` (no linear solve), on a corner array; the result has
     ``T[..., 2, 2] == 1`` and the dtype of ``quad`` (float64 for accuracy).
     """
     quad = tf.convert_to_tensor(quad)
-    return device.square_to_quad(quad[..., 0], quad[..., 1])
+    return sampler.square_to_quad(quad[..., 0], quad[..., 1])
 
 
 def stateless_seed(seed) -> tf.Tensor:
@@ -134,7 +133,7 @@ def sample_homography_components(
 
     One sampler for both programs: ``(B, 10)`` float32 uniforms drawn here with TensorFlow's
     stateless RNG (a pure function of ``seed``, so a resumed tf.data pipeline redraws the same
-    homographies) go through `aetv2_tf.data.device.components_from_uniform`, the mathematics the
+    homographies) go through `aetv2_tf.data.sampler.components_from_uniform`, the mathematics the
     device sampler uses with ``keras.random`` draws.
     """
     import keras
@@ -142,10 +141,10 @@ def sample_homography_components(
     if keras.backend.backend() != "tensorflow":
         raise RuntimeError("aetv2_tf.data.homographies samples with keras.ops, which are "
                            "TensorFlow ops only under KERAS_BACKEND=tensorflow; on another "
-                           "backend use aetv2_tf.data.device (the same sampler).")
+                           "backend use aetv2_tf.data.sampler (the same sampler).")
     u = tf.random.stateless_uniform(tf.stack([tf.cast(batch_size, tf.int32), 10]),
                                     stateless_seed(seed), dtype=tf.float32)
-    return device.components_from_uniform(u, height, width, shift, scale_range, shift_fraction)
+    return sampler.components_from_uniform(u, height, width, shift, scale_range, shift_fraction)
 
 
 def sample_homographies(
@@ -229,34 +228,3 @@ def warp(images, t, fill_value: float = 0.5, interpolation: str = "bilinear") ->
         interpolation=interpolation.upper(),
         fill_mode="CONSTANT",
     )
-
-
-@functools.lru_cache(maxsize=32)
-def _statistics(height, width, shift, scale_range, shift_fraction, num_samples):
-    t = sample_homographies(
-        num_samples, height, width, tf.constant([1234, 5678], tf.int64), shift, scale_range,
-        shift_fraction,
-    )
-    p = tf.cast(matrix_to_params(tf.cast(t, tf.float64)), tf.float64).numpy()
-    return p.mean(axis=0).astype(np.float32), p.std(axis=0).astype(np.float32)
-
-
-def parameter_statistics(
-    height: int,
-    width: int,
-    shift: str = "integer",
-    scale_range: Sequence[float] = (0.8, 1.2),
-    shift_fraction: float = 0.125,
-    num_samples: int = 200_000,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Fixed mean and std (8,) float32 of the 8 parameters of :func:`sample_homographies`.
-
-    For the AETv1 loss: ``((p_hat - mean) / std - (p - mean) / std) ** 2``. Computed once from
-    ``num_samples`` homographies drawn with a fixed seed, then cached: the same numbers every call.
-    Call it eagerly (outside ``tf.function``) and feed the arrays to the loss as constants.
-    """
-    mean, std = _statistics(
-        int(height), int(width), shift, tuple(float(s) for s in scale_range),
-        float(shift_fraction), int(num_samples),
-    )
-    return mean.copy(), std.copy()

@@ -3,7 +3,7 @@
 Both take uint8 NHWC images, as stored, and hold everything that turns them into features:
 
     images (B, H, W, 3) uint8
-      -> ClassifierInputs "preprocessing" (data.device: (u / 255 - mean) / std, float32; mean and
+      -> ClassifierInputs "preprocessing" (data.layers: (u / 255 - mean) / std, float32; mean and
          std in its config; optionally the AETv1 crop-and-flip augmentation in training)
       -> the encoder CUT at `feature` (`cut_encoder`: its layers up to the feature only, weights
          shared with `encoder`)                                   -> (B, h, w, C) or (B, D)
@@ -38,7 +38,7 @@ from collections.abc import Sequence
 import keras
 
 from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD
-from aetv2_tf.data.device import ClassifierInputs
+from aetv2_tf.data.layers import ClassifierInputs
 from aetv2_tf.models.checked import LABELS, ChecksInputs
 from aetv2_tf.models.features import (  # noqa: F401 - CLASSIFIER_FEATURES, classifier_feature: API
     CLASSIFIER_FEATURES,

@@ -2,7 +2,7 @@
 (RotNet, `build_rotations_model`) are made on the device.
 
     images (B, H, W, 3) uint8
-      -> HomographyPairs (aetv2_tf.data.device; seeded)  -> x, tx (B, H, W, 3) float32, p (B, 8)
+      -> HomographyPairs (aetv2_tf.data.layers; seeded)  -> x, tx (B, H, W, 3) float32, p (B, 8)
       -> build_aet_model(encoder)([x, tx])                -> p_hat (B, 8) float32
       -> concat([p_hat, p], axis=-1)                      -> output (B, 16) float32
 
@@ -34,14 +34,9 @@ from collections.abc import Sequence
 
 import keras
 
-from aetv2_tf.data import device
-from aetv2_tf.data.device import (
-    AETV1_FILL,
-    CIFAR10_MEAN,
-    CIFAR10_STD,
-    HomographyPairs,
-    QuarterTurns,
-)
+from aetv2_tf.data import warping
+from aetv2_tf.data.constants import AETV1_FILL, CIFAR10_MEAN, CIFAR10_STD
+from aetv2_tf.data.layers import HomographyPairs, QuarterTurns
 from aetv2_tf.models.aet import build_aet_model, build_rotation_model
 from aetv2_tf.models.checked import ChecksInputs
 
@@ -96,7 +91,7 @@ class WarpPairs(keras.layers.Layer):
     pixel, moves into the compiled step. Under TensorFlow it is the pipeline's own op
     (`homographies.warp`, the fused ``ImageProjectiveTransformV3``, with CPU and GPU kernels):
     the same pairs as on the host up to the uint8 rounding of x; under other backends, and with
-    ``fused=False``, it is `data.device.warp` (``keras.ops``, equal to it up to float rounding):
+    ``fused=False``, it is `data.warping.warp` (``keras.ops``, equal to it up to float rounding):
     the fused op has no XLA kernel, so a step compiled by XLA under TensorFlow (a TPU, or
     ``jit_compile=True``) needs ``fused=False``. ``fused=None``: fused under TensorFlow."""
 
@@ -124,7 +119,7 @@ class WarpPairs(keras.layers.Layer):
 
             tx = warp(x, t, fill_value=self.fill_value)
         else:
-            tx = device.warp(x, t, fill_value=self.fill_value)
+            tx = warping.warp(x, t, fill_value=self.fill_value)
         mean = keras.ops.convert_to_tensor(self.mean, "float32")
         std = keras.ops.convert_to_tensor(self.std, "float32")
         return [(x - mean) / std, (tx - mean) / std]

@@ -117,7 +117,7 @@ class FrozenEncoderProbe(keras.Model):
 
     ``encoder`` is a Keras model/layer (set to ``trainable=False`` here) or any callable feature
     function; dict outputs (``build_nin``: ``{"block1".."block4"}``) are indexed by ``feature``.
-    ``preprocess`` (optional, e.g. `data.device.ClassifierInputs`: uint8 -> augmented and
+    ``preprocess`` (optional, e.g. `data.layers.ClassifierInputs`: uint8 -> augmented and
     normalised on the device) is called with the ``training`` flag of the call.
     """
 

@@ -36,12 +36,12 @@ import numpy as np
 from absl import logging
 
 from aetv2_tf import __version__
+from aetv2_tf.data.sampler import parameter_std
 from aetv2_tf.errors import UsageError
 from aetv2_tf.program import common as program
 from aetv2_tf.program import pretext, rundir
 from aetv2_tf.program.flags import ESSENTIAL, FLAGS, TRAJECTORY, flagfile_text, run_flags
 from aetv2_tf.program.precision import choose_precision
-from aetv2_tf.recipes import parameter_std
 
 
 def check_flags(num_devices: int) -> None:
@@ -245,7 +245,7 @@ def summary_callbacks(counter, schedule, sample, mean, std) -> list[keras.callba
         return out
     if F.pretext == "rotation":
         return out + [PretextSummaries(*args)]
-    from aetv2_tf.data.device import HomographyPairs
+    from aetv2_tf.data.layers import HomographyPairs
     from aetv2_tf.visualize import draw_pairs
 
     x, tx, params = HomographyPairs(seed=F.seed + 1, shift=F.shift, augment=False, mean=mean,

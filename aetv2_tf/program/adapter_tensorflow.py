@@ -84,14 +84,14 @@ class TensorFlowPretext(pretext.PretextAdapter):
 
     def __init__(self, strategy: tf.distribute.Strategy, chief: bool, images):
         from aetv2_tf.data import pipelines
-        from aetv2_tf.data.homographies import parameter_statistics
+        from aetv2_tf.data.sampler import parameter_std
         from aetv2_tf.program import distribute
 
         F = FLAGS
         super().__init__(images)
         self.strategy, self.chief = strategy, chief
         # AETv1: the decoder regresses std-normalised parameters, as the AETv1 code does.
-        self.param_std = parameter_statistics(self.size, self.size, F.shift)[1]
+        self.param_std = parameter_std(self.size, F.shift)
         self.make_data = pipelines.rotation_dataset if self.rotation else \
             pipelines.pretext_dataset
         self.worker_tmp = os.path.join(F.model_dir, ".worker_tmp", distribute.task_name(strategy))

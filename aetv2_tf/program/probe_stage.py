@@ -22,7 +22,7 @@ TensorFlow the tf.data pipelines (`data.pipelines.classification_dataset`: crops
 normalisation in tf.data; every dataset, and the tf.data sources on other backends where
 TensorFlow is importable), elsewhere the NumPy batches of CIFAR-10
 (`data.stream.LabelledBatches`) with the crops, flips and normalisation on the device
-(`data.device.ClassifierInputs`, the first layer of the trained model). A KNN reads arrays through
+(`data.layers.ClassifierInputs`, the first layer of the trained model). A KNN reads arrays through
 ``predict`` (`probes.knn.pooled_features`) and streams or SavedModels through the feature
 function (`probes.knn.extract_features`).
 
@@ -96,7 +96,7 @@ def backend_inputs(data: ProbeData, mean, std, image_size: int) -> Inputs:
                                           image_size=image_size, mean=mean, std=std)
 
         return Inputs(tf_batches, lambda: None)
-    from aetv2_tf.data.device import ClassifierInputs
+    from aetv2_tf.data.layers import ClassifierInputs
     from aetv2_tf.data.stream import LabelledBatches
 
     def array_batches(images, labels, training: bool):
