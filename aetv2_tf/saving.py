@@ -37,6 +37,7 @@ from absl import logging
 from aetv2_tf import pretrained
 from aetv2_tf.data.constants import normalization_constants
 from aetv2_tf.recipes import Recipe, as_recipe
+from aetv2_tf.safe_paths import process_alive, refuse_link, write_text_atomically
 
 ENCODER_WEIGHTS = "encoder.weights.h5"
 #: A custom encoder (not a `build_backbone` one), saved whole by `save_encoder`.
@@ -204,31 +205,21 @@ def list_checkpoints(directory: str) -> list[tuple[int, str]]:
     return sorted((int(m.group(1)), os.path.join(directory, name)) for m, name in found if m)
 
 
-def _alive(pid: int) -> bool:
-    """Whether process `pid` runs on this host (this process counts as dead: its own earlier
-    temporaries are leftovers)."""
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def save_atomically(saver, path: str) -> str:
     """`saver(tmp)`, its bytes flushed to the disk, then `os.replace(tmp, path)`; tmp ends like
     `path` (Keras checks suffixes). Temporaries that a killed process left beside it are
-    removed first (never those of a live process)."""
+    removed first (never those of a live process). A symbolic link at `path` or at the
+    temporary's name is refused (`safe_paths.refuse_link`), never written through."""
     directory, name = os.path.split(path)
     os.makedirs(directory or ".", exist_ok=True)
     tmp = os.path.join(directory, f".tmp{os.getpid()}-{name}")
+    refuse_link(path, regular=True)
+    refuse_link(tmp)
     for other in os.listdir(directory or "."):  # `.tmp<pid>-<name or a checkpoint's name>`
         head, _, rest = other.partition("-")
         ours = rest == name or CHECKPOINT_NAME.match(rest)
-        if head.startswith(".tmp") and head[4:].isdigit() and ours and not _alive(int(head[4:])):
+        if head.startswith(".tmp") and head[4:].isdigit() and ours and \
+                not process_alive(int(head[4:])):
             os.remove(os.path.join(directory, other))
     try:
         saver(tmp)
@@ -240,15 +231,6 @@ def save_atomically(saver, path: str) -> str:
         if os.path.exists(tmp):
             os.remove(tmp)
     return path
-
-
-def write_text_atomically(path: str, text: str) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def file_digest(path: str) -> str:

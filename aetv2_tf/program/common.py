@@ -242,10 +242,9 @@ def budget_steps(fit_first_steps: Callable[[int, keras.callbacks.Callback], None
                   pairs_per_sec=round(rate * F.batch_size, 1), timed_steps=s1 - s0,
                   measured=time.strftime("%Y-%m-%d %H:%M:%S"))
     if writer:
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(record, f, indent=1)
-        os.replace(tmp, path)
+        from aetv2_tf.safe_paths import write_text_atomically
+
+        write_text_atomically(path, json.dumps(record, indent=1))
     print(f"Time budget --train_seconds={F.train_seconds:g}: {record['pairs_per_sec']} pairs/s "
           f"measured here -> --train_steps={steps} of {F.batch_size} pairs, about "
           f"{_duration(steps / rate)} of training (recorded in {path}).", flush=True)
