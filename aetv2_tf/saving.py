@@ -242,11 +242,16 @@ def file_digest(path: str) -> str:
     return digest.hexdigest()
 
 
-def damage(path: str) -> str | None:
-    """Why the file at `path` cannot be trusted (its SHA-256 is not the one written with it), or
-    None: intact, or written before checksums existed."""
+def damage(path: str, required: bool = False) -> str | None:
+    """Why the file at `path` cannot be trusted (its SHA-256 is not the one written with it;
+    with `required`, also a missing `.sha256`: the project writes one beside every checkpoint
+    and `.keras` file, so without it a changed file cannot be told from the one written), or
+    None: intact (or, unless `required`, written before checksums existed)."""
     sidecar = path + CHECKSUM
     if not os.path.exists(sidecar):
+        if required:
+            return f"it has no {os.path.basename(sidecar)} (the SHA-256 written with it), so " \
+                   "it cannot be told from a file changed after it was written"
         return None
     with open(sidecar) as f:
         expected = f.read().split()[:1]
@@ -269,13 +274,15 @@ def save_encoder_weights(encoder: keras.Model, backbone: str, model_dir: str) ->
 
 def encoder_source(model_dir: str) -> str | None:
     """Where `load_encoder_weights` reads: `encoder.weights.h5`, else the newest checkpoint;
-    a file whose checksum does not match is skipped with a warning (readers do not rename)."""
+    a file whose checksum does not match, or a checkpoint without one, is skipped with a
+    warning (readers do not rename). An `encoder.weights.h5` without a checksum is read (the
+    presets of `results/` and runs of versions before checksums have none)."""
     candidates = [os.path.join(model_dir, ENCODER_WEIGHTS)] + [
         path for _, path in reversed(list_checkpoints(os.path.join(model_dir, "checkpoints")))]
     for path in candidates:
         if not os.path.isfile(path):
             continue
-        reason = damage(path)
+        reason = damage(path, required=not path.endswith(ENCODER_WEIGHTS))
         if reason is None:
             return path
         logging.warning("Skipped %s: %s.", path, reason)
