@@ -30,6 +30,7 @@ import hashlib
 import json
 import os
 import re
+from typing import Any
 
 import keras
 from absl import logging
@@ -156,7 +157,14 @@ def load_encoder(name_or_directory: str | os.PathLike,
     a pretraining run's ``--model_dir`` (its ``encoder.weights.h5``, else its newest
     checkpoint), or a preset's (a name of `pretrained.PRESETS`, e.g. "aetv1_cifar10").
     ``batch_norm``: "keras", or "fused" (TensorFlow's kernel, same weights) for the package's
-    backbones; a custom encoder loads as it was saved (``encoder.keras``)."""
+    backbones; a custom encoder loads as it was saved (``encoder.keras``).
+
+    The encoder takes NORMALISED images, ``(u / 255 - mean) / std`` (`preprocessing`), as a
+    `models.encoders.NormalisedEncoder`: its ``predict`` (and ``fit``, ``evaluate``, calls on
+    NumPy arrays) refuses raw pixels, uint8 or [0, 1] floats, with the fix (give uint8 images
+    to `feature_extractor` / `build_classifier`, which normalise them)."""
+    from aetv2_tf.models.encoders import normalised_encoder
+
     directory = pretrained.resolve(name_or_directory)
     if not os.path.isfile(os.path.join(directory, "flags.json")):
         raise FileNotFoundError(f"{directory} has no flags.json: pass a directory written by "
@@ -164,24 +172,39 @@ def load_encoder(name_or_directory: str | os.PathLike,
                                 f"name {sorted(pretrained.PRESETS)}")
     saved = load_saved_flags(directory)
     if saved.get("custom_encoder"):
-        return load_custom_encoder(directory, saved)
-    return load_encoder_weights(directory, saved, batch_norm)
+        return normalised_encoder(load_custom_encoder(directory, saved))
+    return normalised_encoder(load_encoder_weights(directory, saved, batch_norm))
 
 
 def load_custom_encoder(directory: str, saved: dict) -> keras.Model:
     """The custom encoder that `save_encoder` wrote whole in ``directory`` (``saved``: its
-    flags.json): `keras.saving.load_model` (safe mode, not compiled) of ``encoder.keras``,
-    after its checksum check."""
+    flags.json): `load_model` (safe mode, not compiled, after its checksum check) of
+    ``encoder.keras``."""
     path = os.path.join(directory, os.path.basename(saved.get("encoder_file") or ENCODER_FILE))
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path} not found: {directory}'s flags.json records a custom "
                                 "encoder saved by aetv2_tf.save_encoder; save it again")
-    reason = damage(path)
-    if reason is not None:
-        raise ValueError(f"{path} cannot be trusted: {reason}; save the encoder again")
-    encoder = keras.saving.load_model(path, compile=False)
+    encoder = load_model(path, compile=False)
     logging.info("Loaded the encoder from %s.", path)
     return encoder
+
+
+def load_model(path: str | os.PathLike, **kwargs: Any) -> keras.Model:
+    """`keras.saving.load_model(path, **kwargs)` (safe mode unless told) of a `.keras` file this
+    project wrote (a run's ``aet_model.keras``, a custom encoder's ``encoder.keras``: each with
+    its SHA-256 beside it, `save_atomically`), after the digest check: a file whose SHA-256
+    differs, or without its ``.sha256``, raises ValueError naming it and the fix, unloaded
+    (Keras itself loads a changed file without a word). A `.keras` file of your own, without
+    a digest, is `keras.saving.load_model`'s."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} not found")
+    reason = damage(path, required=True)
+    if reason is not None:
+        raise ValueError(f"{path} cannot be trusted: {reason}. Write it again (a run: rerun it, "
+                         "or export it; an encoder: save_encoder), or load a file of your own "
+                         "with keras.saving.load_model")
+    return keras.saving.load_model(path, **kwargs)
 
 
 def preprocessing(name_or_directory: str | os.PathLike) -> dict[str, tuple[float, ...]]:
@@ -310,26 +333,36 @@ def load_encoder_weights(model_dir: str, saved: dict, batch_norm: str) -> keras.
                          "aetv2_tf.save_encoder): load it with aetv2_tf.load_encoder; the "
                          "command line and the export take the package's backbones (nin, "
                          "alexnet) only")
-    size = saved.get("image_size")  # save_encoder records it; runs use the backbone's default
-    shape = (size, size, 3) if size else DEFAULT_INPUT_SHAPES[saved["backbone"]]
-    twin = build_backbone(saved["backbone"], shape, batch_norm="keras")
     path = encoder_source(model_dir)
     if path is None:
         raise FileNotFoundError(f"neither {os.path.join(model_dir, ENCODER_WEIGHTS)} nor a "
                                 f"checkpoint in {model_dir}/checkpoints: train first.")
     rotation = saved.get("pretext") == "rotation"
-    if path.endswith(ENCODER_WEIGHTS):
-        twin.load_weights(path)
-    elif saved.get("backend", "tensorflow") == "tensorflow":
-        owner = build_backbone(saved["backbone"], shape,
-                               batch_norm=saved.get("batch_norm", "keras"))
-        load_model_part(build_rotation_model(owner) if rotation else build_aet_model(owner),
-                         path)
-        twin.set_weights(owner.get_weights())
-    else:
-        pairs = build_rotations_model(twin, seed=0) if rotation else build_pairs_model(
-            twin, seed=0, count_steps=saved.get("mse_decay_steps", 0) > 0)  # its loss_step
-        load_model_part(pairs, path)
+    try:
+        size = saved.get("image_size")  # save_encoder records it; runs: the backbone's default
+        shape = (size, size, 3) if size else DEFAULT_INPUT_SHAPES[saved["backbone"]]
+        twin = build_backbone(saved["backbone"], shape, batch_norm="keras")
+        if path.endswith(ENCODER_WEIGHTS):
+            twin.load_weights(path)
+        elif saved.get("backend", "tensorflow") == "tensorflow":
+            owner = build_backbone(saved["backbone"], shape,
+                                   batch_norm=saved.get("batch_norm", "keras"))
+            load_model_part(build_rotation_model(owner) if rotation else
+                            build_aet_model(owner), path)
+            twin.set_weights(owner.get_weights())
+        else:
+            pairs = build_rotations_model(twin, seed=0) if rotation else build_pairs_model(
+                twin, seed=0, count_steps=saved.get("mse_decay_steps", 0) > 0)  # its loss_step
+            load_model_part(pairs, path)
+    except (ValueError, KeyError, TypeError, OSError) as e:
+        record = {k: saved.get(k) for k in ("backbone", "image_size", "pretext", "batch_norm",
+                                            "backend", "mse_decay_steps") if k in saved}
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise ValueError(
+            f"{path} does not fit the encoder that {os.path.join(model_dir, 'flags.json')} "
+            f"describes ({json.dumps(record, default=str)[:300]}): {type(e).__name__}: {first}; "
+            "was flags.json edited? Restore the flags.json the run wrote (from a backup), or "
+            "pass the directory as the run left it.") from None
     logging.info("Loaded the encoder from %s.", path)
     if batch_norm == "keras":
         return twin
