@@ -286,11 +286,13 @@ def fit_and_summarize(model: keras.Model, data, start: int, stop: int, steps: in
         StopOnSkippedStep,
         weights_digest,
     )
+    from aetv2_tf.program.loss_growth import StopOnLossGrowth
 
     F = FLAGS
     counter, signals, skips = (next(c for c in callbacks if isinstance(c, kind))
                                for kind in (StepCounter, StopOnSignal, StopOnSkippedStep))
     saver = next(c for c in callbacks if hasattr(c, "refused"))
+    growth = next((c for c in callbacks if isinstance(c, StopOnLossGrowth)), None)
     t0 = time.perf_counter()
     history = {}
     if start < stop:
@@ -306,7 +308,8 @@ def fit_and_summarize(model: keras.Model, data, start: int, stop: int, steps: in
     if skipped is not None and int(keras.ops.convert_to_numpy(skipped.value)):
         summary["skipped_steps"] = int(keras.ops.convert_to_numpy(skipped.value))
     outcomes = dict(interrupted_by=signals.received, diverged=skips.diverged,
-                    stopped_nonfinite=skips.stopped, nonfinite_weights=saver.refused)
+                    stopped_nonfinite=skips.stopped, nonfinite_weights=saver.refused,
+                    loss_grew=growth.grew if growth else None)
     summary.update({key: value for key, value in outcomes.items() if value})
     return summary, done >= steps and not any(outcomes.values())
 

@@ -104,6 +104,11 @@ class KerasCheckpoints(CheckpointStore):
                 os.remove(old + CHECKSUM)
         return path
 
+    def set_aside(self, step: int, reason: str) -> None:
+        path = os.path.join(self.directory, f"ckpt-{step}.weights.h5")
+        if os.path.isfile(path):
+            set_aside(path, reason)
+
 
 def restore_checkpoint(model: keras.Model, directory: str, writer: bool = True) -> int:
     """Loads the newest intact checkpoint of `directory` into `model` (its optimizer built
