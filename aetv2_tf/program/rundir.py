@@ -205,7 +205,7 @@ def check_run_parts(model_dir: str) -> None:
     write into, move or adopt: a part of the run (`linked_parts`: the lock, checkpoints/,
     train/, export/, encoder.weights.h5, results.json, ...) that is a symbolic link; files no
     run writes, or links, in the run's folders (`foreign_files`); or a run's outputs
-    (`holds_results`: checkpoints, weights, an export, results) without the run's own record,
+    (`run_outputs`: checkpoints, weights, an export, results) without the run's own record,
     flags.json, which every start of this program writes first: they are another program's or
     a user's files, never resumed from, pruned or replaced."""
     linked = linked_parts(model_dir)
@@ -218,8 +218,8 @@ def check_run_parts(model_dir: str) -> None:
                          f"a run writes ({', '.join(found)}{', ...' if len(found) >= 5 else ''})"
                          "; is it a dataset's folder? Nothing was changed; choose a new, empty "
                          "--model_dir.")
-    if not os.path.lexists(os.path.join(model_dir, "flags.json")) and holds_results(model_dir):
-        held = [name for name in RESULTS if os.path.lexists(os.path.join(model_dir, name))]
+    held = run_outputs(model_dir)
+    if held and not os.path.lexists(os.path.join(model_dir, "flags.json")):
         raise UsageError(f"--model_dir={model_dir} holds run outputs ({', '.join(held)}) but no "
                          "flags.json, the record every run of this program writes first: they "
                          "are not this program's run, so they are neither resumed nor replaced; "
@@ -271,6 +271,21 @@ def holds_results(model_dir: str) -> bool:
         elif os.path.lexists(path):
             return True
     return False
+
+
+def run_outputs(model_dir: str) -> list[str]:
+    """The names of `RESULTS` in `model_dir` that are what a run writes there: a non-empty
+    folder (checkpoints/, export/, probe/) or a regular file (encoder.weights.h5, ...); a file
+    where a folder goes is not one (the write fails there, and says so)."""
+    found = []
+    for name in RESULTS:
+        path = os.path.join(model_dir, name)
+        if name in RUN_FILES:
+            if os.path.isdir(path) and os.listdir(path):
+                found.append(name)
+        elif os.path.isfile(path):
+            found.append(name)
+    return found
 
 
 def read_flags_record(path: str, run_flags: dict | None = None) -> dict:
