@@ -26,6 +26,8 @@ The entry points of the library (README, "Use it from Python"), imported on firs
   `feature_extractor` (the same without the head); any Keras backbone, `feature=` choosing it;
 * saving: `save_encoder`, `load_encoder` (a directory ``--pretrained`` accepts, a custom
   encoder's `.keras`, or a preset name of `presets()` / `PRESETS`: the encoders in `results/`),
+  `load_model` (a `.keras` file the project wrote, e.g. a run's ``aet_model.keras``, after its
+  digest check),
   `preprocessing` (the mean and std an encoder was trained with), and `export_encoder` (a
   SavedModel, TensorFlow);
 * inputs: `check_images`, `check_labels`, `check_feature`, the checks every entry point applies
@@ -72,7 +74,8 @@ _EXPORTS = {
     "CIFAR10_STD": "data.constants", "IMAGENET_MEAN": "data.constants",
     "IMAGENET_STD": "data.constants",
     "pooled_features": "probes.knn", "knn_accuracy": "probes.knn",
-    "save_encoder": "saving", "load_encoder": "saving", "export_encoder": "savedmodel",
+    "save_encoder": "saving", "load_encoder": "saving", "load_model": "saving",
+    "export_encoder": "savedmodel",
     "preprocessing": "saving", "presets": "pretrained", "PRESETS": "pretrained",
     "build_classifier": "models.encoders", "feature_extractor": "models.encoders",
     "check_images": "inputs", "check_labels": "inputs", "check_feature": "inputs",

@@ -28,6 +28,8 @@ import sys
 
 from absl import app, flags
 
+from aetv2_tf.errors import UsageError
+from aetv2_tf.safe_paths import refuse_link
 from aetv2_tf.savedmodel import export_encoder, restore_encoder
 from aetv2_tf.trust import ExportTargetError, check_export_target
 
@@ -54,8 +56,10 @@ def main(argv) -> None:
     model_dir = os.path.expanduser(FLAGS.model_dir)
     output = os.path.expanduser(FLAGS.output or os.path.join(model_dir, "export", "encoder"))
     try:
+        if not FLAGS.output:  # the run's export/ folder is written into: never through a link
+            refuse_link(os.path.join(model_dir, "export"))
         check_export_target(output)  # before any work: a refused --output exits 2, untouched
-    except ExportTargetError as e:
+    except (ExportTargetError, UsageError) as e:
         _fail(str(e))
     import tensorflow as tf
 

@@ -23,6 +23,9 @@ functions refuse it up front, with a message that names the problem and the fix:
   as above, with class labels (`check_labels`; a dataset of ``(images, labels)`` batches).
 * `check_labels`: class labels ``(N,)`` of integers (``(N, 1)`` is flattened); one-hot or
   probabilities ``(N, C)`` are refused with ``labels.argmax(-1)``; the length against ``n``.
+* `check_normalised_images`: what an encoder on NORMALISED images (`saving.load_encoder`'s
+  `models.encoders.NormalisedEncoder`) is given: raw pixels (integers, floats with no value
+  below 0) refused with the fix.
 * `check_feature`: a feature name among the encoder's outputs, else the names available.
 * `require_backend`: a TensorFlow-only function under another Keras backend.
 
@@ -145,6 +148,49 @@ def check_images(images: Any, *, name: str = "images", expected_hw: Sequence | N
         raise UsageError(f"{name}: " + _dtype_fix(dtype, float(values.min()),
                                                   float(values.max())))
     return images
+
+
+NORMALISED_RULE = ("NORMALISED float images (N, H, W, 3), (u / 255 - mean) / std with the "
+                   "mean and std of aetv2_tf.preprocessing(<its directory or preset>)")
+
+
+def check_normalised_images(images: Any, *, name: str = "images",
+                            expected_hw: Sequence | None = None) -> None:
+    """What an encoder that takes normalised images (`saving.load_encoder`'s) is given: an array
+    or a ``tf.data.Dataset`` (its ``element_spec`` only) of float NHWC images of the encoder's
+    size. Raw pixels are refused with the fix, as the library's other entry points refuse them:
+    integer images (uint8 0..255), and float images with no value below 0 ([0, 1] or [0, 255]
+    floats: a normalised batch has negative values wherever a pixel is darker than the mean).
+    A normalised batch that is brighter than the mean everywhere (rare: a small batch of very
+    bright images) is refused too; call the encoder on a tensor for it
+    (``encoder(keras.ops.convert_to_tensor(x))``), which is not checked."""
+    fix = ("give uint8 images to aetv2_tf.feature_extractor(encoder, feature, "
+           "**aetv2_tf.preprocessing(p)) or build_classifier, which normalise them, or "
+           "normalise them yourself")
+    if isinstance(images, dict) and len(images) == 1:
+        images = next(iter(images.values()))
+    if isinstance(images, tuple) and len(images) == 1:
+        images = images[0]
+    if is_tf_dataset(images):
+        spec = images.element_spec
+        spec = spec[0] if isinstance(spec, (tuple, list)) and spec else spec
+        if hasattr(spec, "dtype") and _kind(_dtype_name(spec.dtype)) != "float":
+            raise UsageError(f"{name}: the dataset holds {_dtype_name(spec.dtype)} images; this "
+                             f"encoder takes {NORMALISED_RULE}; {fix}")
+        return
+    if not _is_array(images):
+        return  # a generator or a PyDataset: Keras judges it
+    dtype = _dtype_name(images.dtype)
+    _check_shape(images.shape, name, expected_hw)
+    if _kind(dtype) != "float":
+        raise UsageError(f"{name}: {dtype} images (raw pixels); this encoder takes "
+                         f"{NORMALISED_RULE}; {fix}")
+    values = np.asarray(images)
+    if values.size and float(values.min()) >= 0:
+        raise UsageError(f"{name}: {dtype} images with values in [{float(values.min()):.4g}, "
+                         f"{float(values.max()):.4g}], none below 0: raw pixels, not normalised "
+                         f"(features would differ without a word); this encoder takes "
+                         f"{NORMALISED_RULE}; {fix}")
 
 
 def check_image_dataset(dataset: Any, *, name: str = "dataset",

@@ -15,7 +15,9 @@ finish executing with Keras imported and nothing of the package half-done runs `
     model = keras.saving.load_model("runs/<run>/aet_model.keras")
 
 works on any backend. (A module of the package cannot register the others while it is itself
-mid-import: they may read names it has not defined yet.)
+mid-import: they may read names it has not defined yet.) Keras does not check what it loads:
+``aetv2_tf.load_model(path)`` (`saving.load_model`) first checks the SHA-256 the project wrote
+beside the file and refuses a changed file, or one without its digest.
 """
 
 from __future__ import annotations

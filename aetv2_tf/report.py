@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m aetv2_tf.report runs/ other/results.json [--output=report.md]
+    python -m aetv2_tf.report runs/ other/results.json [--output=report.md [--overwrite]]
 
 Every argument is a ``results.json`` file or a directory searched recursively for them (see
 `aetv2_tf.probes.results` for the keys). The report holds
@@ -22,6 +22,8 @@ regular results file (a FIFO, not UTF-8 or JSON, nested too deeply, a value of t
 range) ends the report with exit 2, the file and the problem named. A NaN or infinite value is
 shown as ``nan (diverged?)`` with a warning naming the file. Text from the files is escaped in
 the table cells (newlines, ``|``, backticks, ``<``), so a ``method`` cannot add rows or tables.
+``--output`` writes a new file (atomically); an existing file is replaced only with
+``--overwrite``, and a symbolic link never written through (`check_output`: exit 2).
 """
 
 from __future__ import annotations
@@ -35,8 +37,10 @@ import unicodedata
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from aetv2_tf.errors import UsageError
 from aetv2_tf.probes.results import RESULTS_FILENAME, ResultsError
 from aetv2_tf.report_inputs import ReportError, read_checked
+from aetv2_tf.safe_paths import refuse_link, write_text_atomically
 
 # The paper's numbers, in one place (REFERENCE.md, section 1). "metric" is the results key shown:
 # test_error (%, lower is better) for CIFAR-10, test_top1 (%, higher is better) elsewhere.
@@ -290,12 +294,31 @@ def render_report(results: list[dict[str, Any]], base: str | None = None) -> str
 # --- command line --------------------------------------------------------------------------------
 
 
-def main(argv: Sequence[str], output: str | None = None) -> int:
+def check_output(output: str, overwrite: bool = False) -> None:
+    """ReportError unless the report may be written to `output`: a new file, or with
+    `overwrite` an existing regular file; a symbolic link is refused either way (the report
+    would land in the file it points to), as is a folder, FIFO or device."""
+    fix = "choose a new file for --output"
+    try:
+        refuse_link(output, fix, regular=True)
+    except UsageError as err:
+        raise ReportError(str(err)) from err
+    if os.path.exists(output) and not overwrite:
+        raise ReportError(f"--output={output} exists; the report replaces no file unless told: "
+                          "nothing was written; pass --overwrite to replace it, or "
+                          f"{fix}.")
+
+
+def main(argv: Sequence[str], output: str | None = None, overwrite: bool = False) -> int:
     """The report of the results files and directories `argv[1:]`, printed (and written to
-    `output`); returns the exit status: 0, or `EXIT_BAD_INPUT` after a message on stderr."""
+    `output`, atomically: `check_output` first, so an existing file is replaced only with
+    `overwrite`, and never through a link); returns the exit status: 0, or `EXIT_BAD_INPUT`
+    after a message on stderr."""
     paths = list(argv[1:])
     warnings: list[str] = []
     try:
+        if output:
+            check_output(output, overwrite)
         results = load_all(paths, warnings)
         report = render_report(results, base=os.getcwd())
     except (ReportError, ResultsError) as err:
@@ -306,9 +329,8 @@ def main(argv: Sequence[str], output: str | None = None) -> int:
     if output:
         try:
             os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-            with open(output, "w", encoding="utf-8") as handle:
-                handle.write(report)
-        except OSError as err:
+            write_text_atomically(output, report)
+        except (OSError, UsageError) as err:
             print(f"aetv2_tf.report: error: --output={output} cannot be written ({err}); "
                   "choose another file", file=sys.stderr)
             return EXIT_BAD_INPUT
@@ -322,8 +344,10 @@ def run() -> None:
 
     from aetv2_tf.program.flag_support import PathParser
 
-    flags.DEFINE(PathParser(), "output", None, "Also write the markdown report to this file.")
-    app.run(lambda argv: main(argv, flags.FLAGS.output))
+    flags.DEFINE(PathParser(), "output", None, "Also write the markdown report to this file "
+                 "(a new one; an existing file only with --overwrite; never through a link).")
+    flags.DEFINE_boolean("overwrite", False, "Let --output replace an existing file.")
+    app.run(lambda argv: main(argv, flags.FLAGS.output, flags.FLAGS.overwrite))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,10 @@
 """The encoder as a TensorFlow SavedModel, and the encoder of a pretraining run (library code).
 
 * `export_encoder`: writes a SavedModel whose `serving_default` signature takes a batch of uint8
-  images (B, H, W, 3), normalises them inside and returns a dict of float32 feature maps (NIN:
+  images (B, H, W, 3) (anything else, e.g. one image (H, W, 3), raises InvalidArgumentError:
+  `tf.ensure_shape` is its first op; exports written before it can abort the caller's process
+  on an unbatched image: re-export them), normalises them inside and returns a dict of float32
+  feature maps (NIN:
   `block1`..`block4`; AlexNet: `conv1`..`conv5`, `fc6`, `fc7`), beside `aetv2_export.json`, the
   SHA-256 of each of its files (`aetv2_tf.trust`). An existing output is replaced only when it
   is such an export (or empty); anything else raises `trust.ExportTargetError`, nothing touched.
@@ -65,6 +68,10 @@ def export_encoder(encoder: keras.Model, output: str, dataset: str | None = "cif
     std = tf.constant(std, tf.float32)
 
     def serve(images):
+        # First: TensorFlow runs a signature on inputs of any rank, and an unbatched image
+        # (H, W, 3) reached the oneDNN convolution, whose failed check aborted the caller's
+        # process; this raises InvalidArgumentError, naming the shape, before anything runs.
+        images = tf.ensure_shape(images, [None, height, width, 3])
         x = (tf.cast(images, tf.float32) / 255.0 - mean) / std
         features = encoder(x, training=False)
         return {name: tf.cast(value, tf.float32) for name, value in features.items()}

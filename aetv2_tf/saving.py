@@ -30,6 +30,7 @@ import hashlib
 import json
 import os
 import re
+from typing import Any
 
 import keras
 from absl import logging
@@ -37,6 +38,7 @@ from absl import logging
 from aetv2_tf import pretrained
 from aetv2_tf.data.constants import normalization_constants
 from aetv2_tf.recipes import Recipe, as_recipe
+from aetv2_tf.safe_paths import process_alive, refuse_link, write_text_atomically
 
 ENCODER_WEIGHTS = "encoder.weights.h5"
 #: A custom encoder (not a `build_backbone` one), saved whole by `save_encoder`.
@@ -155,7 +157,14 @@ def load_encoder(name_or_directory: str | os.PathLike,
     a pretraining run's ``--model_dir`` (its ``encoder.weights.h5``, else its newest
     checkpoint), or a preset's (a name of `pretrained.PRESETS`, e.g. "aetv1_cifar10").
     ``batch_norm``: "keras", or "fused" (TensorFlow's kernel, same weights) for the package's
-    backbones; a custom encoder loads as it was saved (``encoder.keras``)."""
+    backbones; a custom encoder loads as it was saved (``encoder.keras``).
+
+    The encoder takes NORMALISED images, ``(u / 255 - mean) / std`` (`preprocessing`), as a
+    `models.encoders.NormalisedEncoder`: its ``predict`` (and ``fit``, ``evaluate``, calls on
+    NumPy arrays) refuses raw pixels, uint8 or [0, 1] floats, with the fix (give uint8 images
+    to `feature_extractor` / `build_classifier`, which normalise them)."""
+    from aetv2_tf.models.encoders import normalised_encoder
+
     directory = pretrained.resolve(name_or_directory)
     if not os.path.isfile(os.path.join(directory, "flags.json")):
         raise FileNotFoundError(f"{directory} has no flags.json: pass a directory written by "
@@ -163,24 +172,39 @@ def load_encoder(name_or_directory: str | os.PathLike,
                                 f"name {sorted(pretrained.PRESETS)}")
     saved = load_saved_flags(directory)
     if saved.get("custom_encoder"):
-        return load_custom_encoder(directory, saved)
-    return load_encoder_weights(directory, saved, batch_norm)
+        return normalised_encoder(load_custom_encoder(directory, saved))
+    return normalised_encoder(load_encoder_weights(directory, saved, batch_norm))
 
 
 def load_custom_encoder(directory: str, saved: dict) -> keras.Model:
     """The custom encoder that `save_encoder` wrote whole in ``directory`` (``saved``: its
-    flags.json): `keras.saving.load_model` (safe mode, not compiled) of ``encoder.keras``,
-    after its checksum check."""
+    flags.json): `load_model` (safe mode, not compiled, after its checksum check) of
+    ``encoder.keras``."""
     path = os.path.join(directory, os.path.basename(saved.get("encoder_file") or ENCODER_FILE))
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path} not found: {directory}'s flags.json records a custom "
                                 "encoder saved by aetv2_tf.save_encoder; save it again")
-    reason = damage(path)
-    if reason is not None:
-        raise ValueError(f"{path} cannot be trusted: {reason}; save the encoder again")
-    encoder = keras.saving.load_model(path, compile=False)
+    encoder = load_model(path, compile=False)
     logging.info("Loaded the encoder from %s.", path)
     return encoder
+
+
+def load_model(path: str | os.PathLike, **kwargs: Any) -> keras.Model:
+    """`keras.saving.load_model(path, **kwargs)` (safe mode unless told) of a `.keras` file this
+    project wrote (a run's ``aet_model.keras``, a custom encoder's ``encoder.keras``: each with
+    its SHA-256 beside it, `save_atomically`), after the digest check: a file whose SHA-256
+    differs, or without its ``.sha256``, raises ValueError naming it and the fix, unloaded
+    (Keras itself loads a changed file without a word). A `.keras` file of your own, without
+    a digest, is `keras.saving.load_model`'s."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} not found")
+    reason = damage(path, required=True)
+    if reason is not None:
+        raise ValueError(f"{path} cannot be trusted: {reason}. Write it again (a run: rerun it, "
+                         "or export it; an encoder: save_encoder), or load a file of your own "
+                         "with keras.saving.load_model")
+    return keras.saving.load_model(path, **kwargs)
 
 
 def preprocessing(name_or_directory: str | os.PathLike) -> dict[str, tuple[float, ...]]:
@@ -204,31 +228,21 @@ def list_checkpoints(directory: str) -> list[tuple[int, str]]:
     return sorted((int(m.group(1)), os.path.join(directory, name)) for m, name in found if m)
 
 
-def _alive(pid: int) -> bool:
-    """Whether process `pid` runs on this host (this process counts as dead: its own earlier
-    temporaries are leftovers)."""
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def save_atomically(saver, path: str) -> str:
     """`saver(tmp)`, its bytes flushed to the disk, then `os.replace(tmp, path)`; tmp ends like
     `path` (Keras checks suffixes). Temporaries that a killed process left beside it are
-    removed first (never those of a live process)."""
+    removed first (never those of a live process). A symbolic link at `path` or at the
+    temporary's name is refused (`safe_paths.refuse_link`), never written through."""
     directory, name = os.path.split(path)
     os.makedirs(directory or ".", exist_ok=True)
     tmp = os.path.join(directory, f".tmp{os.getpid()}-{name}")
+    refuse_link(path, regular=True)
+    refuse_link(tmp)
     for other in os.listdir(directory or "."):  # `.tmp<pid>-<name or a checkpoint's name>`
         head, _, rest = other.partition("-")
         ours = rest == name or CHECKPOINT_NAME.match(rest)
-        if head.startswith(".tmp") and head[4:].isdigit() and ours and not _alive(int(head[4:])):
+        if head.startswith(".tmp") and head[4:].isdigit() and ours and \
+                not process_alive(int(head[4:])):
             os.remove(os.path.join(directory, other))
     try:
         saver(tmp)
@@ -242,15 +256,6 @@ def save_atomically(saver, path: str) -> str:
     return path
 
 
-def write_text_atomically(path: str, text: str) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def file_digest(path: str) -> str:
     """The SHA-256 of the file at `path`, in hex."""
     digest = hashlib.sha256()
@@ -260,11 +265,16 @@ def file_digest(path: str) -> str:
     return digest.hexdigest()
 
 
-def damage(path: str) -> str | None:
-    """Why the file at `path` cannot be trusted (its SHA-256 is not the one written with it), or
-    None: intact, or written before checksums existed."""
+def damage(path: str, required: bool = False) -> str | None:
+    """Why the file at `path` cannot be trusted (its SHA-256 is not the one written with it;
+    with `required`, also a missing `.sha256`: the project writes one beside every checkpoint
+    and `.keras` file, so without it a changed file cannot be told from the one written), or
+    None: intact (or, unless `required`, written before checksums existed)."""
     sidecar = path + CHECKSUM
     if not os.path.exists(sidecar):
+        if required:
+            return f"it has no {os.path.basename(sidecar)} (the SHA-256 written with it), so " \
+                   "it cannot be told from a file changed after it was written"
         return None
     with open(sidecar) as f:
         expected = f.read().split()[:1]
@@ -287,13 +297,15 @@ def save_encoder_weights(encoder: keras.Model, backbone: str, model_dir: str) ->
 
 def encoder_source(model_dir: str) -> str | None:
     """Where `load_encoder_weights` reads: `encoder.weights.h5`, else the newest checkpoint;
-    a file whose checksum does not match is skipped with a warning (readers do not rename)."""
+    a file whose checksum does not match, or a checkpoint without one, is skipped with a
+    warning (readers do not rename). An `encoder.weights.h5` without a checksum is read (the
+    presets of `results/` and runs of versions before checksums have none)."""
     candidates = [os.path.join(model_dir, ENCODER_WEIGHTS)] + [
         path for _, path in reversed(list_checkpoints(os.path.join(model_dir, "checkpoints")))]
     for path in candidates:
         if not os.path.isfile(path):
             continue
-        reason = damage(path)
+        reason = damage(path, required=not path.endswith(ENCODER_WEIGHTS))
         if reason is None:
             return path
         logging.warning("Skipped %s: %s.", path, reason)
@@ -321,26 +333,36 @@ def load_encoder_weights(model_dir: str, saved: dict, batch_norm: str) -> keras.
                          "aetv2_tf.save_encoder): load it with aetv2_tf.load_encoder; the "
                          "command line and the export take the package's backbones (nin, "
                          "alexnet) only")
-    size = saved.get("image_size")  # save_encoder records it; runs use the backbone's default
-    shape = (size, size, 3) if size else DEFAULT_INPUT_SHAPES[saved["backbone"]]
-    twin = build_backbone(saved["backbone"], shape, batch_norm="keras")
     path = encoder_source(model_dir)
     if path is None:
         raise FileNotFoundError(f"neither {os.path.join(model_dir, ENCODER_WEIGHTS)} nor a "
                                 f"checkpoint in {model_dir}/checkpoints: train first.")
     rotation = saved.get("pretext") == "rotation"
-    if path.endswith(ENCODER_WEIGHTS):
-        twin.load_weights(path)
-    elif saved.get("backend", "tensorflow") == "tensorflow":
-        owner = build_backbone(saved["backbone"], shape,
-                               batch_norm=saved.get("batch_norm", "keras"))
-        load_model_part(build_rotation_model(owner) if rotation else build_aet_model(owner),
-                         path)
-        twin.set_weights(owner.get_weights())
-    else:
-        pairs = build_rotations_model(twin, seed=0) if rotation else build_pairs_model(
-            twin, seed=0, count_steps=saved.get("mse_decay_steps", 0) > 0)  # its loss_step
-        load_model_part(pairs, path)
+    try:
+        size = saved.get("image_size")  # save_encoder records it; runs: the backbone's default
+        shape = (size, size, 3) if size else DEFAULT_INPUT_SHAPES[saved["backbone"]]
+        twin = build_backbone(saved["backbone"], shape, batch_norm="keras")
+        if path.endswith(ENCODER_WEIGHTS):
+            twin.load_weights(path)
+        elif saved.get("backend", "tensorflow") == "tensorflow":
+            owner = build_backbone(saved["backbone"], shape,
+                                   batch_norm=saved.get("batch_norm", "keras"))
+            load_model_part(build_rotation_model(owner) if rotation else
+                            build_aet_model(owner), path)
+            twin.set_weights(owner.get_weights())
+        else:
+            pairs = build_rotations_model(twin, seed=0) if rotation else build_pairs_model(
+                twin, seed=0, count_steps=saved.get("mse_decay_steps", 0) > 0)  # its loss_step
+            load_model_part(pairs, path)
+    except (ValueError, KeyError, TypeError, OSError) as e:
+        record = {k: saved.get(k) for k in ("backbone", "image_size", "pretext", "batch_norm",
+                                            "backend", "mse_decay_steps") if k in saved}
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise ValueError(
+            f"{path} does not fit the encoder that {os.path.join(model_dir, 'flags.json')} "
+            f"describes ({json.dumps(record, default=str)[:300]}): {type(e).__name__}: {first}; "
+            "was flags.json edited? Restore the flags.json the run wrote (from a backup), or "
+            "pass the directory as the run left it.") from None
     logging.info("Loaded the encoder from %s.", path)
     if batch_norm == "keras":
         return twin

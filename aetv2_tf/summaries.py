@@ -20,22 +20,25 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from aetv2_tf.safe_paths import open_for_writing
+
 
 class CsvLog:
     """Appends ``step,<columns>`` rows to ``path``; a missing column is an empty cell. ``fresh``
-    starts the file anew (a run that does not resume), else a resumed run appends."""
+    starts the file anew (a run that does not resume), else a resumed run appends; never
+    through a symbolic link (`safe_paths.open_for_writing`)."""
 
     def __init__(self, path: str, columns: Sequence[str], step_name: str = "step",
                  fresh: bool = False):
         self.path, self.columns = path, tuple(columns)
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        if fresh or not os.path.exists(path):
-            with open(path, "w") as f:
+        if fresh or not os.path.lexists(path):
+            with open_for_writing(path, "w") as f:
                 f.write(",".join((step_name, *self.columns)) + "\n")
 
     def write(self, step: int, row: dict[str, float]) -> None:
         cells = [f"{float(row[c]):.6g}" if c in row else "" for c in self.columns]
-        with open(self.path, "a") as f:
+        with open_for_writing(self.path, "a") as f:
             f.write(",".join([str(int(step)), *cells]) + "\n")
 
     def flush(self) -> None:

@@ -84,7 +84,7 @@ def main(argv) -> None:
             raise
         from aetv2_tf.program.keras_checkpoints import list_checkpoints
 
-        found = list_checkpoints(os.path.join(FLAGS.model_dir, "checkpoints"))
+        found = list_checkpoints(os.path.join(FLAGS["model_dir"].value or "", "checkpoints"))
         newest = f"the newest complete checkpoint, {found[-1][1]}, is intact" if found else \
             "no checkpoint was complete yet"
         print(f"error: the disk of --model_dir={FLAGS.model_dir} is full ({e}); {newest}. Free "
@@ -98,12 +98,25 @@ def main(argv) -> None:
 
 
 #: Exit codes (docs/reliability.md): 0 done, 1 absl flag errors, 2 refused input, 3 non-finite
-#: training, 4 export failed, 5 disk full, 6 a lost worker, 128 + N stopped by signal N
+#: training, 4 export failed, 5 disk full, 6 a lost worker, 7 the loss grew past
+#: --max_loss_growth times its first value (a finite divergence), 128 + N stopped by signal N
 #: (SIGTERM 143, SIGINT 130) after a final checkpoint.
 EXIT_NONFINITE = 3
 EXIT_EXPORT = 4
 EXIT_DISK_FULL = 5
 EXIT_PEER_LOST = 6
+EXIT_LOSS_GREW = 7
+
+
+def newest_checkpoint() -> str:
+    """The model_dir's newest complete checkpoint, in words: what a stopped run keeps."""
+    from aetv2_tf.program.keras_checkpoints import list_checkpoints
+
+    found = list_checkpoints(os.path.join(FLAGS["model_dir"].value or "", "checkpoints"))
+    if not found:
+        return "no checkpoint was written (rerunning the command starts again at step 0)"
+    return f"the newest checkpoint, {found[-1][1]} (step {found[-1][0]}), holds the last good " \
+           "weights"
 
 
 def disk_full(error: OSError) -> bool:
@@ -123,23 +136,30 @@ def exit_code(summary: dict) -> int:
               f"{128 + sig.value}).", flush=True)
         return 128 + sig.value
     if summary.get("diverged"):
-        print("error: training diverged (every step non-finite); the newest checkpoint is the "
-              "last good one. Lower --learning_rate or add --warmup_steps.", file=sys.stderr)
+        print(f"error: training diverged (every step non-finite); {newest_checkpoint()}. Lower "
+              "--learning_rate or add --warmup_steps.", file=sys.stderr)
         return EXIT_NONFINITE
     if summary.get("nonfinite_weights"):
         print("error: non-finite weights (e.g. NaN images made the BatchNorm statistics NaN): "
-              "no checkpoint was written for them and training stopped; the newest checkpoint "
-              "is the last good one. Check the data, lower --learning_rate.", file=sys.stderr)
+              f"no checkpoint was written for them and training stopped; {newest_checkpoint()}. "
+              "Check the data, lower --learning_rate.", file=sys.stderr)
         return EXIT_NONFINITE
+    if summary.get("loss_grew"):
+        print(f"error: training diverged: the loss grew to {summary['loss_grew']}, past "
+              f"--max_loss_growth={FLAGS['max_loss_growth'].value:g}; no checkpoint was "
+              f"written for these weights and training stopped; {newest_checkpoint()}. Lower "
+              "--learning_rate or add --warmup_steps (--max_loss_growth=0 turns the check "
+              "off).", file=sys.stderr)
+        return EXIT_LOSS_GREW
     if summary.get("export_failed"):
         print(f"error: training finished (the encoder is in {FLAGS.model_dir}/encoder.weights.h5) "
               f"but the SavedModel export failed (the log says why); export it with python -m "
               f"aetv2_tf.export --model_dir={FLAGS.model_dir}.", file=sys.stderr)
         return EXIT_EXPORT
     if summary.get("stopped_nonfinite"):
-        print("error: --on_nonfinite=stop ended training at a non-finite step; the newest "
-              "checkpoint is the last good one. Lower --learning_rate, add --warmup_steps, or "
-              "pass --on_nonfinite=skip.", file=sys.stderr)
+        print(f"error: --on_nonfinite=stop ended training at a non-finite step; "
+              f"{newest_checkpoint()}. Lower --learning_rate, add --warmup_steps, or pass "
+              "--on_nonfinite=skip.", file=sys.stderr)
         return EXIT_NONFINITE
     return 0
 

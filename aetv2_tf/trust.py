@@ -189,16 +189,45 @@ def check_export_target(output: str) -> None:
                                 f"replaces its output directory, so {fix}.")
 
 
+def remove_dead_scratch(parent: str, name: str) -> list[str]:
+    """Removes the scratch folders that exports of `name` killed mid-write left in `parent`
+    (``.<name>.tmp<pid>-*`` of a process no longer running, `replace_export`) and returns them:
+    each holds only ``new`` (what that export wrote) and ``old`` (a previous export, moved aside:
+    removed only when it verifies as ours, `verify_export`); any other content, a link, or a
+    live process's folder is left as it is."""
+    from aetv2_tf.safe_paths import process_alive
+
+    prefix, removed = f".{name}.tmp", []
+    for entry in os.listdir(parent):
+        pid = entry[len(prefix):].partition("-")[0]
+        path = os.path.join(parent, entry)
+        if not entry.startswith(prefix) or not pid.isdigit() or process_alive(int(pid)) or \
+                os.path.islink(path) or not os.path.isdir(path):
+            continue
+        parts = os.listdir(path)
+        old = os.path.join(path, "old")
+        if set(parts) <= {"new", "old"} and not any(
+                os.path.islink(os.path.join(path, p)) for p in parts) and (
+                "old" not in parts or not os.listdir(old) or verify_export(old) is None or
+                _earlier_run_export_files(old)):
+            shutil.rmtree(path)
+            removed.append(path)
+            logging.info("Removed %s, the scratch folder of an export killed mid-write.", path)
+    return removed
+
+
 def replace_export(write, output: str, encoder: dict | None = None) -> str:
     """Writes an export safely: `write(tmp)` fills a new directory beside `output`, whose manifest
     is then written; an existing `output` (checked by `check_export_target`: empty, or a project
     export) is moved aside, the new one renamed into place, and the old one removed only after
-    it is verified again as ours. Returns `output`."""
+    it is verified again as ours. The scratch folder is named by this process's pid, so that
+    the next export removes what a killed one left (`remove_dead_scratch`). Returns `output`."""
     check_export_target(output)
     output = os.path.abspath(output)
     parent, name = os.path.split(output)
     os.makedirs(parent, exist_ok=True)
-    scratch = tempfile.mkdtemp(prefix=f".{name}.tmp", dir=parent)
+    remove_dead_scratch(parent, name)
+    scratch = tempfile.mkdtemp(prefix=f".{name}.tmp{os.getpid()}-", dir=parent)
     try:
         staged = os.path.join(scratch, "new")
         write(staged)

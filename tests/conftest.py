@@ -60,6 +60,36 @@ def cifar10_dir() -> pathlib.Path:
     return path
 
 
+@pytest.fixture
+def program(monkeypatch):
+    """`program(*args)` runs `aetv2_tf.train.main` with these flags in this process (the
+    command line without the interpreter start) and returns its exit code; the flags and
+    Keras's dtype policy are restored afterwards."""
+    import keras
+
+    from aetv2_tf import train
+    from aetv2_tf.program.flags import FLAGS
+
+    was_parsed = FLAGS.is_parsed()
+
+    def run(*args: str) -> int:
+        argv = ["train", "--verbose=0", "--mixed_precision=none", *args]
+        monkeypatch.setattr(sys, "argv", argv)
+        FLAGS.unparse_flags()
+        FLAGS(argv)
+        try:
+            train.main(["train"])
+        except SystemExit as e:
+            return int(e.code or 0)
+        return 0
+
+    yield run
+    FLAGS.unparse_flags()
+    if was_parsed:  # as an earlier test left it: parsed, at the defaults (no validation, as
+        FLAGS.mark_as_parsed()  # --model_dir's validator would refuse the defaults)
+    keras.mixed_precision.set_global_policy("float32")
+
+
 # The files whose tests run longest (minutes of CLI child processes; `--durations` of the CI run,
 # BUILD.md "Tests"): collected first, so that no worker starts one of them when the others are
 # nearly done. The order of the tests inside a file is kept.

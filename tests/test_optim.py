@@ -126,11 +126,15 @@ def test_a_resumed_run_counts_only_its_own_skipped_steps():
                                            ({"interrupted_by": "SIGINT"}, 130),
                                            ({"diverged": True}, 3),
                                            ({"stopped_nonfinite": True}, 3),
-                                           ({"nonfinite_weights": True}, 3)])
+                                           ({"nonfinite_weights": True}, 3),
+                                           ({"loss_grew": "7.2e+13 at step 8"}, 7)])
 def test_exit_codes(outcome, code, capsys):
     from aetv2_tf.train import exit_code
 
     assert exit_code({"steps": 7, **outcome}) == code
+    if code in (3, 7):  # what is kept, named: never "step None"
+        err = capsys.readouterr().err
+        assert "no checkpoint was written" in err and "None" not in err, err
 
 
 def _adam_model(seed: int):

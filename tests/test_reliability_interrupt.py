@@ -315,18 +315,21 @@ def _damage(path: pathlib.Path, how: str) -> None:
     else:  # 4 KiB overwritten in the middle, the same size
         middle = len(data) // 2
         path.write_bytes(data[:middle] + bytes(4096) + data[middle + 4096:])
-    if how.endswith("no_checksum"):  # as a checkpoint of an earlier version
+    if how.endswith("no_checksum"):  # its digest deleted (or a file of a version before them)
         pathlib.Path(f"{path}.sha256").unlink()
 
 
-@pytest.mark.parametrize("how", ["truncated", "overwritten", "truncated_no_checksum"])
+@pytest.mark.parametrize("how", ["truncated", "overwritten", "truncated_no_checksum",
+                                 "overwritten_no_checksum"])
 def test_restore_sets_a_damaged_checkpoint_aside_and_loads_the_one_before(tmp_path, how,
                                                                           capsys):
     """`restore_checkpoint` (what `--model_dir` resumes from, on every backend): the newest
-    checkpoint cut in half, or 4 KiB of it overwritten, or cut in half without a checksum (an
-    earlier version's file), is renamed `*.bad` with its checksum, said so, and the one before
-    is loaded (its weights, its step); with every checkpoint damaged it raises (the program's
-    exit 2) and keeps them all. End to end, one case: the full-disk test below."""
+    checkpoint cut in half, or 4 KiB of it overwritten, with or without its checksum (a
+    missing digest is a damaged checkpoint: before, an overwritten one whose `.sha256` was
+    deleted loaded and the run resumed from it), is renamed `*.bad` with its checksum, said
+    so, and the one before is loaded (its weights, its step); with every checkpoint damaged it
+    raises (the program's exit 2) and keeps them all. End to end, one case: the full-disk test
+    below."""
     import keras
 
     from aetv2_tf.program.keras_checkpoints import KerasCheckpoints, restore_checkpoint
@@ -343,7 +346,9 @@ def test_restore_sets_a_damaged_checkpoint_aside_and_loads_the_one_before(tmp_pa
     _damage(newest, how)
     restored = model(0)
     assert restore_checkpoint(restored, str(directory)) == 2
-    assert f"Set aside {newest} as {newest}.bad: " in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"Set aside {newest} as {newest}.bad: " in out
+    assert ("has no ckpt-4.weights.h5.sha256" in out) == how.endswith("no_checksum"), out
     for got, want in zip(restored.get_weights(), two.get_weights(), strict=True):
         np.testing.assert_array_equal(got, want)
     assert (directory / "ckpt-4.weights.h5.bad").is_file() and not newest.exists()
@@ -357,7 +362,8 @@ def test_restore_sets_a_damaged_checkpoint_aside_and_loads_the_one_before(tmp_pa
 
 def test_readers_skip_a_file_whose_checksum_does_not_match(tmp_path):
     """The probes' and the export's reader (`encoder_source`) passes over a damaged
-    `encoder.weights.h5` to the newest intact checkpoint, renaming nothing."""
+    `encoder.weights.h5` to the newest intact checkpoint, and over a checkpoint whose digest
+    is missing, renaming nothing."""
     from aetv2_tf.program.keras_checkpoints import encoder_source, save_atomically
 
     def write(path, data):
@@ -372,6 +378,8 @@ def test_readers_skip_a_file_whose_checksum_does_not_match(tmp_path):
     (tmp_path / "checkpoints" / "ckpt-4.weights.h5").write_bytes(b"fouR")
     assert encoder_source(str(tmp_path)) == str(tmp_path / "checkpoints" / "ckpt-2.weights.h5")
     assert (tmp_path / "encoder.weights.h5").is_file()
+    (tmp_path / "checkpoints" / "ckpt-2.weights.h5.sha256").unlink()
+    assert encoder_source(str(tmp_path)) is None
 
 
 DISK_FULL_AT_FSYNC = """

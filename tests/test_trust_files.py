@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import pathlib
-import sys
 
 import keras
 import pytest
@@ -235,33 +234,7 @@ def test_a_malformed_flags_json_is_refused_naming_the_file(content, tmp_path):
 
 
 # ------------------------------------------------------------------ the program, in-process
-@pytest.fixture
-def program(monkeypatch):
-    """`program(*args)` runs `aetv2_tf.train.main` with these flags in this process and returns
-    (exit code, stderr text); the flags and Keras's dtype policy are restored afterwards."""
-    from aetv2_tf import train
-    from aetv2_tf.program.flags import FLAGS
-
-    was_parsed = FLAGS.is_parsed()
-
-    def run(*args: str, capsys=None) -> int:
-        argv = ["train", "--verbose=0", "--mixed_precision=none", *args]
-        monkeypatch.setattr(sys, "argv", argv)
-        FLAGS.unparse_flags()
-        FLAGS(argv)
-        try:
-            train.main(["train"])
-        except SystemExit as e:
-            return int(e.code or 0)
-        return 0
-
-    yield run
-    FLAGS.unparse_flags()
-    if was_parsed:  # as an earlier test left it: parsed, at the defaults (no validation, as
-        FLAGS.mark_as_parsed()  # --model_dir's validator would refuse the defaults)
-    keras.mixed_precision.set_global_policy("float32")
-
-
+# (`program`: conftest.py)
 def test_a_probe_whose_pretrained_is_its_model_dir_is_refused_even_with_overwrite(
         tmp_path, cifar10_dir, program, capsys):
     """Following the old advice (--overwrite) deleted the pretraining run's checkpoints; now the

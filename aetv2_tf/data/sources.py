@@ -201,17 +201,52 @@ def _entries(folder: pathlib.Path) -> list[os.DirEntry]:
                         "user read and execute permission on it (chmod a+rx), or remove it") from e
 
 
+def shown(path: str) -> str:
+    """A file name as it is shown: its bytes decoded as UTF-8, any other byte as ``\\xNN`` (a
+    name is bytes on disk; Python keeps undecodable bytes as surrogates, which cannot be
+    printed or given to TensorFlow)."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def _check_name(folder: pathlib.Path, path: str) -> None:
+    """DataError when the name ``path`` is not valid UTF-8: TensorFlow's file reader takes
+    UTF-8 paths only (before: a ValueError traceback at the first batch, after the run's
+    record was written)."""
+    try:
+        os.fsencode(path).decode("utf-8")
+    except UnicodeDecodeError:
+        raise DataError(f"image folder {shown(os.fspath(folder))}: the name {shown(path)} is "
+                        "not valid UTF-8 (its undecodable bytes shown as \\xNN); TensorFlow "
+                        "reads UTF-8 file names only: rename it (e.g. convmv -f latin1 -t utf8 "
+                        "--notest -r FOLDER) or remove it") from None
+
+
+def _kind(folder: pathlib.Path, entry: os.DirEntry) -> str:
+    """"dir", "file" or "other" for ``entry`` of ``folder``, links followed; DataError naming
+    a symbolic link that loops (or whose target cannot be read) instead of an OSError
+    traceback."""
+    try:
+        return "dir" if entry.is_dir() else "file" if entry.is_file() else "other"
+    except OSError as e:
+        target = os.readlink(entry.path) if entry.is_symlink() else "?"
+        raise DataError(f"image folder {shown(os.fspath(folder))}: {shown(entry.name)} is a "
+                        f"symbolic link to {shown(target)} that cannot be followed "
+                        f"({e.strerror or e}: a loop, or its target unreadable); remove the "
+                        "link or point it at a real folder or image") from e
+
+
 def _class_folders(folder: pathlib.Path) -> list[str]:
     """The class sub-directories of ``folder``, sorted. A symbolic link to another directory
     (a class kept on another disk, as ImageNet copies often are) is a class like any other, but
-    one to ``folder`` itself or to a folder that contains it (``/``, the dataset's root) is
-    refused: it is a loop or a mistake, not a class, and would list files that are not images of
-    one class."""
+    one to ``folder`` itself or to a folder that contains it (``/``, the dataset's root), or one
+    that loops (a link to itself), is refused: it is a loop or a mistake, not a class, and would
+    list files that are not images of one class."""
     real = folder.resolve()
     names = []
     for entry in _entries(folder):
-        if not entry.is_dir():
+        if _kind(folder, entry) != "dir":
             continue
+        _check_name(folder, entry.name)
         if entry.is_symlink():
             target = pathlib.Path(entry.path).resolve()
             if real.is_relative_to(target):
@@ -230,7 +265,8 @@ def list_image_folder(root, split: str | None = None) -> ImageFiles:
     those with extensions in ``IMAGE_EXTENSIONS`` (case-insensitive); the undecodable ones are
     left out, named in the log and in ``skipped`` (`aetv2_tf.data.files`). DataError, naming
     the folder and the fix, for: an unreadable folder, a class folder linked to a folder that
-    contains the split folder (`/`, the root: `_class_folders`), fewer than 2 classes (one
+    contains the split folder (`/`, the root: `_class_folders`), a link that loops, a name that
+    is not UTF-8 (`_check_name`: TensorFlow reads UTF-8 paths only), fewer than 2 classes (one
     class would make a probe's top-1 100%), and a class folder with no decodable image (the
     label space would hold a class without examples).
     """
@@ -249,7 +285,10 @@ def list_image_folder(root, split: str | None = None) -> ImageFiles:
     paths, labels = [], []
     for label, name in enumerate(class_names):
         files = [e.path for e in _entries(folder / name)
-                 if e.is_file() and os.path.splitext(e.name)[1].lower() in IMAGE_EXTENSIONS]
+                 if os.path.splitext(e.name)[1].lower() in IMAGE_EXTENSIONS and
+                 _kind(folder / name, e) == "file"]
+        for path in files:
+            _check_name(folder, path)
         if not files:
             raise DataError(f"image folder {folder}: class folder {name} holds no image "
                             f"{IMAGE_EXTENSIONS}; add its images or remove the folder")

@@ -1,4 +1,5 @@
-"""Models on raw uint8 images that check what they are given (`aetv2_tf.inputs`): the one mixin.
+"""Models that check what they are given (`aetv2_tf.inputs`): on raw uint8 images
+(`ChecksInputs`), and encoders on normalised images (`ChecksNormalisedInputs`, at the end).
 
 `ChecksInputs` goes before `keras.Model` in the bases of a functional model subclass whose only
 input is the images (``keras.Input(shape=(H, W, 3), dtype="uint8")``): `models.pairs.PairsModel`
@@ -77,4 +78,49 @@ class ChecksInputs:
 
     def predict_on_batch(self, x):
         self._check_inputs("predict_on_batch", x, predicting=True)
+        return super().predict_on_batch(x)
+
+
+class ChecksNormalisedInputs:
+    """Mixin: a functional encoder on NORMALISED float images (`saving.load_encoder`'s) whose
+    ``fit`` / ``evaluate`` / ``predict``, ``*_on_batch`` and a call on a NumPy array refuse raw
+    pixels (`inputs.check_normalised_images`: uint8 images, floats with no value below 0),
+    as the raw-image models above refuse floats. Calls on tensors (inside other models, traced
+    steps) are not checked. Put it before ``keras.Model`` in the bases."""
+
+    def _check_normalised(self, method: str, x: Any) -> None:
+        from aetv2_tf.inputs import check_normalised_images
+
+        check_normalised_images(x, name=f"{type(self).__name__} {self.name!r}.{method}",
+                                expected_hw=tuple(self.inputs[0].shape[1:3]))
+
+    def __call__(self, *args, **kwargs):
+        import numpy as np
+
+        if args and isinstance(args[0], np.ndarray):
+            self._check_normalised("__call__", args[0])
+        return super().__call__(*args, **kwargs)
+
+    def fit(self, x=None, *args, **kwargs):
+        self._check_normalised("fit", x)
+        return super().fit(x, *args, **kwargs)
+
+    def evaluate(self, x=None, *args, **kwargs):
+        self._check_normalised("evaluate", x)
+        return super().evaluate(x, *args, **kwargs)
+
+    def predict(self, x, *args, **kwargs):
+        self._check_normalised("predict", x)
+        return super().predict(x, *args, **kwargs)
+
+    def train_on_batch(self, x, *args, **kwargs):
+        self._check_normalised("train_on_batch", x)
+        return super().train_on_batch(x, *args, **kwargs)
+
+    def test_on_batch(self, x, *args, **kwargs):
+        self._check_normalised("test_on_batch", x)
+        return super().test_on_batch(x, *args, **kwargs)
+
+    def predict_on_batch(self, x):
+        self._check_normalised("predict_on_batch", x)
         return super().predict_on_batch(x)

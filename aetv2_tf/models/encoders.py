@@ -39,7 +39,7 @@ import keras
 
 from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD
 from aetv2_tf.data.layers import ClassifierInputs
-from aetv2_tf.models.checked import LABELS, ChecksInputs
+from aetv2_tf.models.checked import LABELS, ChecksInputs, ChecksNormalisedInputs
 from aetv2_tf.models.features import (  # noqa: F401 - CLASSIFIER_FEATURES, classifier_feature: API
     CLASSIFIER_FEATURES,
     POOLS,
@@ -67,6 +67,32 @@ class CheckedModel(ChecksInputs, keras.Model):
 
     def get_config(self) -> dict:
         return {**super().get_config(), "labels": self.labels}
+
+
+@keras.saving.register_keras_serializable(package="aetv2_tf")
+class NormalisedEncoder(ChecksNormalisedInputs, keras.Model):
+    """An encoder on NORMALISED float images, ``(u / 255 - mean) / std``, as
+    `saving.load_encoder` returns it: the same layers and weights as the encoder it wraps
+    (`normalised_encoder`), whose ``predict`` / ``fit`` / ``evaluate``, ``*_on_batch`` and
+    calls on NumPy arrays refuse raw pixels with the fix (`models.checked.
+    ChecksNormalisedInputs`): uint8 images belong to `feature_extractor` / `build_classifier`,
+    which normalise them, and [0, 1] floats would give other features without a word."""
+
+
+def normalised_encoder(encoder: keras.Model) -> keras.Model:
+    """`encoder` (functional or Sequential, on `keras.Input`) as a `NormalisedEncoder` with the
+    same name, inputs, outputs, layers and weights (nothing copied); an encoder without
+    symbolic inputs and outputs is returned as it is."""
+    from aetv2_tf.models.features import output_structure
+
+    if isinstance(encoder, NormalisedEncoder):
+        return encoder
+    try:
+        outputs = output_structure(encoder)
+        inputs = encoder.inputs[0] if len(encoder.inputs) == 1 else encoder.inputs
+    except (ValueError, AttributeError, TypeError):
+        return encoder
+    return NormalisedEncoder(inputs, outputs, name=encoder.name)
 
 
 @keras.saving.register_keras_serializable(package="aetv2_tf")

@@ -173,7 +173,8 @@ def saved_model_features(path: str, feature: str, image_size: int, mean: Sequenc
     """A feature function on normalised images, backed by the SavedModel at ``path``.
 
     Returns ``fn(images (B, S, S, 3) float32, training=None) -> dict`` of the signature's
-    outputs; the images are mapped back to uint8 exactly (module docstring). Loads only a
+    outputs (other shapes, e.g. one image (S, S, 3), raise InvalidArgumentError before the
+    signature runs); the images are mapped back to uint8 exactly (module docstring). Loads only a
     verified project export unless ``trust_saved_model`` (`check_saved_model_trusted`): the
     digests are checked right before ``tf.saved_model.load``.
     """
@@ -207,6 +208,9 @@ def saved_model_features(path: str, feature: str, image_size: int, mean: Sequenc
 
     def features(images, training=None):
         del training  # the exported encoder always runs in inference mode
+        # A batch of the signature's size, checked before the call: an export written before
+        # its signature checked its input aborts the process on an unbatched image.
+        images = tf.ensure_shape(images, [None, image_size, image_size, 3])
         pixels = (tf.cast(images, tf.float32) * std_t + mean_t) * 255.0
         pixels = tf.cast(tf.round(tf.clip_by_value(pixels, 0.0, 255.0)), tf.uint8)
         return signature(images=pixels)

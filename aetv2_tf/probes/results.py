@@ -34,6 +34,8 @@ import os
 import tempfile
 from typing import Any
 
+from aetv2_tf.safe_paths import refuse_link
+
 RESULTS_FILENAME = "results.json"
 
 REQUIRED_KEYS = (
@@ -91,7 +93,8 @@ def write_results(directory: str | os.PathLike, results: dict[str, Any]) -> str:
 
     ``created`` (UTC ISO timestamp) and ``version`` are filled in when absent; every other key of
     `REQUIRED_KEYS` must be present. The JSON is written to a temporary file in the same
-    directory and moved into place with ``os.replace``, so readers never see a partial file.
+    directory and moved into place with ``os.replace``, so readers never see a partial file;
+    a symbolic link at ``results.json`` is refused (`safe_paths.refuse_link`), not replaced.
     """
     record = dict(results)
     record.setdefault(
@@ -103,6 +106,7 @@ def write_results(directory: str | os.PathLike, results: dict[str, Any]) -> str:
 
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(os.fspath(directory), RESULTS_FILENAME)
+    refuse_link(path, regular=True)  # a link there is not this project's results.json
     fd, tmp = tempfile.mkstemp(prefix=".results.", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:

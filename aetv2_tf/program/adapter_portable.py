@@ -82,7 +82,7 @@ def run() -> dict:
     keras.mixed_precision.set_global_policy(precision.policy)
     data = program.load_train_images() if F.stage == "pretext" else None
     if data is not None:
-        pretext.check_batch_fits(data[2])
+        pretext.check_batch_fits(data[2], accelerator=_accelerator() != "")
     from aetv2_tf.program import probe_stage
     # A probe reads its data and --pretrained encoder here too: a failure writes nothing.
     loaded = probe_stage.load() if F.stage != "pretext" else None

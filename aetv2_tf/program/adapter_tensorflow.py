@@ -243,7 +243,7 @@ def run() -> dict:
     # Bad data fails here, before the model_dir is touched.
     data = program.load_train_images() if F.stage == "pretext" else None
     if data is not None:
-        pretext.check_batch_fits(data[2])
+        pretext.check_batch_fits(data[2], accelerator=bool(accelerator))
     from aetv2_tf.program import probe_stage
     # A probe reads its data and --pretrained encoder here too: a failure writes nothing.
     loaded = probe_stage.load() if F.stage != "pretext" else None

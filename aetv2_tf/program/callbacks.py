@@ -84,12 +84,18 @@ class StepCounter(keras.callbacks.Callback):
 
 
 class CheckpointStore:
-    """Where `CheckpointEvery` saves: the step of the newest checkpoint, and a save."""
+    """Where `CheckpointEvery` saves: the step of the newest checkpoint, a save, and setting a
+    checkpoint aside (its weights are not to be resumed from)."""
 
     def latest_step(self) -> int | None:
         raise NotImplementedError
 
     def save(self, model: keras.Model, step: int) -> str:
+        raise NotImplementedError
+
+    def set_aside(self, step: int, reason: str) -> None:
+        """Renames the checkpoint of `step`, if there is one, out of the listing (never deletes
+        it), saying `reason`."""
         raise NotImplementedError
 
 
@@ -99,7 +105,8 @@ class CheckpointEvery(keras.callbacks.Callback):
     backend).
 
     A checkpoint is written only if every model weight is finite: a non-finite model stops the run
-    (`refused` is then True) and the last good checkpoint stays the newest one.
+    (`refused` is then True) and the last good checkpoint stays the newest one; after `hold`
+    (a diverging loss, `StopOnLossGrowth`) none is written any more.
     """
 
     def __init__(self, store: CheckpointStore, step_fn, every: int, writer: bool = True):
@@ -108,16 +115,26 @@ class CheckpointEvery(keras.callbacks.Callback):
         self.step_fn, self.every, self.writer = step_fn, every, writer
         self._last = None
         self._previous = 0
-        self.refused = False
+        self.refused = self.held = False
+
+    def hold(self) -> None:
+        """Writes no checkpoint from now on: the weights are not to be kept."""
+        self.held = True
+
+    def newest(self) -> str:
+        """The newest checkpoint, in words: "the one of step N", or that there is none."""
+        latest = self.store.latest_step()
+        return "no checkpoint was written yet" if latest is None else \
+            f"the newest checkpoint stays the one of step {latest}"
 
     def save(self) -> str | None:
         step = self.step_fn()
-        if step in (self._last, self.store.latest_step()):
+        if self.held or step in (self._last, self.store.latest_step()):
             return None
         model = self.model  # under JAX this syncs the jitted state into the variables
         if not all_finite(model.weights):
-            logging.error("Non-finite weights at step %d: checkpoint NOT written; the newest "
-                          "checkpoint stays the one of step %s.", step, self.store.latest_step())
+            logging.error("Non-finite weights at step %d: checkpoint NOT written; %s.", step,
+                          self.newest())
             model.stop_training = self.refused = True
             self._last = step  # not again at the end of training
             return None

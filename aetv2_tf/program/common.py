@@ -246,10 +246,9 @@ def budget_steps(fit_first_steps: Callable[[int, keras.callbacks.Callback], None
                   pairs_per_sec=round(rate * F.batch_size, 1), timed_steps=s1 - s0,
                   measured=time.strftime("%Y-%m-%d %H:%M:%S"))
     if writer:
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(record, f, indent=1)
-        os.replace(tmp, path)
+        from aetv2_tf.safe_paths import write_text_atomically
+
+        write_text_atomically(path, json.dumps(record, indent=1))
     print(f"Time budget --train_seconds={F.train_seconds:g}: {record['pairs_per_sec']} pairs/s "
           f"measured here -> --train_steps={steps} of {F.batch_size} pairs, about "
           f"{_duration(steps / rate)} of training (recorded in {path}).", flush=True)
@@ -291,11 +290,13 @@ def fit_and_summarize(model: keras.Model, data, start: int, stop: int, steps: in
         StopOnSkippedStep,
         weights_digest,
     )
+    from aetv2_tf.program.loss_growth import StopOnLossGrowth
 
     F = FLAGS
     counter, signals, skips = (next(c for c in callbacks if isinstance(c, kind))
                                for kind in (StepCounter, StopOnSignal, StopOnSkippedStep))
     saver = next(c for c in callbacks if hasattr(c, "refused"))
+    growth = next((c for c in callbacks if isinstance(c, StopOnLossGrowth)), None)
     t0 = time.perf_counter()
     history = {}
     if start < stop:
@@ -313,7 +314,8 @@ def fit_and_summarize(model: keras.Model, data, start: int, stop: int, steps: in
     if any(isinstance(c, StopAtDeadline) and c.reached for c in callbacks):
         summary["stopped_at_deadline"] = True  # --stop_after_seconds: not an error, not the end
     outcomes = dict(interrupted_by=signals.received, diverged=skips.diverged,
-                    stopped_nonfinite=skips.stopped, nonfinite_weights=saver.refused)
+                    stopped_nonfinite=skips.stopped, nonfinite_weights=saver.refused,
+                    loss_grew=growth.grew if growth else None)
     summary.update({key: value for key, value in outcomes.items() if value})
     return summary, done >= steps and not any(outcomes.values())
 

@@ -97,6 +97,7 @@ for _name in (
     "learning_rate", "lr_schedule", "lr_drop_epochs", "lr_drop_factor", "warmup_steps",
     "momentum", "adam_beta1", "adam_beta2",
     "weight_decay", "weight_decay_mode", "seed", "mixed_precision", "on_nonfinite",
+    "max_loss_growth",
     "allow_flag_changes", "checkpoint_every_steps", "keep_checkpoints", "summary_every_steps",
     "quick_knn_train",
     "quick_knn_test", "verbose", "pretrained", "trust_saved_model", "feature", "probe_pool",

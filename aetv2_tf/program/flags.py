@@ -169,6 +169,12 @@ flags.DEFINE_enum("mixed_precision", "auto", ["auto", "none", "mixed_float16", "
 flags.DEFINE_enum("on_nonfinite", "skip", ["skip", "stop"],
                   "A step with a non-finite loss or gradient: skip the update, or stop training. "
                   "Either way no non-finite weights are ever checkpointed.")
+flags.DEFINE_float("max_loss_growth", 10.0,
+                   "Stop training (exit 7, the last good checkpoint kept) when the loss grows "
+                   "past this many times its first logged value: a finite divergence (a run at "
+                   "--learning_rate=1e6 reached 7e13). 10 because every logged run of this "
+                   "project peaked at its first value (13 of 13, docs/reliability.md), so a "
+                   "tenfold rise is no noise; 0: off.")
 
 # --- distribution ------------------------------------------------------------------------------
 flags.DEFINE_enum("strategy", "auto",
@@ -317,6 +323,9 @@ flags.register_validator(
     message=f"--cpu_devices must be at most {flag_support.MAX_CPU_DEVICES}: logical CPU devices "
             "share the same cores and each adds a traced copy of the step; pass 2 to 8 to "
             "exercise --strategy=mirrored on a CPU.")
+flags.register_validator(
+    "max_loss_growth", lambda v: v == 0 or 1 < v < math.inf,
+    message="--max_loss_growth must be 0 (off) or a finite factor above 1, e.g. 10.")
 flags.register_validator(
     "train_seconds", lambda v: v <= flag_support.MAX_TRAIN_SECONDS,
     message=f"--train_seconds must be at most {flag_support.MAX_TRAIN_SECONDS:.0f} (a year); "

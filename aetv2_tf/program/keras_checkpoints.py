@@ -10,8 +10,8 @@ so a listed `ckpt-*.weights.h5` is always complete; only the `keep` newest are k
 each file its SHA-256 (`<file>.sha256`, written before the file is renamed into place), checked
 before the file is trusted (`damage`): a resumed run sets a damaged or unreadable newest
 checkpoint aside (renamed `<file>.bad`, never deleted) and resumes from the newest good one;
-the probes' and the export's readers skip it. Files of earlier versions have no checksum and are
-trusted as before.
+the probes' and the export's readers skip it. A checkpoint without its checksum is damaged too
+(deleting the `.sha256` would otherwise let a changed file be resumed).
 
 The files themselves (atomic writes, checksums, the listing, `encoder.weights.h5`) are the
 library's (`aetv2_tf.saving`, re-exported here); this module adds the store, the resume and the
@@ -104,10 +104,16 @@ class KerasCheckpoints(CheckpointStore):
                 os.remove(old + CHECKSUM)
         return path
 
+    def set_aside(self, step: int, reason: str) -> None:
+        path = os.path.join(self.directory, f"ckpt-{step}.weights.h5")
+        if os.path.isfile(path):
+            set_aside(path, reason)
+
 
 def restore_checkpoint(model: keras.Model, directory: str, writer: bool = True) -> int:
     """Loads the newest intact checkpoint of `directory` into `model` (its optimizer built
-    first); returns its step, 0 when there is none. A damaged or unreadable one is set aside
+    first); returns its step, 0 when there is none. A damaged (its checksum missing or not its
+    own) or unreadable one is set aside
     (`writer`; another worker only skips it) and the next older one tried; when none is left,
     FileNotFoundError (exit 2): the run is not restarted from scratch behind the user's back."""
     found = list_checkpoints(directory)
@@ -115,7 +121,7 @@ def restore_checkpoint(model: keras.Model, directory: str, writer: bool = True) 
         logging.info("No checkpoint in %s: starting at step 0.", directory)
         return 0
     for step, path in reversed(found):
-        reason = damage(path)
+        reason = damage(path, required=True)
         if reason is None:
             try:
                 model.load_weights(path)

@@ -32,6 +32,7 @@ from aetv2_tf.program.callbacks import (
 )
 from aetv2_tf.program.flags import FLAGS
 from aetv2_tf.program.keras_checkpoints import discard_encoder_weights, save_encoder_weights
+from aetv2_tf.program.loss_growth import StopOnLossGrowth
 
 
 class PretextAdapter:
@@ -88,10 +89,13 @@ class PretextAdapter:
         """Called once at the end (e.g. a non-chief worker's scratch directory)."""
 
 
-def check_batch_fits(num_examples: int | None) -> None:
+def check_batch_fits(num_examples: int | None, accelerator: bool = False) -> None:
     """A step takes `--batch_size` distinct images (RotNet: a quarter, in 4 rotations): fewer
-    training images than that is refused before the model_dir is written (UsageError)."""
+    training images than that, or a step whose memory exceeds the machine's on the CPU (not
+    `accelerator`: `step_memory.check_step_memory`), is refused before the model_dir is
+    written (UsageError)."""
     from aetv2_tf.errors import UsageError
+    from aetv2_tf.program.step_memory import check_step_memory
 
     F = FLAGS
     per_step = F.batch_size // 4 if F.pretext == "rotation" else F.batch_size
@@ -101,6 +105,7 @@ def check_batch_fits(num_examples: int | None) -> None:
         raise UsageError(f"--batch_size={F.batch_size}: a step takes {per_step} training images "
                          f"({images}), but the data has only {num_examples} (--train_examples="
                          f"{F.train_examples}); lower --batch_size or raise --train_examples.")
+    check_step_memory(F.backbone, F.batch_size, F.pretext == "rotation", accelerator)
 
 
 def check_disk(model: keras.Model, encoder: keras.Model, other_writers: int = 0) -> None:
@@ -153,12 +158,15 @@ def run(adapter: PretextAdapter, images, labels, num_examples: int | None) -> di
     if adapter.chief and start < stop:
         check_disk(model, encoder, adapter.other_writers)
     counter = StepCounter(start, stop)
+    saver = CheckpointEvery(store, counter, F.checkpoint_every_steps, writer=adapter.chief)
     callbacks = [counter,
                  StopOnSkippedStep(optimizer, counter, F.on_nonfinite == "stop",
                                    every=adapter.skip_check_every),
                  program.StopAtStep(stop, counter),
                  *([program.StopAtDeadline(end)] if (end := program.deadline()) else []),
-                 CheckpointEvery(store, counter, F.checkpoint_every_steps, writer=adapter.chief),
+                 # before the saver: no checkpoint of the weights whose loss grew
+                 StopOnLossGrowth(saver, counter, F.max_loss_growth),
+                 saver,
                  # after CheckpointEvery: its handlers outlive the final save
                  StopOnSignal(adapter.signal_agreement()),
                  *adapter.summaries(counter, schedule)]

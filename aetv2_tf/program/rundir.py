@@ -24,6 +24,7 @@ import shutil
 import tempfile
 
 from aetv2_tf.errors import UsageError  # the library's (`rundir.UsageError` is the same class)
+from aetv2_tf.safe_paths import open_for_writing, write_text_atomically
 
 MIN_FREE_BYTES = 64 * 2**20
 
@@ -75,8 +76,10 @@ _LOCKS: dict[str, object] = {}  # model_dir -> the open lock file this process h
 def lock(model_dir: str) -> None:
     """Takes `<model_dir>/.lock` for this process (an exclusive `flock`, released by the OS when
     the process ends, however it ends) and writes its pid, host and start time into it; a
-    model_dir that another live process holds is refused, naming that process. Held until the
-    process exits; taking it again in the same process is a no-op."""
+    model_dir that another live process holds is refused, naming that process; a lock that is
+    a symbolic link or not a regular file is refused (`safe_paths.open_for_writing`), never
+    written through. Held until the process exits; taking it again in the same process is a
+    no-op."""
     import fcntl
     import socket
     import time
@@ -85,7 +88,8 @@ def lock(model_dir: str) -> None:
     if key in _LOCKS:
         return
     path = os.path.join(model_dir, LOCK_NAME)
-    handle = open(path, "a+")  # noqa: SIM115 - held open for the life of the process
+    # held open for the life of the process; never through a link (it would be truncated)
+    handle = open_for_writing(path, "a+", _PART_FIX)
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -156,36 +160,71 @@ RUN_FILES = {
 }
 
 
+#: How to mend a run folder's part that is a link: the run writes inside its model_dir only.
+_PART_FIX = ("a run's files and folders are written inside its --model_dir only: remove the link "
+             "(what it points to stays as it is; to keep a run on another disk, link the whole "
+             "--model_dir instead) or choose a new, empty --model_dir")
+
+
 def foreign_files(model_dir: str, limit: int = 5) -> list[str]:
-    """Up to `limit` files under the run's folders of `model_dir` (`RUN_FILES`) whose names no
-    run writes, e.g. a folder dataset's images in train/ and test/: a model_dir there is refused
-    rather than mixed with them or set aside with them. Stops at `limit` (a dataset's millions of
-    files are not listed)."""
+    """Up to `limit` paths under the run's folders of `model_dir` (`RUN_FILES`) that no run
+    writes: names outside the folder's patterns (e.g. a folder dataset's images in train/ and
+    test/) and symbolic links of any name (a run writes none). A model_dir there is refused
+    rather than mixed with them or set aside with them. Stops at `limit` (a dataset's millions
+    of files are not listed); links are never followed."""
     import fnmatch
 
     found: list[str] = []
     for folder, patterns in RUN_FILES.items():
         top = os.path.join(model_dir, folder)
         if os.path.islink(top) or not os.path.isdir(top):
-            continue  # a link is moved aside as a link, never followed; a file makes the write fail
-        for root, _, files in os.walk(top):
-            for name in files:
-                if not any(fnmatch.fnmatch(name, p) for p in patterns):
-                    found.append(os.path.join(root, name))
+            continue  # a link is refused by `linked_parts`; a file makes the write fail
+        for root, dirs, files in os.walk(top):
+            for name in files + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
+                path = os.path.join(root, name)
+                if os.path.islink(path) or not any(fnmatch.fnmatch(name, p) for p in patterns):
+                    found.append(path)
                     if len(found) >= limit:
                         return found
     return found
 
 
-def check_no_foreign_files(model_dir: str) -> None:
-    """UsageError naming the files of `model_dir` that a run would mix its own with, or set
-    aside (`foreign_files`)."""
+def linked_parts(model_dir: str) -> list[str]:
+    """The parts of `model_dir` that the program writes, moves or takes (`RUN_ENTRIES` and the
+    lock) that are symbolic links, each as ``path -> target``."""
+    found = []
+    for name in (*RUN_ENTRIES, LOCK_NAME):
+        path = os.path.join(model_dir, name)
+        if os.path.islink(path):
+            found.append(f"{path} -> {os.readlink(path)}")
+    return found
+
+
+def check_run_parts(model_dir: str) -> None:
+    """UsageError, before anything is written, when `model_dir` holds what a run must not
+    write into, move or adopt: a part of the run (`linked_parts`: the lock, checkpoints/,
+    train/, export/, encoder.weights.h5, results.json, ...) that is a symbolic link; files no
+    run writes, or links, in the run's folders (`foreign_files`); or a run's outputs
+    (`run_outputs`: checkpoints, weights, an export, results) without the run's own record,
+    flags.json, which every start of this program writes first: they are another program's or
+    a user's files, never resumed from, pruned or replaced."""
+    linked = linked_parts(model_dir)
+    if linked:
+        raise UsageError(f"--model_dir={model_dir} has parts of a run that are symbolic links "
+                         f"({', '.join(linked)}); nothing was written; {_PART_FIX}.")
     found = foreign_files(model_dir)
     if found:
         raise UsageError(f"--model_dir={model_dir} holds files this project did not write where "
                          f"a run writes ({', '.join(found)}{', ...' if len(found) >= 5 else ''})"
                          "; is it a dataset's folder? Nothing was changed; choose a new, empty "
                          "--model_dir.")
+    held = run_outputs(model_dir)
+    if held and not os.path.lexists(os.path.join(model_dir, "flags.json")):
+        raise UsageError(f"--model_dir={model_dir} holds run outputs ({', '.join(held)}) but no "
+                         "flags.json, the record every run of this program writes first: they "
+                         "are not this program's run, so they are neither resumed nor replaced; "
+                         "nothing was changed. Move them away, restore the run's flags.json "
+                         "(from a backup), or choose a new, empty --model_dir.")
 
 
 def _set_aside_run(model_dir: str, why: str = "--overwrite") -> str:
@@ -196,7 +235,7 @@ def _set_aside_run(model_dir: str, why: str = "--overwrite") -> str:
     misunderstood flag (a run read by another one, a dataset folder), and it costs no time (one
     rename per entry, on the same disk); the user deletes the folder when it is not needed. Only
     names that runs write are moved, and `prepare` has refused a model_dir whose run folders hold
-    other files (`check_no_foreign_files`); anything else in the model_dir stays where it is.
+    other files (`check_run_parts`); anything else in the model_dir stays where it is.
     """
     import time
 
@@ -234,6 +273,21 @@ def holds_results(model_dir: str) -> bool:
     return False
 
 
+def run_outputs(model_dir: str) -> list[str]:
+    """The names of `RESULTS` in `model_dir` that are what a run writes there: a non-empty
+    folder (checkpoints/, export/, probe/) or a regular file (encoder.weights.h5, ...); a file
+    where a folder goes is not one (the write fails there, and says so)."""
+    found = []
+    for name in RESULTS:
+        path = os.path.join(model_dir, name)
+        if name in RUN_FILES:
+            if os.path.isdir(path) and os.listdir(path):
+                found.append(name)
+        elif os.path.isfile(path):
+            found.append(name)
+    return found
+
+
 def read_flags_record(path: str, run_flags: dict | None = None) -> dict:
     """The run record `path` (a flags.json), checked: a JSON object whose values have the
     types of `run_flags`' (a string where a string is expected, ...); else a UsageError naming
@@ -269,13 +323,16 @@ def prepare(model_dir: str, run_flags: dict, flagfile: str, essential: tuple[str
     record is set aside) or `overwrite`, which first moves the run's files into a new
     `<model_dir>/overwritten-<time>/` (`_set_aside_run`: nothing is deleted). A model_dir whose
     run folders (train/, test/, checkpoints/, ...) hold files no run writes, e.g. a folder
-    dataset's root, is refused, naming them (`check_no_foreign_files`). A
+    dataset's root, is refused, naming them, and so are parts of a run that are symbolic links
+    and a run's outputs without flags.json (`check_run_parts`, on every worker, before the
+    record is read or anything written). A
     pretraining run that has trained resumes only with the values of its `trajectory` flags,
     unless `--allow_flag_changes` (each accepted change appended to `flags_history.jsonl` with
     the step from which it applies) or `overwrite`; its first record (`flags.json`) is kept,
     `flags.cfg` holds the flags of the latest start. The writing process (`chief`) holds the
     model_dir's lock (`lock`) before it deletes or writes anything: a second process is refused.
     """
+    check_run_parts(model_dir)
     check_writable(model_dir)
     saved_path = os.path.join(model_dir, "flags.json")
     first_record, step, changed, diff = True, 0, {}, {}
@@ -317,7 +374,6 @@ def prepare(model_dir: str, run_flags: dict, flagfile: str, essential: tuple[str
                              "choose a new --model_dir.")
     if not chief:
         return
-    check_no_foreign_files(model_dir)
     lock(model_dir)
     if diff or (overwrite and changed):  # diff: with --overwrite, or nothing trained yet
         _set_aside_run(model_dir, "--overwrite" if overwrite else
@@ -325,17 +381,11 @@ def prepare(model_dir: str, run_flags: dict, flagfile: str, essential: tuple[str
     elif step and run_flags.get("stage") == "pretext":
         first_record = False  # the record of what trained so far stays
         if changed:
-            with open(os.path.join(model_dir, HISTORY), "a") as f:
+            with open_for_writing(os.path.join(model_dir, HISTORY), "a", _PART_FIX) as f:
                 f.write(json.dumps({"step": step, "changed": changed}, default=str) + "\n")
             print(f"Flags changed from step {step} on: {lines} (recorded in {HISTORY}).",
                   flush=True)
-    _atomic_write(os.path.join(model_dir, "flags.cfg"), flagfile)
+    write_text_atomically(os.path.join(model_dir, "flags.cfg"), flagfile, _PART_FIX)
     if first_record:
-        _atomic_write(saved_path, json.dumps(run_flags, indent=2, sort_keys=True, default=str))
-
-
-def _atomic_write(path: str, text: str) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+        write_text_atomically(saved_path, json.dumps(run_flags, indent=2, sort_keys=True,
+                                                     default=str), _PART_FIX)

@@ -1,0 +1,201 @@
+"""Mistakes that crashed or passed for success: a folder's non-UTF-8 file name and looping link,
+a batch larger than the machine's memory, a finite divergence, the words of a stopped run, an
+undeclared import (docs/reliability.md, "Trust: links and files of others").
+
+The command line runs in-process (`program`, conftest.py: `aetv2_tf.train.main` with parsed
+flags), as the audit ran it; the pieces (`step_memory`, `StopOnLossGrowth`) directly.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import io
+import math
+import os
+import pathlib
+import re
+import sys
+
+import numpy as np
+import pytest
+
+from aetv2_tf.errors import UsageError
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _png() -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.full((40, 40, 3), 128, np.uint8)).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def _quick(*args: str) -> tuple[str, ...]:
+    return (f"--flagfile={REPO / 'configs' / 'quickstart.cfg'}", "--train_seconds=0",
+            "--quick_knn_train=0", "--export=false", *args)
+
+
+# --------------------------------------------------------------------------- a folder data set
+def test_a_non_utf8_file_name_and_a_looping_class_link_are_named_before_anything_is_written(
+        tmp_path, program, capsys):
+    """A folder data set with an image named by non-UTF-8 bytes, then one whose class folder is
+    a link to itself: exit 2 each, the name shown with its bytes escaped (\\xe9), nothing
+    written (before: a ValueError traceback from the tf.data pipeline after flags.json was
+    written; an OSError traceback, "Too many levels of symbolic links")."""
+    root = tmp_path / "images"
+    for name in ("a", "b"):
+        (root / "train" / name).mkdir(parents=True)
+        (root / "train" / name / "1.png").write_bytes(_png())
+    bad = os.path.join(os.fsencode(root / "train" / "a"), b"caf\xe9.png")
+    with open(bad, "wb") as f:
+        f.write(_png())
+    args = _quick("--dataset=folder", "--backbone=nin", f"--data_dir={root}", "--batch_size=2",
+                  "--train_steps=1")
+    code = program(*args, f"--model_dir={tmp_path / 'run1'}")
+    err = capsys.readouterr().err
+    assert code == 2 and "caf\\xe9.png is not valid UTF-8" in err and "rename it" in err, err
+    assert "Traceback" not in err and not (tmp_path / "run1").exists()
+    os.remove(bad)
+    (root / "train" / "loop").symlink_to("loop")
+    code = program(*args, f"--model_dir={tmp_path / 'run2'}")
+    err = capsys.readouterr().err
+    assert code == 2 and "loop is a symbolic link to loop that cannot be followed" in err, err
+    assert "Traceback" not in err and not (tmp_path / "run2").exists()
+
+
+# ------------------------------------------------------------------------ a batch over memory
+def test_the_step_memory_estimate_counts_the_encoders_activations():
+    """`step_memory.ACTIVATIONS` is every layer output of the built encoders, per image."""
+    from aetv2_tf.models import DEFAULT_INPUT_SHAPES, build_backbone
+    from aetv2_tf.program import step_memory
+
+    for name, count in step_memory.ACTIVATIONS.items():
+        encoder = build_backbone(name, DEFAULT_INPUT_SHAPES[name], batch_norm="keras")
+        outputs = [t for layer in encoder.layers for t in
+                   (layer.output if isinstance(layer.output, (list, tuple)) else [layer.output])]
+        assert sum(math.prod(t.shape[1:]) for t in outputs) == count, name
+
+
+def test_a_batch_over_the_machines_memory_is_refused_and_normal_configs_pass(
+        tmp_path, cifar10_dir, program, capsys):
+    """`--batch_size=50000` on CIFAR-10 (NIN): exit 2 before anything is written, the estimate
+    and how it is made in the message (before: a segmentation fault, exit 139, at 6.1 GB, no
+    word). On a 16 GB machine the configs' batches pass: NIN 512 (AET and RotNet) and AlexNet
+    768; a GPU's memory is not judged here."""
+    from aetv2_tf.program import step_memory
+
+    code = program(*_quick(f"--data_dir={cifar10_dir}", "--batch_size=50000", "--train_steps=1",
+                           f"--model_dir={tmp_path / 'run'}"))
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert re.search(r"--batch_size=50000: a training step needs about [\d,.]+ GB \(2 x "
+                     r"--batch_size images .* x 2,252,928 activation values of the nin encoder "
+                     r"per image x 4 bytes, plus 1 GiB\), more than this machine's", err), err
+    assert "Lower --batch_size" in err and not (tmp_path / "run").exists()
+    sixteen = 16 * 2**30
+    for backbone, batch, rotation in (("nin", 512, False), ("nin", 512, True),
+                                      ("alexnet", 768, False)):
+        step_memory.check_step_memory(backbone, batch, rotation, False, memory=sixteen)
+    with pytest.raises(UsageError, match=r"about 9\d\d fits here"):
+        step_memory.check_step_memory("alexnet", 2000, False, False, memory=sixteen)
+    step_memory.check_step_memory("nin", 50000, False, True, memory=sixteen)  # an accelerator
+
+
+# ------------------------------------------------------------------- a divergence, the words
+def test_a_loss_that_grows_past_the_factor_stops_with_exit_7_keeping_the_last_good_checkpoint(
+        tmp_path, cifar10_dir, program, capsys):
+    """As the audit ran it: `--learning_rate=1e6` (here resumed from a good checkpoint with
+    --allow_flag_changes): exit 7, the loss and the factor named, no checkpoint of the
+    diverged weights, the newest the last good one, named (before: exit 0, loss 7.2e13).
+    A stop before any checkpoint (`--learning_rate=1e30`, exit 3) says "no checkpoint was
+    written", never "the one of step None": `test_optim.py::test_exit_codes` and below."""
+    run = tmp_path / "run"
+    args = _quick(f"--data_dir={cifar10_dir}", "--batch_size=16", "--train_examples=256",
+                  "--train_steps=8", "--checkpoint_every_steps=1", f"--model_dir={run}")
+    assert program(*args, "--stop_after_steps=2") == 0
+    capsys.readouterr()
+    code = program(*args, "--learning_rate=1e6", "--allow_flag_changes")
+    err = capsys.readouterr().err
+    assert code == 7, err
+    assert re.search(r"the loss grew to \S+ at step \d, \S+ times its first logged value", err)
+    assert f"{run / 'checkpoints' / 'ckpt-2.weights.h5'} (step 2), holds the last good" in err
+    # ckpt-3 holds the weights after the first step at 1e6, which gave the grown loss: set aside
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
+        "ckpt-1.weights.h5", "ckpt-1.weights.h5.sha256", "ckpt-2.weights.h5",
+        "ckpt-2.weights.h5.sha256", "ckpt-3.weights.h5.bad", "ckpt-3.weights.h5.bad.sha256"]
+
+
+def test_stop_on_loss_growth_keeps_the_last_checkpoint_whose_weights_gave_a_good_loss():
+    """`StopOnLossGrowth` before `CheckpointEvery`, a checkpoint every step, the per-step losses
+    3, 2, 29, 31 (Keras logs their running mean): at step 4 the loss is over 10 times the
+    first: no checkpoint from then on (nor at the end), and the one of step 3, whose weights
+    gave step 4's loss, is set aside: the newest is step 2's."""
+    import keras
+
+    from aetv2_tf.program.callbacks import CheckpointEvery, CheckpointStore
+    from aetv2_tf.program.loss_growth import StopOnLossGrowth
+
+    class Store(CheckpointStore):
+        def __init__(self):
+            self.saved, self.aside = [], []
+
+        def latest_step(self):
+            return self.saved[-1] if self.saved else None
+
+        def save(self, model, step):
+            self.saved.append(step)
+            return f"ckpt-{step}"
+
+        def set_aside(self, step, reason):
+            self.saved.remove(step)
+            self.aside.append((step, reason))
+
+    step = [0]
+    saver = CheckpointEvery(Store(), lambda: step[0], every=1)
+    assert saver.newest() == "no checkpoint was written yet"  # never "step None"
+    growth = StopOnLossGrowth(saver, lambda: step[0], factor=10)
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    model.stop_training = False
+    for callback in (growth, saver):
+        callback.set_model(model)
+        callback.on_train_begin()
+        callback.on_epoch_begin(0)
+    losses = [3.0, 2.0, 29.0, 31.0, 2.0]
+    for batch in range(len(losses)):
+        step[0] += 1
+        for callback in (growth, saver):
+            callback.on_train_batch_end(batch, {"loss": np.mean(losses[:batch + 1])})
+        if model.stop_training:
+            break
+    saver.on_train_end()
+    assert step[0] == 4 and model.stop_training and saver.store.saved == [1, 2]
+    assert saver.store.aside == [(3, "its weights gave the loss 31, over 10 times the first 3")]
+    assert growth.grew == "31 at step 4, 10.3 times its first logged value 3"
+    assert saver.newest() == "the newest checkpoint stays the one of step 2"
+
+
+# ----------------------------------------------------------------------- what the package needs
+def test_every_library_import_is_a_declared_dependency():
+    """Every third-party module the package imports (at the top or inside a function) comes
+    from a distribution pyproject.toml declares (before: Pillow, imported by the folder reader
+    under Keras on JAX, was only a test extra)."""
+    text = (REPO / "pyproject.toml").read_text()
+    block = re.search(r"^dependencies = \[(.*?)^\]", text, re.S | re.M).group(1)
+    declared = {re.match(r"[A-Za-z0-9_.-]+", s).group(0).lower().replace("_", "-")
+                for s in re.findall(r'"([^"]+)"', block)}
+    distributions = importlib.metadata.packages_distributions()
+    missing = {}
+    for path in (REPO / "aetv2_tf").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+            for top in {n.split(".")[0] for n in names if n}:
+                if top in sys.stdlib_module_names or top == "aetv2_tf":
+                    continue
+                dists = {d.lower().replace("_", "-") for d in distributions.get(top, [top])}
+                if not dists & declared:
+                    missing.setdefault(top, str(path.relative_to(REPO)))
+    assert not missing, f"imported but not in [project] dependencies: {missing}"
