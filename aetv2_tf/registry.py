@@ -33,7 +33,7 @@ from typing import Any
 SERIALIZABLE = ("aetv2_tf.data.layers", "aetv2_tf.losses", "aetv2_tf.metrics",
                 "aetv2_tf.models.layers", "aetv2_tf.models.aet", "aetv2_tf.models.pairs",
                 "aetv2_tf.models.heads", "aetv2_tf.models.encoders", "aetv2_tf.optim",
-                "aetv2_tf.probes.classifier")
+                "aetv2_tf.probes.classifier", "aetv2_tf.recipes")
 
 _state = {"registered": False}
 

@@ -124,8 +124,7 @@ def _restore_tf_checkpoint(model_dir: str, saved: dict) -> keras.Model:
 
     from aetv2_tf.models import build_aet_model, build_rotation_model
 
-    size = 32 if saved["dataset"] == "cifar10" else 224
-    encoder = build_backbone(saved["backbone"], (size, size, 3), batch_norm=saved["batch_norm"])
+    encoder = build_backbone(saved["backbone"], batch_norm=saved["batch_norm"])
     model = build_rotation_model(encoder) if saved.get("pretext") == "rotation" else \
         build_aet_model(encoder, siamese_batch_norm=saved.get("siamese_batch_norm", "joint"))
     latest = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))

@@ -76,7 +76,7 @@ def save_encoder(encoder: keras.Model, directory: str, *, recipe: Recipe | str |
     # Everything is validated before the directory is made (no empty directory on an error).
     record = {"stage": "pretext", "pretext": pretext, "backbone": encoder.name,
               "dataset": dataset, "batch_norm": "keras", "backend": keras.backend.backend(),
-              "loss": recipe.loss if recipe else None, "saved_by": "aetv2_tf.save_encoder",
+              "loss": recipe.loss.kind if recipe else None, "saved_by": "aetv2_tf.save_encoder",
               "image_size": _image_size(encoder)}
     os.makedirs(directory, exist_ok=True)
     if twin is not None:  # the run layout, as today
@@ -321,7 +321,7 @@ def load_encoder_weights(model_dir: str, saved: dict, batch_norm: str) -> keras.
     run's batch norm). FileNotFoundError when neither exists.
     """
     from aetv2_tf.models import (
-        DEFAULT_INPUT_SHAPES,
+        BACKBONES,
         build_aet_model,
         build_backbone,
         build_rotation_model,
@@ -340,7 +340,7 @@ def load_encoder_weights(model_dir: str, saved: dict, batch_norm: str) -> keras.
     rotation = saved.get("pretext") == "rotation"
     try:
         size = saved.get("image_size")  # save_encoder records it; runs: the backbone's default
-        shape = (size, size, 3) if size else DEFAULT_INPUT_SHAPES[saved["backbone"]]
+        shape = (size, size, 3) if size else BACKBONES[saved["backbone"]].input_shape
         twin = build_backbone(saved["backbone"], shape, batch_norm="keras")
         if path.endswith(ENCODER_WEIGHTS):
             twin.load_weights(path)

@@ -32,12 +32,12 @@ import sys
 if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
-from absl import app, logging
+from absl import app
 
 from aetv2_tf.data.sources import DataError
 from aetv2_tf.errors import UsageError
 from aetv2_tf.program import console
-from aetv2_tf.program.flags import FLAGS, resolve_run_length
+from aetv2_tf.program.flags import FLAGS
 
 
 def import_backend() -> bool:
@@ -59,8 +59,14 @@ def main(argv) -> None:
         raise app.UsageError(f"unexpected arguments {argv[1:]}: every option is a --flag.")
     on_tensorflow = import_backend()
     console.configure_logging(FLAGS["verbosity"].present, tensorflow=on_tensorflow)
-    if (note := resolve_run_length(sys.argv)) is not None:
-        logging.info(note)
+    from aetv2_tf.program.config import from_flags
+
+    try:  # the flags, read once: nothing reads them after this
+        config = from_flags(FLAGS, sys.argv)
+    except (UsageError, DataError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    model_dir = config.outputs.model_dir
     if on_tensorflow:
         from aetv2_tf.program import adapter_tensorflow as adapter
 
@@ -70,7 +76,7 @@ def main(argv) -> None:
 
         peer_lost = ()
     try:
-        summary = adapter.run()
+        summary = adapter.run(config)
     except (UsageError, DataError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(2)
@@ -84,17 +90,17 @@ def main(argv) -> None:
             raise
         from aetv2_tf.program.keras_checkpoints import list_checkpoints
 
-        found = list_checkpoints(os.path.join(FLAGS["model_dir"].value or "", "checkpoints"))
+        found = list_checkpoints(os.path.join(model_dir, "checkpoints"))
         newest = f"the newest complete checkpoint, {found[-1][1]}, is intact" if found else \
             "no checkpoint was complete yet"
-        print(f"error: the disk of --model_dir={FLAGS.model_dir} is full ({e}); {newest}. Free "
+        print(f"error: the disk of --model_dir={model_dir} is full ({e}); {newest}. Free "
               "space (or lower --keep_checkpoints) and rerun the same command to resume.",
               file=sys.stderr, flush=True)
         sys.exit(EXIT_DISK_FULL)
     line = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                      for k, v in summary.items())
-    print(f"Done ({FLAGS.stage}): {line}. Outputs in {FLAGS.model_dir}", flush=True)
-    sys.exit(exit_code(summary))
+    print(f"Done ({config.stage}): {line}. Outputs in {model_dir}", flush=True)
+    sys.exit(exit_code(summary, model_dir, config.train.max_loss_growth))
 
 
 #: Exit codes (docs/reliability.md): 0 done, 1 absl flag errors, 2 refused input, 3 non-finite
@@ -108,11 +114,11 @@ EXIT_PEER_LOST = 6
 EXIT_LOSS_GREW = 7
 
 
-def newest_checkpoint() -> str:
+def newest_checkpoint(model_dir: str) -> str:
     """The model_dir's newest complete checkpoint, in words: what a stopped run keeps."""
     from aetv2_tf.program.keras_checkpoints import list_checkpoints
 
-    found = list_checkpoints(os.path.join(FLAGS["model_dir"].value or "", "checkpoints"))
+    found = list_checkpoints(os.path.join(model_dir, "checkpoints"))
     if not found:
         return "no checkpoint was written (rerunning the command starts again at step 0)"
     return f"the newest checkpoint, {found[-1][1]} (step {found[-1][0]}), holds the last good " \
@@ -127,8 +133,11 @@ def disk_full(error: OSError) -> bool:
         "No space left on device" in str(error)
 
 
-def exit_code(summary: dict) -> int:
-    """The exit status of a stage's `summary`, with the last line a script needs to act on."""
+def exit_code(summary: dict, model_dir: str = "", max_loss_growth: float = 10.0) -> int:
+    """The exit status of a stage's `summary`, with the last line a script needs to act on
+    (``model_dir``: the run's, whose newest checkpoint it names; ``max_loss_growth``: the
+    factor the loss grew past)."""
+    kept = newest_checkpoint(model_dir)
     if summary.get("interrupted_by"):
         sig = signal.Signals[summary["interrupted_by"]]
         print(f"Stopped by {sig.name} at step {summary.get('steps')} after writing a checkpoint: "
@@ -136,29 +145,29 @@ def exit_code(summary: dict) -> int:
               f"{128 + sig.value}).", flush=True)
         return 128 + sig.value
     if summary.get("diverged"):
-        print(f"error: training diverged (every step non-finite); {newest_checkpoint()}. Lower "
+        print(f"error: training diverged (every step non-finite); {kept}. Lower "
               "--learning_rate or add --warmup_steps.", file=sys.stderr)
         return EXIT_NONFINITE
     if summary.get("nonfinite_weights"):
         print("error: non-finite weights (e.g. NaN images made the BatchNorm statistics NaN): "
-              f"no checkpoint was written for them and training stopped; {newest_checkpoint()}. "
+              f"no checkpoint was written for them and training stopped; {kept}. "
               "Check the data, lower --learning_rate.", file=sys.stderr)
         return EXIT_NONFINITE
     if summary.get("loss_grew"):
         print(f"error: training diverged: the loss grew to {summary['loss_grew']}, past "
-              f"--max_loss_growth={FLAGS['max_loss_growth'].value:g}; no checkpoint was "
-              f"written for these weights and training stopped; {newest_checkpoint()}. Lower "
+              f"--max_loss_growth={max_loss_growth:g}; no checkpoint was "
+              f"written for these weights and training stopped; {kept}. Lower "
               "--learning_rate or add --warmup_steps (--max_loss_growth=0 turns the check "
               "off).", file=sys.stderr)
         return EXIT_LOSS_GREW
     if summary.get("export_failed"):
-        print(f"error: training finished (the encoder is in {FLAGS.model_dir}/encoder.weights.h5) "
+        print(f"error: training finished (the encoder is in {model_dir}/encoder.weights.h5) "
               f"but the SavedModel export failed (the log says why); export it with python -m "
-              f"aetv2_tf.export --model_dir={FLAGS.model_dir}.", file=sys.stderr)
+              f"aetv2_tf.export --model_dir={model_dir}.", file=sys.stderr)
         return EXIT_EXPORT
     if summary.get("stopped_nonfinite"):
         print(f"error: --on_nonfinite=stop ended training at a non-finite step; "
-              f"{newest_checkpoint()}. Lower --learning_rate, add --warmup_steps, or pass "
+              f"{kept}. Lower --learning_rate, add --warmup_steps, or pass "
               "--on_nonfinite=skip.", file=sys.stderr)
         return EXIT_NONFINITE
     return 0

@@ -130,12 +130,12 @@ def candidates(lambdas: list[float], mse_weights: list[float]) -> dict[str, obje
 
 def table(pairs: int, lambdas: list[float], mse_weights: list[float]) -> str:
     """The markdown table of every candidate."""
-    from aetv2_tf.recipes import parameter_std
+    from aetv2_tf.data.sampler import parameter_std
 
     sets, std = error_sets(pairs), parameter_std(32)
     lines = []
     for name, recipe in candidates(lambdas, mse_weights).items():
-        if recipe.loss == "mse":
+        if recipe.loss.kind == "mse":
             row = summarise(recipe.build_loss(32, param_std=std), sets)
             row["geodesic part"] = 0.0
         else:

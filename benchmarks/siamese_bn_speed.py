@@ -27,9 +27,10 @@ def main() -> None:
     p.add_argument("--policy", default="float32", choices=["float32", "mixed_bfloat16"])
     args = p.parse_args()
     keras.mixed_precision.set_global_policy(args.policy)
+    from aetv2_tf.data.sampler import parameter_std
     from aetv2_tf.models import build_backbone
     from aetv2_tf.models.pairs import build_pairs_model
-    from aetv2_tf.recipes import AETV1, parameter_std
+    from aetv2_tf.recipes import AETV1
 
     std = parameter_std(32)
     models = {}

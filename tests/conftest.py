@@ -90,6 +90,31 @@ def program(monkeypatch):
     keras.mixed_precision.set_global_policy("float32")
 
 
+@pytest.fixture
+def configured():
+    """``configured(*args)``: the `RunConfig` of these flags (the command line without the
+    interpreter start, ``--model_dir`` required as on the command line), parsed and read as
+    `aetv2_tf.train.main` does; the flags are restored afterwards."""
+    from absl.testing import flagsaver
+
+    from aetv2_tf.program.config import from_flags
+    from aetv2_tf.program.flags import FLAGS
+
+    saved, was_parsed = flagsaver.save_flag_values(FLAGS), FLAGS.is_parsed()
+
+    def read(*args: str):
+        argv = ["train", *args]
+        FLAGS.unparse_flags()
+        FLAGS(argv)
+        return from_flags(FLAGS, argv)
+
+    yield read
+    FLAGS.unparse_flags()
+    flagsaver.restore_flag_values(saved, FLAGS)
+    if was_parsed:
+        FLAGS.mark_as_parsed()
+
+
 # The files whose tests run longest (minutes of CLI child processes; `--durations` of the CI run,
 # BUILD.md "Tests"): collected first, so that no worker starts one of them when the others are
 # nearly done. The order of the tests inside a file is kept.

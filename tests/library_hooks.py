@@ -3,10 +3,10 @@ called, and with what recipe (`tests/test_library.py`).
 
     python tests/library_hooks.py OUTPUT.json --flagfile=... --model_dir=...
 
-Wraps `Recipe.build_loss`, `Recipe.build_optimizer`, `Recipe.decoder_options`,
-`aetv2_tf.models.build_aet_model`, `build_pairs_model` and the KNN probe's `knn_accuracy` with
-counters, runs `aetv2_tf.train`'s main as `python -m aetv2_tf.train` would, and writes the
-counts and the recipes to OUTPUT.json.
+Wraps `Recipe.build_model`, `Recipe.build_loss`, `Recipe.build_optimizer`,
+`Recipe.decoder_options`, `aetv2_tf.models.build_aet_model`, `build_pairs_model` and the KNN
+probe's `knn_accuracy` with counters, runs `aetv2_tf.train`'s main as `python -m
+aetv2_tf.train` would, and writes the counts and the recipes to OUTPUT.json.
 """
 
 from __future__ import annotations
@@ -47,10 +47,11 @@ def watch(owners, name: str, record_recipe: bool = False) -> None:
         setattr(owner, name, wrapper)
 
 
+watch([recipes.Recipe], "build_model", record_recipe=True)
 watch([recipes.Recipe], "build_loss", record_recipe=True)
 watch([recipes.Recipe], "build_optimizer", record_recipe=True)
 watch([recipes.Recipe], "decoder_options", record_recipe=True)
-watch([aet, aetv2_tf.models], "build_aet_model")
+watch([aet, pairs, aetv2_tf.models], "build_aet_model")
 watch([pairs, aetv2_tf.models], "build_pairs_model")
 watch([knn, probe_stage], "knn_accuracy")
 watch([knn, probe_stage], "pooled_features")

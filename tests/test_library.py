@@ -17,8 +17,10 @@ import pytest
 
 import aetv2_tf
 from aetv2_tf import recipes
+from aetv2_tf.data.sampler import parameter_std
 from aetv2_tf.probes.results import RESULTS_FILENAME, read_results
-from aetv2_tf.program.flags import FLAGS
+from aetv2_tf.program.config import recipe_of
+from aetv2_tf.program.flags import FLAGS, program_flags
 from tests.cli import REPO, run_module
 
 
@@ -65,10 +67,9 @@ def test_readme_block_is_the_one_the_benchmark_runs(tmp_path):
 
 
 def recipe_of_flagfile(name: str) -> recipes.Recipe:
-    """`Recipe.from_flags` of a config, parsed without touching the process's FLAGS: every flag
-    at its default, then the flagfile's lines."""
-    values = {flag.name: flag.default
-              for flag in FLAGS.get_flags_for_module("aetv2_tf.program.flags")}
+    """The recipe the program reads from a config (`program.config.recipe_of`), parsed without
+    touching the process's FLAGS: every flag at its default, then the flagfile's lines."""
+    values = {flag.name: flag.default for flag in program_flags()}
 
     def lines(path):  # nested --flagfile= lines expanded in place (paths from REPO)
         for line in path.read_text().splitlines():
@@ -83,7 +84,7 @@ def recipe_of_flagfile(name: str) -> recipes.Recipe:
             if key.startswith("no") and not value and key[2:] in values:
                 key, value = key[2:], "false"
             values[key] = FLAGS[key].parser.parse(value or "true")
-    return recipes.Recipe.from_flags(type("Flags", (), values))
+    return recipe_of(values)
 
 
 def test_the_recipes_are_the_configs():
@@ -95,17 +96,20 @@ def test_the_recipes_are_the_configs():
     assert recipe_of_flagfile("cifar10_aetv2_sq4") == recipes.AETV2_SQ4
     assert recipe_of_flagfile("cifar10_aetv2_sq4_unitres") == recipes.AETV2_SQ4_UNITRES
     assert recipe_of_flagfile("cifar10_aetv2_hybrid") == recipes.AETV2_HYBRID
-    assert recipes.AETV2_ZOOM16.residual_frame == "loss"  # the old runs' behaviour, recorded
+    assert recipes.AETV2_ZOOM16.loss.residual_frame == "loss"  # the old runs' behaviour
     assert recipes.AETV2_SQ4_UNITRES is recipes.AETV2 and recipes.as_recipe(
         "aetv2_sq4_unitres") is recipes.AETV2  # its name while it was a variant
     with pytest.raises(ValueError, match="residual_frame"):
         recipes.Recipe(residual_frame="pixel")
     with pytest.raises(ValueError, match="mse_target"):
         recipes.Recipe(loss="geodesic", mse_target="official")
-    with pytest.raises(ValueError, match="loss"):
+    with pytest.raises(ValueError, match="kind='l1'"):
         recipes.Recipe(loss="l1")
-    changed = dataclasses.replace(recipes.AETV2, learning_rate=3e-4)
-    assert changed.learning_rate == 3e-4 and changed.frame_scale == 4.0
+    with pytest.raises(TypeError, match="no field 'learning_rat'"):
+        recipes.AETV2.replace(learning_rat=3e-4)
+    changed = dataclasses.replace(recipes.AETV2, learning_rate=3e-4)  # by the parts' names
+    assert changed == recipes.AETV2.replace(learning_rate=3e-4)
+    assert changed.optimizer.learning_rate == 3e-4 and changed.loss == recipes.AETV2.loss
 
 
 def test_recipe_builds_the_loss_the_paper_describes():
@@ -116,34 +120,39 @@ def test_recipe_builds_the_loss_the_paper_describes():
     assert geodesic.get_config()["residual_frame"] == "unit"
     assert geodesic.get_config()["angle_power"] == 2
     mse = recipes.AETV1.build_loss(image_size=32)
-    np.testing.assert_allclose(mse.get_config()["std"], recipes.parameter_std(32), rtol=1e-6)
+    np.testing.assert_allclose(mse.get_config()["std"], parameter_std(32), rtol=1e-6)
 
 
-def hooked_cli(tmp_path, name: str, *args: str) -> dict:
+def hooked_cli(tmp_path, name: str, *args: str, backend: str = "tensorflow") -> dict:
     """The program run with its public constructors watched (`tests/library_hooks.py`)."""
     out = tmp_path / f"{name}.json"
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND=backend)
     proc = subprocess.run([sys.executable, "tests/library_hooks.py", str(out), *args],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(out.read_text())
 
 
-def test_the_program_builds_through_the_public_constructors(tmp_path, cifar10_dir):
-    """`--stage=pretext` compiles what `Recipe.build_loss` / `build_optimizer` return and builds
-    the decoder `Recipe.decoder_options` describes, for the config's recipe with the command
-    line's override; `--stage=probe --probe=knn` scores with the public `pooled_features` and
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_both_programs_build_through_the_recipe(tmp_path, cifar10_dir, backend):
+    """Both adapters build their pretext model with `Recipe.build_model` (which decides the
+    decoder, `Recipe.decoder_options`) and compile it from the recipe (`Recipe.build_loss`,
+    `build_optimizer`): the config's recipe with the command line's override; under
+    TensorFlow `--stage=probe --probe=knn` then scores with the public `pooled_features` and
     `knn_accuracy`."""
     pretext = tmp_path / "pretext"
     seen = hooked_cli(tmp_path, "pretext", "--flagfile=configs/cifar10_aetv2.cfg",
                       f"--data_dir={cifar10_dir}", f"--model_dir={pretext}",
                       "--train_steps=1", "--batch_size=8", "--train_examples=64",
-                      "--learning_rate=3e-4", "--export=false", "--verbose=0")
-    assert seen["calls"]["build_loss"] >= 1 and seen["calls"]["build_optimizer"] >= 1
-    assert seen["calls"]["build_aet_model"] >= 1 and seen["calls"]["decoder_options"] >= 1
+                      "--learning_rate=3e-4", "--export=false", "--verbose=0", backend=backend)
+    for name in ("build_model", "decoder_options", "build_loss", "build_optimizer",
+                 "build_pairs_model", "build_aet_model"):
+        assert seen["calls"].get(name, 0) >= 1, (name, seen["calls"])
     want = json.loads(json.dumps(dataclasses.asdict(  # as the JSON file has it
-        dataclasses.replace(recipes.AETV2, learning_rate=3e-4))))
+        recipes.AETV2.replace(learning_rate=3e-4))))
     assert all(r == want for r in seen["recipes"]), seen["recipes"]
+    if backend != "tensorflow":
+        return
     seen = hooked_cli(tmp_path, "knn", "--flagfile=configs/cifar10_probe_knn.cfg",
                       f"--data_dir={cifar10_dir}", f"--model_dir={tmp_path / 'knn'}",
                       f"--pretrained={pretext}", "--train_examples=300", "--test_examples=100",
@@ -197,6 +206,6 @@ def test_saved_encoders_keep_their_image_size_and_warp_pairs_their_compiler(tmp_
     np.testing.assert_allclose(again.get_weights()[0], encoder.get_weights()[0])
     assert WarpPairs().supports_jit is False and WarpPairs(fused=False).supports_jit is True
     warm_up = dataclasses.replace(recipes.AETV2, mse_weight=1.0, mse_decay_steps=10)
-    with pytest.raises(ValueError, match="step=optimizer.iterations"):
+    with pytest.raises(ValueError, match="step=model.loss_step"):
         warm_up.build_loss(32)
     assert warm_up.build_loss(32, step=keras.Variable(0, dtype="int64")).step is not None

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from aetv2_tf import losses, recipes
+from aetv2_tf.data.sampler import parameter_std
 from benchmarks.loss_gradients import GROUPS, PX, compose_right, error_sets, gradients
 from tests.test_loss_variants import STD, loss_and_gradients, np_variant_loss
 from tests.test_losses import check_close, random_params
@@ -43,7 +44,7 @@ def sets():
 
 
 def _loss(name: str):
-    std = recipes.parameter_std(32, samples=20_000)
+    std = parameter_std(32, samples=20_000)
     return getattr(recipes, name).build_loss(32, param_std=std)
 
 

@@ -14,7 +14,7 @@ from absl import flags
 
 from aetv2_tf import errors
 from aetv2_tf.program import flag_support
-from aetv2_tf.program import flags as _defined  # noqa: F401 - defines the flags
+from aetv2_tf.program.flags import GROUPS, program_flags
 from aetv2_tf.program.rundir import UsageError
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "aetv2_tf"
@@ -162,7 +162,8 @@ def test_no_import_cycle_in_the_package_or_the_benchmarks():
     assert "benchmarks.step" not in graph["benchmarks.backends"]
     tf_adapter = "aetv2_tf.program.adapter_tensorflow"
     portable = "aetv2_tf.program.adapter_portable"
-    assert "aetv2_tf.program.common" in graph[portable] & graph[tf_adapter]
+    for shared in ("aetv2_tf.program.common", "aetv2_tf.program.config"):
+        assert shared in graph[portable] & graph[tf_adapter], shared
     # one pretext loop and one probe stage, used by both adapters, importing neither
     for shared in ("aetv2_tf.program.pretext", "aetv2_tf.program.probe_stage"):
         assert shared in graph[portable] & graph[tf_adapter], shared
@@ -197,44 +198,39 @@ def test_no_module_over_about_400_lines():
 
 
 def defined_flags() -> list[str]:
-    return sorted(f.name for f in flags.FLAGS.get_flags_for_module("aetv2_tf.program.flags"))
+    return sorted(f.name for f in program_flags())
 
 
-def test_every_flag_has_a_row_in_the_support_table():
+def test_every_flag_has_a_row_in_the_support_table_and_a_group():
     assert sorted(flag_support.TABLE) == defined_flags()
-
-
-class _Flag:
-    def __init__(self, value, present=True):
-        self.value, self.present = value, present
+    groups = flags.FLAGS.flags_by_module_dict()
+    assert all(group in groups for group in GROUPS)  # --helpfull lists the flags by purpose
 
 
 @pytest.mark.parametrize("name", [n for n, rule in flag_support.TABLE.items() if rule])
 def test_each_refused_value_names_the_flag_the_backend_and_the_fix(name, monkeypatch):
     rule = flag_support.TABLE[name]
     monkeypatch.setattr(flag_support, "tensorflow_importable", lambda: False)
-    messages = flag_support.refusals("jax", {name: _Flag(rule.example)})
+    messages = flag_support.refusals("jax", {name: rule.example}, {name})
     assert len(messages) == 1
     assert messages[0].startswith(f"--{name}=") and "KERAS_BACKEND=jax" in messages[0]
     assert "KERAS_BACKEND=tensorflow" in messages[0]
     with pytest.raises(UsageError, match=f"--{name}="):
-        flag_support.check("jax", {name: _Flag(rule.example)})
-    assert flag_support.refusals("tensorflow", {name: _Flag(rule.example)}) == []
+        flag_support.check("jax", {name: rule.example}, {name})
+    assert flag_support.refusals("tensorflow", {name: rule.example}, {name}) == []
 
 
 def test_the_defaults_run_everywhere(monkeypatch):
     monkeypatch.setattr(flag_support, "tensorflow_importable", lambda: False)
-    defaults = {f.name: _Flag(f.default, present=False)
-                for f in flags.FLAGS.get_flags_for_module("aetv2_tf.program.flags")}
-    assert flag_support.refusals("jax", defaults) == []
+    defaults = {f.name: f.default for f in program_flags()}
+    assert flag_support.refusals("jax", defaults, ()) == []
 
 
 def test_export_is_refused_only_where_tensorflow_cannot_be_imported(monkeypatch):
-    given = {"export": _Flag(True, present=True)}
     monkeypatch.setattr(flag_support, "tensorflow_importable", lambda: True)
-    assert flag_support.refusals("jax", given) == []
+    assert flag_support.refusals("jax", {"export": True}, {"export"}) == []
     monkeypatch.setattr(flag_support, "tensorflow_importable", lambda: False)
-    assert "--export=true" in flag_support.refusals("jax", given)[0]
+    assert "--export=true" in flag_support.refusals("jax", {"export": True}, {"export"})[0]
 
 
 def test_tf_data_sources_run_in_the_probe_stages_where_tensorflow_is_importable(monkeypatch):
@@ -247,8 +243,9 @@ def test_tf_data_sources_run_in_the_probe_stages_where_tensorflow_is_importable(
                 ("folder", "probe", not importable), ("folder", "supervised", not importable),
                 ("imagenet2012", "probe", not importable), ("folder", "pretext", False),
                 ("imagenet2012", "pretext", True), ("cifar10", "pretext", False)):
-            given = {"dataset": _Flag(dataset), "stage": _Flag(stage)}
-            assert bool(flag_support.refusals("jax", given)) == refused, (dataset, stage)
+            values = {"dataset": dataset, "stage": stage}
+            assert bool(flag_support.refusals("jax", values, set(values))) == refused, \
+                (dataset, stage)
 
 
 def test_intervals_are_due_when_crossed_not_only_on_multiples():

@@ -1,7 +1,7 @@
-"""The recipe decides everything it affects (issue 32): `Recipe.build_model` builds the decoder
-the command line builds (AETv1's parameter scale, the official targets, the step counter),
-`Recipe.compile` reads the image size and that scale back from the model, a warm-up longer than
-half the run warns, and image sizes are validated."""
+"""The recipe decides everything it affects: `Recipe.build_model` builds the decoder the
+command line builds (AETv1's parameter scale, the official targets, the step counter) into a
+pretext model that carries what it was built with, which compiles itself from the recipe; a
+warm-up longer than half the run warns, and image sizes are validated."""
 
 from __future__ import annotations
 
@@ -15,11 +15,21 @@ import pytest
 
 import aetv2_tf
 from aetv2_tf import recipes
-from aetv2_tf.recipes import AETV1, AETV1_OFFICIAL, AETV2, parameter_std, training_steps
+from aetv2_tf.data.sampler import parameter_std
+from aetv2_tf.recipes import AETV1, AETV1_OFFICIAL, AETV2, training_steps
+
+
+def _layers(model: keras.Model) -> list[keras.layers.Layer]:
+    found = []
+    for layer in model.layers:
+        found.append(layer)
+        if isinstance(layer, keras.Model):
+            found.extend(_layers(layer))
+    return found
 
 
 def _layer(model: keras.Model, name: str):
-    return next((layer for layer in recipes._all_layers(model) if layer.name == name), None)
+    return next((layer for layer in _layers(model) if layer.name == name), None)
 
 
 def _fit_loss(model: keras.Model, images: np.ndarray) -> float:
@@ -44,6 +54,7 @@ def test_aetv1_through_the_recipe_trains_where_the_unscaled_decoder_diverges(cif
     scale = np.asarray(_layer(model, "decoder_scale").scale, np.float32)
     np.testing.assert_allclose(scale, parameter_std(32, "integer"), rtol=1e-6)
     schedule = AETV1.compile(model, steps)
+    assert schedule is model.schedule
     assert schedule.total_steps == steps and model.optimizer is not None
     np.testing.assert_allclose(model.loss.get_config()["std"], scale, rtol=1e-6)
     new_loss = _fit_loss(model, images)
@@ -58,8 +69,8 @@ def test_compile_warns_for_an_aetv1_model_without_the_decoder_scale():
 
 def test_a_warmup_longer_than_half_the_run_warns_with_the_peak_it_reaches():
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
-    with pytest.warns(UserWarning, match=r"peaks at 2\.7\de-07.*dataclasses\.replace\("
-                                         r"recipe, warmup_steps=0\)") as record:
+    with pytest.warns(UserWarning, match=r"peaks at 2\.7\de-07.*shorten the warm-up \(to 0, "
+                                         r"say\)") as record:
         schedule, _ = AETV2.build_optimizer(model, steps=8)
     assert record[0].filename == __file__  # attributed to the caller
     assert schedule.warmup_steps == 1000  # warned, not changed
@@ -72,10 +83,14 @@ def test_a_warmup_longer_than_half_the_run_warns_with_the_peak_it_reaches():
         dataclasses.replace(AETV2, warmup_steps=0).build_optimizer(model, steps=8)
 
 
-def test_compile_reads_the_image_size_from_the_model():
+def test_the_model_carries_its_image_size_and_compiles_from_its_recipe():
     encoder = aetv2_tf.build_backbone("nin", input_shape=(64, 64, 3))
     model = AETV2.build_model(encoder, seed=0)
     assert model.loss_step is None and _layer(model, "decoder_scale") is None
+    assert model.pretext["image_size"] == 64 and model.recipe == AETV2
+    model.compile(steps=4000)  # the recipe's, for this model
+    assert model.loss.get_config() == AETV2.build_loss(64).get_config()
+    assert model.schedule.total_steps == 4000
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         AETV2.compile(model, steps=4000)
@@ -85,10 +100,13 @@ def test_compile_reads_the_image_size_from_the_model():
     assert model.loss.get_config() == pixel.build_loss(64).get_config()
     assert model.loss.get_config() != pixel.build_loss(32).get_config()
     for shape in ((32, 64, 3), (None, None, 3)):
-        inputs = keras.Input(shape)
-        other = keras.Model(inputs, keras.layers.Dense(8)(inputs), name="other")
         with pytest.raises(ValueError, match="square images of a known size"):
-            AETV2.compile(other, steps=10)
+            AETV2.build_model(aetv2_tf.build_backbone("nin", input_shape=shape))
+    plain = aetv2_tf.build_pairs_model(encoder, seed=0)  # built without a recipe
+    with pytest.raises(ValueError, match="optimizer, loss, metrics='auto' is the recipe's"):
+        plain.compile(steps=10)
+    AETV2.compile(plain, steps=4000)
+    assert plain.loss.get_config() == AETV2.build_loss(64).get_config()
 
 
 def test_compile_refuses_a_model_without_the_pairs():
@@ -96,8 +114,8 @@ def test_compile_refuses_a_model_without_the_pairs():
     on its logits; refused, naming the builders of an AET model."""
     encoder = aetv2_tf.build_backbone("nin", (16, 16, 3))
     rotations = aetv2_tf.build_rotations_model(encoder, seed=0)
-    with pytest.raises(ValueError, match=r"no layer 'pairs'.*recipe\.build_model\(encoder\).*"
-                                         r"build_pairs_model.*RotNet"):
+    with pytest.raises(ValueError, match=r"not an AET pretext model.*recipe\.build_model\("
+                                         r"encoder\).*build_pairs_model.*RotNet"):
         AETV2.compile(rotations, steps=10)
     assert not rotations.compiled
     warm = dataclasses.replace(AETV2, warmup_steps=0)  # 10 steps: no warm-up warning
@@ -159,8 +177,9 @@ def test_recipes_by_name_and_run_lengths():
 
 
 def test_one_decoder_rule_for_the_recipe_and_both_adapters():
-    """`Recipe.decoder_options` is the decoder's one rule: `build_model` and both program
-    adapters (adapter_portable, adapter_tensorflow) build through it, none restates it."""
+    """`Recipe.decoder_options` is the decoder's one rule: `build_model` builds through it, and
+    both program adapters (adapter_portable, adapter_tensorflow) build through `build_model`
+    (`program.pretext.build_model`), none restates it."""
     std = parameter_std(32, "integer")
     options = AETV1.decoder_options(32)
     np.testing.assert_allclose(options["param_scale"], std, rtol=1e-6)
@@ -175,5 +194,7 @@ def test_one_decoder_rule_for_the_recipe_and_both_adapters():
     program = pathlib.Path(aetv2_tf.__file__).parent / "program"
     for adapter in ("adapter_portable.py", "adapter_tensorflow.py"):
         text = (program / adapter).read_text()
-        assert "decoder_options(" in text and "param_scale=" not in text, adapter
-        assert 'mse_target == "model"' not in text and "F.mse_target if" not in text, adapter
+        assert "pretext.build_model(" in text, adapter
+        assert "decoder_options(" not in text and "param_scale=" not in text, adapter
+        assert "mse_target" not in text and ".compile(" not in text, adapter
+    assert "recipe.build_model(" in (program / "pretext.py").read_text()

@@ -188,7 +188,7 @@ def test_full_disk_fails_at_start_up(tmp_path, monkeypatch):
     assert not model_dir.exists()
 
 
-def test_the_disk_check_is_sized_from_the_model(tmp_path, monkeypatch):
+def test_the_disk_check_is_sized_from_the_model(tmp_path, monkeypatch, configured):
     """`disk_bytes_needed` bounds the real size of a checkpoint file from above (by at most
     its 2 % + 1 MiB margin); an AlexNet run (about 650 MB a checkpoint with Adam) is refused
     before its first step on a disk with 1 GiB free, naming what needs the space."""
@@ -196,7 +196,7 @@ def test_the_disk_check_is_sized_from_the_model(tmp_path, monkeypatch):
     import numpy as np
 
     from aetv2_tf.models import build_aet_model, build_backbone
-    from aetv2_tf.program import flags, pretext
+    from aetv2_tf.program import pretext
     from aetv2_tf.program.keras_checkpoints import disk_bytes_needed, variables_bytes
 
     def compiled(backbone, size):
@@ -220,16 +220,10 @@ def test_the_disk_check_is_sized_from_the_model(tmp_path, monkeypatch):
     assert 3.3e9 < needed < 4.3e9  # 5 checkpoints of ~680 MB, the encoder 3 times
     real = shutil.disk_usage
     monkeypatch.setattr(shutil, "disk_usage", lambda path: real(path)._replace(free=2**30))
-    if not flags.FLAGS.is_parsed():
-        flags.FLAGS(["test", f"--model_dir={tmp_path}"])
-    saved = flags.FLAGS["model_dir"].value
-    flags.FLAGS["model_dir"].value = str(tmp_path)
-    try:
-        with pytest.raises(UsageError, match=r"1024.0 MiB free; 3 \+ 1 checkpoints of this model, "
-                                             r"the final encoder and the export need at least"):
-            pretext.check_disk(model, encoder)
-    finally:
-        flags.FLAGS["model_dir"].value = saved
+    config = configured(f"--model_dir={tmp_path}", "--train_steps=1")
+    with pytest.raises(UsageError, match=r"1024.0 MiB free; 3 \+ 1 checkpoints of this model, "
+                                         r"the final encoder and the export need at least"):
+        pretext.check_disk(config, model, encoder)
 
 
 @pytest.mark.parametrize("backend", ["tensorflow", "jax"])

@@ -152,13 +152,16 @@ def test_sigkill_at_a_random_moment_resumes_exactly(reference, tmp_path, cifar10
 TO_LEGACY = """
 import os, sys
 import tensorflow as tf
+from aetv2_tf.program.config import from_flags
 from aetv2_tf.program.flags import FLAGS
 from aetv2_tf.program.keras_checkpoints import list_checkpoints, load_model_part
 from aetv2_tf.program.adapter_tensorflow import TensorFlowPretext
-FLAGS(["train", *sys.argv[1:]])
-adapter = TensorFlowPretext(tf.distribute.get_strategy(), True, None)
+argv = ["train", *sys.argv[1:]]
+FLAGS(argv)
+config = from_flags(FLAGS, argv)
+adapter = TensorFlowPretext(config, tf.distribute.get_strategy(), True, None)
 encoder, model, schedule, optimizer = adapter.build(STEPS)
-ckpt_dir = os.path.join(FLAGS.model_dir, "checkpoints")
+ckpt_dir = os.path.join(config.outputs.model_dir, "checkpoints")
 step, path = list_checkpoints(ckpt_dir)[-1]
 load_model_part(model, path)
 for _, old in list_checkpoints(ckpt_dir):  # an earlier version's run: no checksums either

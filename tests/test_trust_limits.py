@@ -69,11 +69,11 @@ def test_a_non_utf8_file_name_and_a_looping_class_link_are_named_before_anything
 # ------------------------------------------------------------------------ a batch over memory
 def test_the_step_memory_estimate_counts_the_encoders_activations():
     """`step_memory.ACTIVATIONS` is every layer output of the built encoders, per image."""
-    from aetv2_tf.models import DEFAULT_INPUT_SHAPES, build_backbone
+    from aetv2_tf.models import BACKBONES, build_backbone
     from aetv2_tf.program import step_memory
 
     for name, count in step_memory.ACTIVATIONS.items():
-        encoder = build_backbone(name, DEFAULT_INPUT_SHAPES[name], batch_norm="keras")
+        encoder = build_backbone(name, BACKBONES[name].input_shape, batch_norm="keras")
         outputs = [t for layer in encoder.layers for t in
                    (layer.output if isinstance(layer.output, (list, tuple)) else [layer.output])]
         assert sum(math.prod(t.shape[1:]) for t in outputs) == count, name

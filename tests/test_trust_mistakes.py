@@ -24,7 +24,7 @@ from absl.testing import flagsaver
 from aetv2_tf import report
 from aetv2_tf.probes.results import write_results
 from aetv2_tf.program import flag_support
-from aetv2_tf.program.flags import FLAGS
+from aetv2_tf.program.flags import FLAGS, program_flags
 from aetv2_tf.program.rundir import UsageError
 from tests.cli import REPO, _env, train_args
 from tests.test_report import make_result
@@ -70,40 +70,37 @@ def test_huge_counts_are_refused_with_the_range(parse, arg, message):
 
 def test_every_integer_flag_is_bounded(parse):
     """Every integer flag of the program has the upper bound (one loop, `strict_flags`)."""
-    ints = [f.name for f in FLAGS.get_flags_for_module("aetv2_tf.program.flags")
-            if isinstance(f.parser, flags.IntegerParser)]
+    ints = [f.name for f in program_flags() if isinstance(f.parser, flags.IntegerParser)]
     assert len(ints) > 15
     for name in ints:
         with pytest.raises(flags.IllegalFlagValueError, match=f"--{name} must be"):
             parse(f"--{name}={2**31}")
 
 
-def test_cpu_devices_and_step_counts_are_bounded_below_the_flags(parse):
+def test_cpu_devices_and_step_counts_are_bounded_below_the_flags(configured):
     """The library paths refuse too: `configure_cpu_devices` (before touching TensorFlow) and
     an --epochs whose step count passes int32 (exit 2 through `UsageError`)."""
-    from aetv2_tf.program import common, distribute
+    from aetv2_tf.program import distribute, run_length
 
     with pytest.raises(ValueError, match="at most 64 logical CPU devices"):
         distribute.configure_cpu_devices(100000)
-    parse("--epochs=100000000", "--batch_size=16")
+    config = configured("--model_dir=/nonexistent/run", "--epochs=100000000", "--batch_size=16")
     with pytest.raises(UsageError, match=r"--epochs=100000000 of 3125 steps is .*pass fewer"):
-        common.total_steps(50000, 16)
+        run_length.total_steps(config, 50000, 16)
 
 
 # ------------------------------------------------------------------------- ~ in every path
-def test_a_flagfile_expands_home_in_every_path_flag(parse, tmp_path, monkeypatch):
+def test_a_flagfile_expands_home_in_every_path_flag(configured, tmp_path, monkeypatch):
     """Before: `--data_dir=~/...` was expanded where it was read, `--model_dir=~/...` was not
     (a directory named `~` appeared in the working directory). Now every path flag is expanded
     when parsed, also in a flagfile, and the run's flags.cfg records the expanded paths."""
-    from aetv2_tf.program.flags import flagfile_text
-
     monkeypatch.setenv("HOME", str(tmp_path))
     flagfile = tmp_path / "run.cfg"
     flagfile.write_text("--model_dir=~/runs/a\n--data_dir=~/data\n--pretrained=~/runs/b\n")
-    parsed = parse(f"--flagfile={flagfile}")
-    assert (parsed.model_dir, parsed.data_dir, parsed.pretrained) == (
+    config = configured(f"--flagfile={flagfile}", "--train_steps=1")
+    assert (config.outputs.model_dir, config.data.data_dir, config.probe.pretrained) == (
         f"{tmp_path}/runs/a", f"{tmp_path}/data", f"{tmp_path}/runs/b")
-    assert f"--model_dir={tmp_path}/runs/a\n" in flagfile_text()
+    assert f"--model_dir={tmp_path}/runs/a\n" in config.flagfile_text()
     assert set(flag_support.PATH_FLAGS) >= {"model_dir", "data_dir", "pretrained", "output"}
     assert flag_support.PathParser().parse("~/report.md") == f"{tmp_path}/report.md"
 

@@ -1,9 +1,6 @@
 """Backbones (NIN, AlexNet), the AET/RotNet pretext models, probe heads and shared layers."""
 
 from aetv2_tf.models.aet import (
-    BACKBONES,
-    DEFAULT_FEATURES,
-    DEFAULT_INPUT_SHAPES,
     PairConcat,
     build_aet_model,
     build_backbone,
@@ -12,6 +9,7 @@ from aetv2_tf.models.aet import (
     identity_params,
 )
 from aetv2_tf.models.alexnet import build_alexnet
+from aetv2_tf.models.backbones import BACKBONES, Backbone, batch_norm_kind
 from aetv2_tf.models.heads import HEAD_KINDS, adaptive_pool_size, build_head
 from aetv2_tf.models.layers import (
     BATCH_NORM_KINDS,
@@ -27,8 +25,7 @@ from aetv2_tf.models.pairs import PairsModel, WarpPairs, build_pairs_model, buil
 __all__ = [
     "BACKBONES",
     "BATCH_NORM_KINDS",
-    "DEFAULT_FEATURES",
-    "DEFAULT_INPUT_SHAPES",
+    "Backbone",
     "HEAD_KINDS",
     "AdaptivePooling2D",
     "FusedBatchNormalization",
@@ -44,6 +41,7 @@ __all__ = [
     "build_pairs_model",
     "build_rotations_model",
     "build_rotation_model",
+    "batch_norm_kind",
     "default_feature",
     "conv_bn_relu",
     "dense_bn_relu",

@@ -37,18 +37,13 @@ import keras
 import numpy as np
 from keras import ops
 
-from aetv2_tf.models.alexnet import build_alexnet
-from aetv2_tf.models.features import (  # noqa: F401 - DEFAULT_FEATURES, default_feature: API
-    DEFAULT_FEATURES,
+from aetv2_tf.models.backbones import backbone
+from aetv2_tf.models.features import (  # noqa: F401 - default_feature: API
     Feature,
     default_feature,
     encoder_at,
     vector_feature,
 )
-from aetv2_tf.models.nin import build_nin
-
-BACKBONES = ("nin", "alexnet")
-DEFAULT_INPUT_SHAPES = {"nin": (32, 32, 3), "alexnet": (224, 224, 3)}
 
 
 def identity_params(num_params: int = 8, rotation_deg: float = 0.0) -> np.ndarray:
@@ -238,14 +233,8 @@ def build_backbone(
     input_shape: tuple[int, int, int] | None = None,
     batch_norm: str | None = None,
 ) -> keras.Model:
-    """`build_nin` or `build_alexnet` by name, with the default input shape of each.
-    `batch_norm`: "fused" (TensorFlow's kernel) or "keras" (any backend), the same weights;
-    None: fused under TensorFlow, keras elsewhere."""
-    if name not in BACKBONES:
-        raise ValueError(f"backbone must be one of {BACKBONES}, got {name!r}")
-    if batch_norm is None:
-        batch_norm = "fused" if keras.backend.backend() == "tensorflow" else "keras"
-    input_shape = tuple(input_shape or DEFAULT_INPUT_SHAPES[name])
-    if name == "nin":
-        return build_nin(input_shape, batch_norm=batch_norm)
-    return build_alexnet(input_shape, batch_norm=batch_norm)
+    """The backbone ``name`` of the table (`models.backbones`: "nin" or "alexnet") on
+    ``input_shape`` images (default: its own), with ``batch_norm`` "fused" (TensorFlow's
+    kernel) or "keras" (any backend), the same weights (`backbones.batch_norm_kind`: None is
+    fused under TensorFlow, keras elsewhere)."""
+    return backbone(name).build(input_shape, batch_norm)

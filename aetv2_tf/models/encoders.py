@@ -40,8 +40,7 @@ import keras
 from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD
 from aetv2_tf.data.layers import ClassifierInputs
 from aetv2_tf.models.checked import LABELS, ChecksInputs, ChecksNormalisedInputs
-from aetv2_tf.models.features import (  # noqa: F401 - CLASSIFIER_FEATURES, classifier_feature: API
-    CLASSIFIER_FEATURES,
+from aetv2_tf.models.features import (  # noqa: F401 - classifier_feature: API
     POOLS,
     Feature,
     classifier_feature,

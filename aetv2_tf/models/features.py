@@ -9,13 +9,14 @@ must be known). Its outputs may be
 * one tensor (a `keras.Sequential` CNN, `keras.applications.MobileNetV3Small(...,
   include_top=False)`): its feature is the name of the last layer, and `feature=None` means it.
 
-`feature=None` (`default_feature`): the package's default for its backbones (`DEFAULT_FEATURES`:
-NIN "block4", AlexNet "fc7"), else the only output of a single-output encoder; an encoder with
-several outputs must be told. That is the PRETEXT models' feature (what the decoder regresses
-from). Where a feature is PROBED (`models.encoders.build_classifier` / `feature_extractor`,
-`probes.knn.pooled_features` / `make_feature_fn`), `feature=None` is `classifier_feature`:
-`CLASSIFIER_FEATURES` of a package backbone (NIN "block2", AlexNet "conv5": the paper's probe
-features), else `default_feature`. A feature may also name ANY layer of the encoder
+`feature=None` (`default_feature`): the package's default for its backbones
+(`models.backbones`: `Backbone.pretext_feature`, NIN "block4", AlexNet "fc7"), else the only
+output of a single-output encoder; an encoder with several outputs must be told. That is the
+PRETEXT models' feature (what the decoder regresses from). Where a feature is PROBED
+(`models.encoders.build_classifier` / `feature_extractor`, `probes.knn.pooled_features` /
+`make_feature_fn`), `feature=None` is `classifier_feature`: `Backbone.probe_feature` of a
+package backbone (NIN "block2", AlexNet "conv5": the paper's probe features), else
+`default_feature`. A feature may also name ANY layer of the encoder
 (`encoder.layers`, e.g. an inner block of MobileNetV3): `cut_encoder` then ends the encoder
 there.
 
@@ -31,13 +32,7 @@ import keras
 import numpy as np
 
 from aetv2_tf.errors import UsageError
-
-#: The feature the pretext models regress from when `feature=None`, per `build_backbone` name.
-DEFAULT_FEATURES = {"nin": "block4", "alexnet": "fc7"}
-
-#: The feature probed (classifier, feature extractor, KNN) when `feature=None`, per
-#: `build_backbone` name: the paper's probe features (CIFAR-10 NIN block 2, AlexNet conv5).
-CLASSIFIER_FEATURES = {"nin": "block2", "alexnet": "conv5"}
+from aetv2_tf.models.backbones import BACKBONES
 
 Feature = str | int | None
 
@@ -75,17 +70,17 @@ def _layer_names(encoder: keras.Model) -> list[str]:
 
 
 def default_feature(encoder: keras.Model) -> str:
-    """The ONE rule for `feature=None`: `DEFAULT_FEATURES` of a backbone of the package (named
+    """The ONE rule for `feature=None`: the pretext feature of a backbone of the package (named
     "nin" or "alexnet" by `build_backbone`), else the only output of an encoder whose output is
     one tensor (or a one-element list); otherwise ValueError listing the outputs."""
     outputs = output_structure(encoder)
     names = output_names(encoder)
-    if DEFAULT_FEATURES.get(encoder.name) in names:
-        return DEFAULT_FEATURES[encoder.name]
+    if encoder.name in BACKBONES and BACKBONES[encoder.name].pretext_feature in names:
+        return BACKBONES[encoder.name].pretext_feature
     if not isinstance(outputs, dict) and len(names) == 1:
         return names[0]
     raise ValueError(f"no default feature for an encoder named {encoder.name!r} (known: "
-                     f"{sorted(DEFAULT_FEATURES)}); pass feature= explicitly, one of its "
+                     f"{sorted(BACKBONES)}); pass feature= explicitly, one of its "
                      f"outputs {names}")
 
 
@@ -110,11 +105,11 @@ def resolve_feature(encoder: keras.Model, feature: Feature) -> str:
 
 def classifier_feature(encoder: keras.Model, feature: Feature = None) -> str:
     """The ONE rule for a probed feature (module docstring): `feature` if given
-    (`resolve_feature`), else `CLASSIFIER_FEATURES` of a package backbone ("block2" for NIN),
+    (`resolve_feature`), else the probe feature of a package backbone ("block2" for NIN),
     else `default_feature`."""
-    if feature is None and encoder.name in CLASSIFIER_FEATURES:
+    if feature is None and encoder.name in BACKBONES:
         try:
-            return resolve_feature(encoder, CLASSIFIER_FEATURES[encoder.name])
+            return resolve_feature(encoder, BACKBONES[encoder.name].probe_feature)
         except ValueError:  # a custom encoder named "nin": its own default
             return default_feature(encoder)
     return resolve_feature(encoder, feature)

@@ -30,7 +30,9 @@ step was compiled; it is saved with the weights, so a resumed run continues the 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
+from typing import Any
 
 import keras
 
@@ -45,39 +47,108 @@ NUM_PARAMS = 8
 
 @keras.saving.register_keras_serializable(package="aetv2_tf")
 class PairsModel(ChecksInputs, keras.Model):
-    """A functional model whose output is `concat([y_pred, y_true])`; loss and metrics see the
-    two halves as `(y_true, y_pred)` (module docstring). Fitted on images alone (`y=None`):
+    """The pretext model: a functional model that carries what it was built with and compiles
+    itself from its recipe.
+
+    With ``split=k`` its output is ``concat([y_pred, y_true])`` and loss and metrics see the two
+    halves as ``(y_true, y_pred)`` (module docstring): fitted on images alone (``y=None``);
     ``fit`` / ``evaluate`` / ``predict`` and the ``*_on_batch`` methods check them (uint8
-    (N, H, W, 3) of the model's size; no labels: `models.checked.ChecksInputs`, ``"none"``).
-    `count_steps=True` adds the step counter `loss_step` (module docstring; else None)."""
+    (N, H, W, 3) of the model's size, no labels: `models.checked.ChecksInputs`). With
+    ``split=None`` its output is ``y_pred`` and the targets come as ``y`` (the tf.data
+    pipelines' pairs, ``inputs="warp"`` or ``"pairs"`` of `build_pairs_model`).
 
-    labels = "none"  # self-supervised: a `y` is refused (`ChecksInputs`)
+    ``pretext``: the AET facts of the build (``inputs``, ``image_size``, ``shift``,
+    ``param_scale``, ``target``; None for RotNet), ``recipe``: the `recipes.Recipe` that
+    ``compile`` defaults to (None: none), ``count_steps``: the step counter `loss_step`
+    (module docstring; else None). ``schedule``: the learning-rate schedule of the last
+    ``compile`` that built the optimizer."""
 
-    def __init__(self, *args, count_steps: bool = False, split: int = NUM_PARAMS, **kwargs):
+    def __init__(self, *args, count_steps: bool = False, split: int | None = NUM_PARAMS,
+                 pretext: dict | None = None, recipe: Any = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.split = split  # output[..., :split] is y_pred, output[..., split:] y_true
+        self.labels = "none" if split is not None else "any"  # (`ChecksInputs`)
+        self.pretext = dict(pretext) if pretext is not None else None
+        if isinstance(recipe, dict):  # a reloaded model's (`recipes.Recipe` is registered)
+            recipe = keras.saving.deserialize_keras_object(recipe)
+        self.recipe = recipe
+        self.schedule = None
         self.loss_step = None
         if count_steps:
             self.loss_step = self.add_weight(shape=(), dtype="int32", initializer="zeros",
                                              trainable=False, name="loss_step")
 
-    def get_config(self) -> dict:  # a `.keras` reload keeps the split and the step counter
+    def get_config(self) -> dict:  # a `.keras` reload keeps what the model was built with
+        recipe = keras.saving.serialize_keras_object(self.recipe) \
+            if self.recipe is not None else None
         return {**super().get_config(), "count_steps": self.loss_step is not None,
-                "split": self.split}
+                "split": self.split, "pretext": self.pretext, "recipe": recipe}
 
-    def _split(self, y_pred):
+    def compile(self, optimizer: Any = "auto", loss: Any = "auto", metrics: Any = "auto", *,
+                steps: int | None = None, recipe: Any = None, **kwargs: Any) -> None:
+        """``keras.Model.compile``, where ``"auto"`` (the default) is the recipe's (``recipe``,
+        else the one the model was built with): its loss for this model's image size, sampler
+        and decoder scale (`recipes.LossSpec.build`), its metrics, and its optimizer with the
+        schedule laid out over ``steps`` optimizer steps (`recipes.training_steps`; required
+        for ``optimizer="auto"``). Other keyword arguments go to Keras."""
+        recipe = recipe or self.recipe
+        auto = [name for name, value in (("optimizer", optimizer), ("loss", loss),
+                                         ("metrics", metrics)) if _is_auto(value)]
+        if auto and (recipe is None or self.pretext is None):
+            raise ValueError(f"{self.name}: {', '.join(auto)}='auto' is the recipe's, and this "
+                             "model has none: build it with recipe.build_model(encoder), or "
+                             "pass recipe=aetv2_tf.AETV2 (an AET model), or give the "
+                             f"{', '.join(auto)} yourself")
+        if "optimizer" in auto:
+            if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
+                raise ValueError(f"steps must be the run's number of optimizer steps, a positive "
+                                 f"int (training_steps(examples, batch_size, epochs)); got "
+                                 f"{steps!r}")
+            if recipe.loss.decoder_scaled and self.pretext["param_scale"] is None:
+                warnings.warn("this recipe's MSE is meant for a decoder that regresses std-"
+                              "normalised parameters (the command line's default) and the "
+                              "model has none: SGD at its learning rate diverges; build the "
+                              "model with recipe.build_model(encoder)", UserWarning, stacklevel=3)
+            self.schedule, optimizer = recipe.build_optimizer(self, steps, _stacklevel=4)
+        if "loss" in auto:
+            loss = recipe.build_loss(self.pretext["image_size"], self.pretext["param_scale"],
+                                     self.loss_step, self.pretext["shift"])
+        if "metrics" in auto:
+            metrics = recipe.metrics()
+        super().compile(optimizer=optimizer, loss=loss, metrics=metrics, **kwargs)
+
+    def compile_from_config(self, config: dict) -> None:
+        """A reloaded ``.keras`` file's compiled loss, optimizer and metrics (Keras skips this
+        for a model whose ``compile`` is its own): ``compile`` with them as saved."""
+        config = keras.saving.deserialize_keras_object(config)
+        self.compile(**config)
+        if self.built:
+            self.optimizer.build(self.trainable_variables)
+
+    def _check_inputs(self, method: str, x: Any, y: Any = None, *,
+                      predicting: bool = False) -> None:
+        if self.split is not None:  # a split=None model takes what the tf.data pipelines make
+            super()._check_inputs(method, x, y, predicting=predicting)
+
+    def _split(self, y, y_pred):
+        if self.split is None:
+            return y, y_pred
         return y_pred[..., self.split:], y_pred[..., :self.split]
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
-        y_true, y_hat = self._split(y_pred)
+        y_true, y_hat = self._split(y, y_pred)
         loss = super().compute_loss(x, y_true, y_hat, sample_weight, training=training)
         if training and self.loss_step is not None:  # after the loss: it reads steps 0, 1, ...
             self.loss_step.assign(self.loss_step + 1)
         return loss
 
     def compute_metrics(self, x, y, y_pred, sample_weight=None):
-        y_true, y_hat = self._split(y_pred)
+        y_true, y_hat = self._split(y, y_pred)
         return super().compute_metrics(x, y_true, y_hat, sample_weight)
+
+
+def _is_auto(value: Any) -> bool:
+    return isinstance(value, str) and value == "auto"
 
 
 @keras.saving.register_keras_serializable(package="aetv2_tf")
@@ -137,6 +208,7 @@ def build_pairs_model(
     encoder: keras.Model,
     seed: int,
     *,
+    inputs: str = "images",
     shift: str = "integer",
     augment: bool = True,
     mean: Sequence[float] = CIFAR10_MEAN,
@@ -147,26 +219,42 @@ def build_pairs_model(
     siamese_batch_norm: str = "per_branch",
     target: str = "model",
     feature: str | int | None = None,
+    fused_warp: bool | None = None,
+    recipe: Any = None,
 ) -> PairsModel:
-    """uint8 images `(B, H, W, 3)` -> `(B, 16)` = `[T_hat params, T params]` (module docstring).
+    """The AET pretext model of ``encoder`` (module docstring), a `PairsModel`.
 
-    `encoder`, `feature`, `param_scale`, `init_rotation_deg`, `siamese_batch_norm`, `target`: as
-    `build_aet_model` (same decoder and init; `feature=None`: "block4" for NIN, "fc7" for
-    AlexNet, the only output of a single-output encoder; `models.features`).
-    `seed`, `shift`, `augment`, `mean`, `std`: the `HomographyPairs` sampler and normalisation.
-    `count_steps`: add the training-step counter `loss_step` (module docstring).
+    ``inputs``: "images" (uint8 images ``(B, H, W, 3)`` -> ``(B, 16)`` = ``[T_hat params, T
+    params]``, the pairs made inside by `HomographyPairs`: ``seed``, ``shift``, ``augment``,
+    ``mean``, ``std``), "warp" (``[uint8 images, T (B, 3, 3)]`` -> ``T_hat`` params, only the
+    warp inside: `WarpPairs` with ``mean``, ``std`` and ``fused=fused_warp``) or "pairs" (``[x,
+    t(x)]`` normalised -> ``T_hat`` params); with "warp" and "pairs" the targets come as ``y``.
+    ``encoder``, ``feature``, ``param_scale``, ``init_rotation_deg``, ``siamese_batch_norm``,
+    ``target``: as `build_aet_model` (``feature=None``: "block4" for NIN, "fc7" for AlexNet, the
+    only output of a single-output encoder; `models.features`). ``count_steps``: add the
+    training-step counter `loss_step`. ``recipe``: what ``model.compile()`` defaults to
+    (`recipes.Recipe.build_model` passes itself).
     """
     size = tuple(encoder.inputs[0].shape[1:])
+    if inputs not in ("images", "warp", "pairs"):
+        raise ValueError(f"inputs must be 'images', 'warp' or 'pairs'; got {inputs!r}")
+    pretext = dict(inputs=inputs, image_size=int(size[0]), shift=shift, target=target,
+                   param_scale=None if param_scale is None else [float(v) for v in param_scale])
+    common = dict(pretext=pretext, recipe=recipe, count_steps=count_steps)
+    aet_options = dict(param_scale=param_scale, init_rotation_deg=init_rotation_deg,
+                       siamese_batch_norm=siamese_batch_norm, target=target)
+    if inputs != "images":
+        pairs = WarpPairs(mean=mean, std=std, fused=fused_warp, name="pairs") \
+            if inputs == "warp" else None
+        aet = build_aet_model(encoder, feature, pairs=pairs, **aet_options)
+        return PairsModel(aet.inputs, aet.outputs[0], name="aet", split=None, **common)
     images = keras.Input(shape=size, dtype="uint8", name="images")
     x, tx, params = HomographyPairs(seed=seed, shift=shift, augment=augment, mean=mean, std=std,
                                     name="pairs")(images)
-    aet = build_aet_model(encoder, feature, param_scale=param_scale,
-                          init_rotation_deg=init_rotation_deg,
-                          siamese_batch_norm=siamese_batch_norm, target=target)
-    predicted = aet([x, tx])
+    predicted = build_aet_model(encoder, feature, **aet_options)([x, tx])
     output = keras.layers.Concatenate(axis=-1, dtype="float32", name="pred_and_true")(
         [predicted, params])
-    return PairsModel(images, output, name="aet_pairs", count_steps=count_steps)
+    return PairsModel(images, output, name="aet_pairs", **common)
 
 
 def build_rotations_model(

@@ -37,14 +37,11 @@ from collections.abc import Callable, Sequence
 import keras
 
 from aetv2_tf.errors import UsageError
-from aetv2_tf.models import DEFAULT_INPUT_SHAPES, build_backbone
+from aetv2_tf.models import BACKBONES, build_backbone
 from aetv2_tf.savedmodel import restore_encoder
 from aetv2_tf.saving import load_saved_flags
 from aetv2_tf.trust import export_record, verify_export
 
-FEATURES = {"nin": ("block1", "block2", "block3", "block4"),
-            "alexnet": ("conv1", "conv2", "conv3", "conv4", "conv5", "fc6", "fc7")}
-DEFAULT_FEATURE = {"nin": "block2"}
 _EXPORT_HINT = ("export an encoder with `python -m aetv2_tf.export --model_dir=<pretraining "
                 "run>` (it writes <model_dir>/export/encoder), or pass the pretraining "
                 "--model_dir itself")
@@ -67,14 +64,13 @@ class Encoder:
 
 
 def resolve_feature(backbone: str, feature: str | None) -> str:
-    """``--feature``, checked against the backbone's outputs (NIN default: block2)."""
-    feature = feature or DEFAULT_FEATURE.get(backbone)
-    if feature is None:
-        raise UsageError(f"--backbone={backbone} needs --feature, one of "
-                         f"{', '.join(FEATURES[backbone])} (the paper: conv1..conv5).")
-    if feature not in FEATURES[backbone]:
+    """``--feature``, checked against the backbone's outputs (None: its probe feature,
+    `models.backbones`: NIN block2, AlexNet conv5)."""
+    features = BACKBONES[backbone].features
+    feature = feature or BACKBONES[backbone].probe_feature
+    if feature not in features:
         raise UsageError(f"--feature={feature} is not an output of --backbone={backbone}; use one "
-                         f"of {', '.join(FEATURES[backbone])}.")
+                         f"of {', '.join(features)}.")
     return feature
 
 
@@ -233,10 +229,10 @@ def encoder_from_export(path: str, backbone: str, *, batch_norm: str, mean: Sequ
     if record is None:
         raise UsageError(f"--pretrained={path}: its manifest records no encoder; re-export it.")
     shape = tuple(record["input_shape"])
-    if record["name"] != backbone or shape != tuple(DEFAULT_INPUT_SHAPES[backbone]):
+    if record["name"] != backbone or shape != BACKBONES[backbone].input_shape:
         raise UsageError(f"--pretrained={path} holds a {record['name']} encoder for {shape} "
                          f"images, but this probe uses --backbone={backbone} "
-                         f"{DEFAULT_INPUT_SHAPES[backbone]}; pass a {backbone} export.")
+                         f"{BACKBONES[backbone].input_shape}; pass a {backbone} export.")
     if not (np.allclose(record["mean"], mean, atol=1e-6) and
             np.allclose(record["std"], std, atol=1e-6)):
         raise UsageError(f"--pretrained={path} normalises images with mean {record['mean']}, std "
@@ -280,7 +276,7 @@ def load_encoder(pretrained: str, backbone: str, feature: str, *, batch_norm: st
     """The frozen encoder named by ``--pretrained`` (module docstring), cut to ``feature``;
     a SavedModel only when it is a verified export of this project or ``trust_saved_model``."""
     kind = check_pretrained(pretrained, backbone, trust_saved_model=trust_saved_model)
-    input_shape = DEFAULT_INPUT_SHAPES[backbone]
+    input_shape = BACKBONES[backbone].input_shape
     if kind == "none":
         model = build_backbone(backbone, input_shape, batch_norm=batch_norm)
         return Encoder(truncate(model, feature), feature, kind, None, "random")

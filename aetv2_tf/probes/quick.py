@@ -17,10 +17,6 @@ import time
 import keras
 import numpy as np
 
-from aetv2_tf.models.features import CLASSIFIER_FEATURES
-
-FEATURE = CLASSIFIER_FEATURES  # the probed feature per backbone: the one rule, models.features
-
 
 def quick_knn(
     encoder: keras.Model,

@@ -14,30 +14,27 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from aetv2_tf import __version__
 from aetv2_tf.errors import UsageError
 from aetv2_tf.program import common as program
+from aetv2_tf.program import config as run_config
 from aetv2_tf.program import pretext, rundir
-from aetv2_tf.program.flags import ESSENTIAL, FLAGS, TRAJECTORY, flagfile_text, run_flags
+from aetv2_tf.program.config import RunConfig
+from aetv2_tf.program.flags import ESSENTIAL, TRAJECTORY
 from aetv2_tf.program.precision import choose_precision, onednn_state
 
 #: A collective that lost a peer: dead worker (unavailable) or `--collective_timeout_seconds`.
 PEER_LOST = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError)
 
 
-def check_flags(num_replicas: int) -> None:
-    """`program.check_flags` for TensorFlow, then the probe stages' own checks."""
-    program.check_flags(num_replicas, "tensorflow",
-                        accelerator=bool(tf.config.list_logical_devices("GPU")))
-    if FLAGS.stage != "pretext":
-        from aetv2_tf.program.probe_stage import check_flags as check_probe_flags
-
-        check_probe_flags()
-    if FLAGS.data_service:
-        check_data_service(FLAGS.data_service)
+def check_machine(config: RunConfig, num_replicas: int) -> None:
+    """`config.check_machine` for TensorFlow, and a `--data_service` that answers."""
+    run_config.check_machine(config, num_replicas, "tensorflow",
+                             accelerator=bool(tf.config.list_logical_devices("GPU")))
+    if config.data.data_service:
+        check_data_service(config.data.data_service, config.stage)
 
 
-def check_data_service(address: str, timeout: float = 10.0) -> None:
+def check_data_service(address: str, stage: str, timeout: float = 10.0) -> None:
     """A `--data_service` dispatcher must answer before the run starts: tf.data's client would
     otherwise wait for it without a word."""
     import socket
@@ -46,9 +43,9 @@ def check_data_service(address: str, timeout: float = 10.0) -> None:
     if match is None:
         raise UsageError(f"--data_service={address}: expected grpc://<host>:<port> of a tf.data "
                          "service dispatcher (BUILD.md, 'Feeding an accelerator ImageNet').")
-    if FLAGS.stage != "pretext":
+    if stage != "pretext":
         raise UsageError("--data_service serves the pretext stage's pipeline; drop it for "
-                         f"--stage={FLAGS.stage}.")
+                         f"--stage={stage}.")
     try:
         socket.create_connection((match[2], int(match[3])), timeout=timeout).close()
     except OSError as e:
@@ -82,35 +79,34 @@ class TensorFlowPretext(pretext.PretextAdapter):
     chief's checkpoints: a shared filesystem, BUILD.md), TensorBoard summaries with the image
     pairs (chief), the SavedModel export."""
 
-    def __init__(self, strategy: tf.distribute.Strategy, chief: bool, images):
+    def __init__(self, config: RunConfig, strategy: tf.distribute.Strategy, chief: bool,
+                 images):
         from aetv2_tf.data import pipelines
-        from aetv2_tf.data.sampler import parameter_std
         from aetv2_tf.program import distribute
 
-        F = FLAGS
-        super().__init__(images)
+        super().__init__(config, images)
         self.strategy, self.chief = strategy, chief
-        # AETv1: the decoder regresses std-normalised parameters, as the AETv1 code does.
-        self.param_std = parameter_std(self.size, F.shift)
         self.make_data = pipelines.rotation_dataset if self.rotation else \
             pipelines.pretext_dataset
-        self.worker_tmp = os.path.join(F.model_dir, ".worker_tmp", distribute.task_name(strategy))
+        self.worker_tmp = os.path.join(config.outputs.model_dir, ".worker_tmp",
+                                       distribute.task_name(strategy))
         # The AET pair's warp: on the GPU when one is there (--warp; the same pairs).
         gpu = bool(tf.config.list_logical_devices("GPU"))
-        self.warp_on_device = not self.rotation and (
-            F.warp == "device" or (F.warp == "auto" and gpu))
+        warp = config.data.warp
+        self.warp_on_device = not self.rotation and (warp == "device" or (warp == "auto" and gpu))
         self.other_writers = distribute.num_workers(strategy) - 1
 
     def dataset_from(self, step: int, batch_size: int | None = None, **kwargs):
-        F = FLAGS
-        options = {"augment": F.augment} if self.rotation else \
-            {"shift": F.shift, "augment": F.augment, "warp_on_device": self.warp_on_device}
+        data = self.config.data
+        options = {"augment": data.augment} if self.rotation else \
+            {"shift": data.shift, "augment": data.augment, "warp_on_device": self.warp_on_device}
         from aetv2_tf.data.pipelines import from_data_service
 
-        ds = self.make_data(self.images, batch_size or F.batch_size, image_size=self.size,
-                            mean=self.mean, std=self.std,
-                            **{"seed": F.seed, "start_step": step, **options, **kwargs})
-        return from_data_service(ds, F.data_service) if F.data_service else ds
+        ds = self.make_data(self.images, batch_size or self.config.train.batch_size,
+                            image_size=self.size, mean=self.mean, std=self.std,
+                            **{"seed": self.config.train.seed, "start_step": step, **options,
+                               **kwargs})
+        return from_data_service(ds, data.data_service) if data.data_service else ds
 
     def batches(self, start: int, stop: int):
         """Steps `start .. stop - 1`. A file list on several replicas goes through
@@ -126,7 +122,7 @@ class TensorFlowPretext(pretext.PretextAdapter):
         def per_worker(context: tf.distribute.InputContext) -> tf.data.Dataset:
             shard = (context.input_pipeline_id, context.num_input_pipelines)
             local = context.num_replicas_in_sync // context.num_input_pipelines
-            per_replica = context.get_per_replica_batch_size(FLAGS.batch_size)
+            per_replica = context.get_per_replica_batch_size(self.config.train.batch_size)
             return self.dataset_from(start, shard=shard).rebatch(
                 per_replica, drop_remainder=True).take(
                 (stop - start) * local)
@@ -134,46 +130,29 @@ class TensorFlowPretext(pretext.PretextAdapter):
         return self.strategy.distribute_datasets_from_function(per_worker)
 
     def build(self, steps: int):
-        from aetv2_tf.models import build_aet_model, build_backbone, build_rotation_model
-        from aetv2_tf.models.pairs import WarpPairs
         from aetv2_tf.program import distribute
 
-        F = FLAGS
-        keras.utils.set_random_seed(F.seed)  # the same weights whatever was built before
-        with self.strategy.scope():
-            encoder = build_backbone(F.backbone, (self.size, self.size, 3),
-                                     batch_norm=F.batch_norm)
-            # The fused warp op has no XLA kernel: a TPU compiles the keras.ops warp.
-            tpu = isinstance(self.strategy, tf.distribute.TPUStrategy)
-            pairs = WarpPairs(mean=self.mean, std=self.std, fused=False if tpu else None,
-                              name="pairs") \
-                if self.warp_on_device else None
-            model = build_rotation_model(encoder) if self.rotation else \
-                build_aet_model(encoder, init_rotation_deg=F.decoder_init_rotation, pairs=pairs,
-                                siamese_batch_norm=F.siamese_batch_norm,
-                                **program.recipe().decoder_options(
-                                    self.size, F.shift, F.decoder_scale, self.param_std))
-            schedule, optimizer = program.schedule_and_optimizer(model, steps)
-            loss, compiled_metrics = program.pretext_loss(self.param_std, self.size,
-                                                          optimizer.iterations)
-            model.compile(optimizer=optimizer, loss=loss, metrics=compiled_metrics,
-                          steps_per_execution=F.steps_per_execution, jit_compile=False)
-            optimizer.build(model.trainable_variables)
-        distribute.patch_keras_multi_worker_fit(model, self.strategy)
-        return encoder, model, schedule, optimizer
+        # The fused warp op has no XLA kernel: a TPU compiles the keras.ops warp.
+        tpu = isinstance(self.strategy, tf.distribute.TPUStrategy)
+        built = pretext.build_model(
+            self.config, steps, inputs="warp" if self.warp_on_device else "pairs",
+            mean=self.mean, std=self.std, augment=self.config.data.augment,
+            scope=self.strategy.scope(), fused_warp=False if tpu else None, jit_compile=False)
+        distribute.patch_keras_multi_worker_fit(built[1], self.strategy)
+        return built
 
     def checkpoints(self, model, optimizer):
         from aetv2_tf.program.keras_checkpoints import KerasCheckpoints, restore_checkpoint
 
-        F = FLAGS
-        ckpt_dir = os.path.join(F.model_dir, "checkpoints")
+        outputs = self.config.outputs
+        ckpt_dir = os.path.join(outputs.model_dir, "checkpoints")
         start = restore_checkpoint(model, ckpt_dir, writer=self.chief)
         if not start and tf.train.latest_checkpoint(ckpt_dir):  # a run of an earlier version
             with self.strategy.scope():
                 start = restore(tf.train.Checkpoint(model=model, optimizer=optimizer), ckpt_dir)
         # The other workers' checkpoints are throwaway copies (the chief's are read): keep one.
         store = KerasCheckpoints(ckpt_dir if self.chief else self.worker_tmp,
-                                 F.keep_checkpoints if self.chief else 1)
+                                 outputs.keep_checkpoints if self.chief else 1)
         return store, start
 
     def signal_agreement(self):
@@ -185,33 +164,35 @@ class TensorFlowPretext(pretext.PretextAdapter):
         from aetv2_tf.program.callbacks import PretextSummaries
         from aetv2_tf.visualize import draw_pairs
 
-        F = FLAGS
+        outputs = self.config.outputs
         if not self.chief:
             return []
         sample = None
         if not self.rotation:  # four pairs to draw (and the model's inputs for them)
             def first(**kwargs):
-                return next(iter(self.dataset_from(0, batch_size=4, seed=F.seed + 1,
-                                                   augment=False, **kwargs)))
+                seed = self.config.train.seed + 1
+                return next(iter(self.dataset_from(0, batch_size=4, seed=seed, augment=False,
+                                                   **kwargs)))
 
             sample = first(warp_on_device=False)
             if self.warp_on_device:
                 sample = (*sample, first()[0])
         mean, std = self.mean, self.std
         return [PretextSummaries(
-            os.path.join(F.model_dir, "train"), counter, lambda s: schedule(s).numpy(),
-            F.summary_every_steps, F.image_summary_every_steps or 10 * F.summary_every_steps,
-            F.batch_size, sample,
+            os.path.join(outputs.model_dir, "train"), counter, lambda s: schedule(s).numpy(),
+            outputs.summary_every_steps,
+            outputs.image_summary_every_steps or 10 * outputs.summary_every_steps,
+            self.config.train.batch_size, sample,
             lambda x, tx, p, q: draw_pairs(x.numpy(), tx.numpy(), p, q, mean, std))]
 
     def export(self, encoder, model) -> dict:
         from aetv2_tf.program.keras_checkpoints import save_atomically
         from aetv2_tf.savedmodel import export_encoder
 
-        F = FLAGS
-        save_atomically(model.save, os.path.join(F.model_dir, "aet_model.keras"))
-        out = os.path.join(F.model_dir, "export", "encoder")
-        export_encoder(encoder, out, F.dataset)
+        model_dir = self.config.outputs.model_dir
+        save_atomically(model.save, os.path.join(model_dir, "aet_model.keras"))
+        out = os.path.join(model_dir, "export", "encoder")
+        export_encoder(encoder, out, self.config.data.dataset)
         return {"export": out}
 
     def close(self) -> None:
@@ -221,39 +202,38 @@ class TensorFlowPretext(pretext.PretextAdapter):
                 os.rmdir(os.path.dirname(self.worker_tmp))
 
 
-def run() -> dict:
+def run(config: RunConfig) -> dict:
     """Sets up devices, precision and the model_dir, then runs the chosen stage."""
     from aetv2_tf.program import distribute
 
-    F = FLAGS
-    distribute.configure_cpu_devices(F.cpu_devices)
-    if F.deterministic:
+    machine = config.machine
+    distribute.configure_cpu_devices(machine.cpu_devices)
+    if machine.deterministic:
         tf.config.experimental.enable_op_determinism()
     try:  # before any op or variable: multi-worker strategies need a fresh TensorFlow context
-        strategy = distribute.get_strategy(F.strategy, F.tpu, F.collective_timeout_seconds)
+        strategy = distribute.get_strategy(machine.strategy, machine.tpu,
+                                           machine.collective_timeout_seconds)
     except ValueError as e:
         raise UsageError(str(e)) from e
-    keras.utils.set_random_seed(F.seed)
-    check_flags(strategy.num_replicas_in_sync)
+    keras.utils.set_random_seed(config.train.seed)
+    check_machine(config, strategy.num_replicas_in_sync)
     chief = distribute.is_chief(strategy)
     accelerator = "tpu" if tf.config.list_logical_devices("TPU") else \
         "gpu" if tf.config.list_logical_devices("GPU") else ""
-    precision = choose_precision(F.mixed_precision, "tensorflow", accelerator)
+    precision = choose_precision(machine.mixed_precision, "tensorflow", accelerator)
     keras.mixed_precision.set_global_policy(precision.policy)
     # Bad data fails here, before the model_dir is touched.
-    data = program.load_train_images() if F.stage == "pretext" else None
+    data = program.load_train_images(config) if config.stage == "pretext" else None
     if data is not None:
-        pretext.check_batch_fits(data[2], accelerator=bool(accelerator))
+        pretext.check_batch_fits(config, data[2], accelerator=bool(accelerator))
     from aetv2_tf.program import probe_stage
     # A probe reads its data and --pretrained encoder here too: a failure writes nothing.
-    loaded = probe_stage.load() if F.stage != "pretext" else None
-    program.continue_earlier_run()
-    recorded = dict(run_flags(), version=__version__, precision=precision._asdict())
-    rundir.prepare(F.model_dir, recorded, flagfile_text(), ESSENTIAL, F.overwrite, chief,
-                   TRAJECTORY)
+    loaded = probe_stage.load(config) if config.stage != "pretext" else None
+    rundir.prepare(config.outputs.model_dir, config.recorded(precision._asdict()),
+                   config.flagfile_text(), ESSENTIAL, config.outputs.overwrite, chief, TRAJECTORY)
     kernels = "" if accelerator else f"oneDNN {onednn_state()}"
-    print(program.start_line(type(strategy).__name__.lstrip("_"), strategy.num_replicas_in_sync,
-                     precision, data, kernels), flush=True)
-    if F.stage == "pretext":
-        return pretext.run(TensorFlowPretext(strategy, chief, data[0]), *data)
-    return probe_stage.run(strategy, chief, loaded)
+    print(program.start_line(config, type(strategy).__name__.lstrip("_"),
+                             strategy.num_replicas_in_sync, precision, data, kernels), flush=True)
+    if config.stage == "pretext":
+        return pretext.run(TensorFlowPretext(config, strategy, chief, data[0]), *data)
+    return probe_stage.run(config, strategy, chief, loaded)

@@ -368,3 +368,42 @@ class PretextSummaries(keras.callbacks.Callback):
         with self.writer.as_default(step=step):
             tf.summary.image("pairs", grid, max_outputs=len(grid))
         self.writer.flush()
+
+
+class StepTimes(keras.callbacks.Callback):
+    """``(steps done, time.perf_counter())`` at the end of every execution of ``fit``."""
+
+    def __init__(self):
+        super().__init__()
+        self.marks: list[tuple[int, float]] = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.marks.append((int(batch) + 1, time.perf_counter()))
+
+
+class StopAtStep(keras.callbacks.Callback):
+    """Ends ``fit`` at exactly ``steps`` steps (epochs may be offset after a resume);
+    ``step_fn()`` is the number of batches consumed."""
+
+    def __init__(self, steps: int, step_fn):
+        super().__init__()
+        self.steps, self.step_fn = steps, step_fn
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.step_fn() >= self.steps:
+            self.model.stop_training = True
+
+
+class StopAtDeadline(keras.callbacks.Callback):
+    """Ends ``fit`` after the step (execution) during which ``clock()`` reached ``deadline``;
+    the checkpoint saver then writes the step reached (`CheckpointEvery.on_train_end`).
+    ``reached``: whether it did."""
+
+    def __init__(self, deadline: float, clock=time.monotonic):
+        super().__init__()
+        self.deadline, self.clock = deadline, clock
+        self.reached = False
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.clock() >= self.deadline:
+            self.reached = self.model.stop_training = True

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,32 +121,34 @@ def tensorflow_importable() -> bool:
     return True
 
 
-def refusals(backend: str, flags: dict[str, Any]) -> list[str]:
-    """The messages of every refused flag; `flags` maps a name to an absl Flag (`.value`,
-    `.present`). Empty under TensorFlow."""
+def refusals(backend: str, values: Mapping[str, Any], given: Collection[str]) -> list[str]:
+    """The messages of every refused flag: ``values`` maps a flag's name to its value (the
+    run's, `config.RunConfig.values`), ``given`` names those given on the command line or in a
+    flagfile (not defaulted). Empty under TensorFlow."""
     if backend == "tensorflow":
         return []
     out = []
+    stage = values.get("stage")
     for name, rule in TABLE.items():
-        if rule is None or name not in flags:
+        if rule is None or name not in values:
             continue
-        flag = flags[name]
-        if not rule.refused(flag.value, bool(flag.present)):
+        value = values[name]
+        if not rule.refused(value, name in given):
             continue
-        stage_ok = not rule.stages or "stage" in flags and flags["stage"].value in rule.stages
+        stage_ok = not rule.stages or stage in rule.stages
         if rule.unless_tensorflow_importable and stage_ok and tensorflow_importable():
             continue
-        if "stage" in flags and (flags["stage"].value, flag.value) in rule.native:
+        if (stage, value) in rule.native:
             continue
-        value = str(flag.value).lower() if isinstance(flag.value, bool) else flag.value
-        out.append(f"--{name}={value} is not available with KERAS_BACKEND={backend}: it "
+        shown = str(value).lower() if isinstance(value, bool) else value
+        out.append(f"--{name}={shown} is not available with KERAS_BACKEND={backend}: it "
                    f"{rule.why} (or run with KERAS_BACKEND=tensorflow).")
     return out
 
 
-def check(backend: str, flags: dict[str, Any]) -> None:
+def check(backend: str, values: Mapping[str, Any], given: Collection[str]) -> None:
     """Raises `UsageError` with the first refusal of `refusals`."""
-    found = refusals(backend, flags)
+    found = refusals(backend, values, given)
     if found:
         raise UsageError(found[0])
 
@@ -189,10 +191,12 @@ class PathParser(flags.ArgumentParser):
         return os.path.expanduser(super().parse(argument))
 
 
-def strict_flags(flag_values: flags.FlagValues, module: str) -> None:
-    """Every integer flag of `module` gets `WholeNumberParser` and the upper bound `MAX_INT`;
-    every flag named in `PATH_FLAGS` gets `PathParser`. Call once, after defining the flags."""
-    for flag in flag_values.get_flags_for_module(module):
+def strict_flags(flag_values: flags.FlagValues, modules: str | Sequence[str]) -> None:
+    """Every integer flag of the ``modules`` (a module's name, or the names its flags were
+    defined under) gets `WholeNumberParser` and the upper bound `MAX_INT`; every flag named in
+    `PATH_FLAGS` gets `PathParser`. Call once, after defining the flags."""
+    modules = (modules,) if isinstance(modules, str) else tuple(modules)
+    for flag in (f for module in modules for f in flag_values.get_flags_for_module(module)):
         if isinstance(flag.parser, flags.IntegerParser):
             flag.parser = WholeNumberParser()
             flags.register_validator(

@@ -46,7 +46,7 @@ import numpy as np
 
 from aetv2_tf.data.constants import normalization_constants
 from aetv2_tf.errors import UsageError
-from aetv2_tf.models import DEFAULT_INPUT_SHAPES, build_head, build_nin
+from aetv2_tf.models import BACKBONES, batch_norm_kind, build_head
 from aetv2_tf.optim import STEP_DROPS
 from aetv2_tf.probes import encoders
 from aetv2_tf.probes.classifier import (
@@ -59,8 +59,7 @@ from aetv2_tf.probes.classifier import (
 from aetv2_tf.probes.data import ProbeData, load_probe_data
 from aetv2_tf.probes.knn import extract_features, knn_accuracy, make_feature_fn, pooled_features
 from aetv2_tf.probes.results import write_results
-from aetv2_tf.program import common as program
-from aetv2_tf.program.flags import FLAGS, run_flags
+from aetv2_tf.program.config import RunConfig
 
 PROBE_LR_SCHEDULES = ("step", "constant")
 
@@ -74,25 +73,26 @@ class Inputs(NamedTuple):
     preprocess: Callable[[], keras.layers.Layer | None]
 
 
-def backend_inputs(data: ProbeData, mean, std, image_size: int) -> Inputs:
+def backend_inputs(config: RunConfig, data: ProbeData, mean, std, image_size: int) -> Inputs:
     """tf.data under TensorFlow, and for tf.data sources (tensorflow-datasets, image folders) on
     every backend (Keras's ``fit`` takes a ``tf.data.Dataset`` everywhere; TensorFlow is then
     importable, the flag-support table checked it); NumPy batches and on-device preprocessing
     for CIFAR-10's arrays elsewhere."""
-    F = FLAGS
+    batch, seed, augment = config.train.batch_size, config.train.seed, config.data.augment
     several = keras.distribution.distribution() is not None  # devices split every batch evenly
     if keras.backend.backend() == "tensorflow" or not isinstance(data.train, np.ndarray):
         from aetv2_tf.data.pipelines import classification_dataset
 
         if several and keras.backend.backend() != "tensorflow":
-            raise UsageError(f"--dataset={F.dataset} is read by tf.data, whose last batches are "
-                             f"short, and {len(keras.distribution.list_devices())} devices "
+            raise UsageError(f"--dataset={config.data.dataset} is read by tf.data, whose last "
+                             f"batches are short, and {len(keras.distribution.list_devices())} "
+                             "devices "
                              "split every batch evenly: run it on one device (e.g. "
                              "CUDA_VISIBLE_DEVICES=0) or with KERAS_BACKEND=tensorflow.")
 
         def tf_batches(images, labels, training: bool):
-            return classification_dataset(images, labels, F.batch_size, F.seed,
-                                          training=training, augment=F.augment,
+            return classification_dataset(images, labels, batch, seed,
+                                          training=training, augment=augment,
                                           image_size=image_size, mean=mean, std=std)
 
         return Inputs(tf_batches, lambda: None)
@@ -100,57 +100,45 @@ def backend_inputs(data: ProbeData, mean, std, image_size: int) -> Inputs:
     from aetv2_tf.data.stream import LabelledBatches
 
     def array_batches(images, labels, training: bool):
-        return LabelledBatches(images, labels, F.batch_size, F.seed, shuffle=training,
+        return LabelledBatches(images, labels, batch, seed, shuffle=training,
                                full_batches=several)
 
-    return Inputs(array_batches, lambda: ClassifierInputs(F.seed, F.augment, mean, std,
+    return Inputs(array_batches, lambda: ClassifierInputs(seed, augment, mean, std,
                                                           name="inputs"))
 
 
-def preset_resolved(pretrained: str | None) -> str | None:
-    """``--pretrained``: a preset name (`aetv2_tf.presets()`, e.g. aetv1_cifar10) -> its run
-    directory in results/scale; anything else as given. A preset whose directory is not in this
-    checkout is a usage error (exit 2) that says where presets live."""
-    from aetv2_tf import pretrained as presets
-
-    try:
-        return presets.resolve(pretrained) if pretrained else pretrained
-    except FileNotFoundError as e:
-        raise UsageError(str(e)) from e
-
-
-def check_flags() -> None:
-    """The probe/supervised flag checks, run by ``adapter_tensorflow.check_flags`` (and the
-    portable adapter's) before anything is written."""
-    F = FLAGS
-    encoders.resolve_feature(F.backbone, F.feature)
-    if F.stage == "supervised":
-        if F.backbone != "nin":
+def check_probe(config: RunConfig) -> None:
+    """The probe/supervised stage's own checks (`load` runs them first), before anything is
+    written: the feature, what a supervised run or a head needs, ``--pretrained``."""
+    probe, train, backbone = config.probe, config.train, config.model.backbone.name
+    encoders.resolve_feature(backbone, probe.feature)
+    if config.stage == "supervised":
+        if backbone != "nin":
             raise UsageError("--stage=supervised is the NIN baseline of CIFAR-10; use "
                              "--backbone=nin --dataset=cifar10.")
-        if F.probe == "knn":
+        if probe.probe == "knn":
             raise UsageError("--stage=supervised trains blocks and a head: pass --probe=conv "
                              "(the paper's row) or another head, not knn.")
-        if F.pretrained and F.pretrained.lower() != "none":
+        if probe.pretrained and probe.pretrained.lower() != "none":
             raise UsageError("--stage=supervised trains from scratch: drop --pretrained (or "
                              "use --stage=probe to evaluate a pretrained encoder).")
     else:
-        F.pretrained = preset_resolved(F.pretrained)
-        check_pretrained_is_not_model_dir(F.pretrained, F.model_dir)
-        encoders.check_pretrained(F.pretrained, F.backbone,
-                                  trust_saved_model=F.trust_saved_model)
-    if F.stage == "supervised" or F.probe != "knn":
-        if not F.epochs or F.train_steps:
+        check_pretrained_is_not_model_dir(probe.pretrained, config.outputs.model_dir)
+        encoders.check_pretrained(probe.pretrained, backbone,
+                                  trust_saved_model=probe.trust_saved_model)
+    if config.stage == "supervised" or probe.probe != "knn":
+        if not train.epochs or train.train_steps:
             raise UsageError("probe heads and --stage=supervised train whole epochs: pass "
                              "--epochs=N (and --train_steps=0).")
-        if not F.val_examples:
+        if not config.data.val_examples:
             raise UsageError("probe heads select their epoch on held-out training images: pass "
                              "--val_examples >= 1 (the test set is never used for selection).")
-        if F.lr_schedule not in PROBE_LR_SCHEDULES:
-            raise UsageError(f"--lr_schedule={F.lr_schedule} is not available to probe heads; "
-                             f"use one of {', '.join(PROBE_LR_SCHEDULES)} (step: drops at "
+        optimizer = config.recipe.optimizer
+        if optimizer.lr_schedule not in PROBE_LR_SCHEDULES:
+            raise UsageError(f"--lr_schedule={optimizer.lr_schedule} is not available to probe "
+                             f"heads; use one of {', '.join(PROBE_LR_SCHEDULES)} (step: drops at "
                              "--lr_drop_epochs, by default x0.2 at 30%, 60%, 80% of the epochs).")
-        if F.weight_decay_mode != "l2":
+        if optimizer.weight_decay_mode != "l2":
             raise UsageError("probe heads use PyTorch-style (coupled) L2 weight decay; pass "
                              "--weight_decay_mode=l2.")
 
@@ -181,152 +169,163 @@ class Loaded(NamedTuple):
     normalization: tuple
 
 
-def load() -> Loaded:
+def load(config: RunConfig) -> Loaded:
     """Reads and checks everything the stage needs (data, sizes against --batch_size and
     --knn_k, the --pretrained encoder) BEFORE the adapter prepares --model_dir: a failure
     leaves nothing behind, so the corrected command is not refused as another run."""
-    F = FLAGS
-    feature = encoders.resolve_feature(F.backbone, F.feature)
-    knn = F.stage == "probe" and F.probe == "knn"
-    data = load_probe_data(F.dataset, F.data_dir, val_examples=0 if knn else F.val_examples,
-                           train_examples=F.train_examples, test_examples=F.test_examples,
-                           seed=F.seed, download=F.download)
-    if knn and F.knn_k > data.sizes["train"]:
-        raise UsageError(f"--knn_k={F.knn_k} exceeds the {data.sizes['train']} training images; "
-                         "lower --knn_k or raise --train_examples.")
-    if not knn and data.sizes["train"] < F.batch_size:
-        raise UsageError(f"--batch_size={F.batch_size} is larger than the {data.sizes['train']} "
+    check_probe(config)
+    probe, data_config, backbone = config.probe, config.data, config.model.backbone
+    feature = encoders.resolve_feature(backbone.name, probe.feature)
+    knn = config.stage == "probe" and probe.probe == "knn"
+    batch = config.train.batch_size
+    data = load_probe_data(data_config.dataset, data_config.data_dir,
+                           val_examples=0 if knn else data_config.val_examples,
+                           train_examples=data_config.train_examples,
+                           test_examples=data_config.test_examples, seed=config.train.seed,
+                           download=data_config.download)
+    if knn and probe.knn_k > data.sizes["train"]:
+        raise UsageError(f"--knn_k={probe.knn_k} exceeds the {data.sizes['train']} training "
+                         "images; lower --knn_k or raise --train_examples.")
+    if not knn and data.sizes["train"] < batch:
+        raise UsageError(f"--batch_size={batch} is larger than the {data.sizes['train']} "
                          "training images (after --val_examples are held out); lower "
                          f"--batch_size to at most {data.sizes['train']} or use more images.")
-    mean, std = normalization_constants(F.dataset)
-    inputs = backend_inputs(data, mean, std, DEFAULT_INPUT_SHAPES[F.backbone][0])
+    mean, std = normalization_constants(data_config.dataset)
+    inputs = backend_inputs(config, data, mean, std, backbone.input_size)
     encoder = None
-    if F.stage != "supervised":
-        encoder = encoders.load_encoder(F.pretrained, F.backbone, feature,
-                                        batch_norm=program.batch_norm(), mean=mean, std=std,
-                                        trust_saved_model=F.trust_saved_model)
+    if config.stage != "supervised":
+        encoder = encoders.load_encoder(probe.pretrained, backbone.name, feature,
+                                        batch_norm=batch_norm_kind(config.model.batch_norm),
+                                        mean=mean, std=std,
+                                        trust_saved_model=probe.trust_saved_model)
     return Loaded(data, inputs, encoder, feature, (mean, std))
 
 
-def run(strategy: Any = None, chief: bool = True, loaded: Loaded | None = None) -> dict[str, Any]:
+def run(config: RunConfig, strategy: Any = None, chief: bool = True,
+        loaded: Loaded | None = None) -> dict[str, Any]:
     """Runs the probe or supervised stage; writes results.json; returns the summary.
 
     ``strategy``: the tf.distribute strategy of the TensorFlow adapter (None elsewhere: the
     Keras distribution, if any, is already set); ``chief``: this worker writes the outputs;
     ``loaded``: what `load` read before the model_dir was prepared (read here when None).
     """
-    F = FLAGS
     start = time.perf_counter()
-    data, inputs, encoder, feature, (mean, std) = loaded or load()
-    knn = F.stage == "probe" and F.probe == "knn"
-    input_shape = DEFAULT_INPUT_SHAPES[F.backbone]
+    data, inputs, encoder, feature, (mean, std) = loaded or load(config)
+    probe = config.probe
+    knn = config.stage == "probe" and probe.probe == "knn"
+    input_shape = config.model.backbone.input_shape
     scope = strategy.scope() if strategy is not None else contextlib.nullcontext()
 
-    if F.stage == "supervised":
+    if config.stage == "supervised":
         source = dict(pretrained=None, pretrained_kind=None, method="supervised")
         with scope:
-            model = supervised_model(feature, data.num_classes, inputs.preprocess())
-            outcome = fit_head(model, data, inputs.batches, chief)
+            model = supervised_model(config, feature, data.num_classes, inputs.preprocess())
+            outcome = fit_head(config, model, data, inputs.batches, chief)
     else:
         assert encoder is not None
         source = dict(pretrained=encoder.source, pretrained_kind=encoder.kind,
                       pretrained_checkpoint=encoder.checkpoint, method=encoder.method)
         if knn:
-            outcome = knn_probe(encoder, data, inputs.batches, (mean, std), chief)
+            outcome = knn_probe(config, encoder, data, inputs.batches, (mean, std), chief)
         else:
             with scope:
-                model = build_probe(encoder.model, feature, F.probe, data.num_classes,
-                                    input_shape, inputs.preprocess(), **head_options(feature))
-                outcome = fit_head(model, data, inputs.batches, chief)
+                model = build_probe(encoder.model, feature, probe.probe, data.num_classes,
+                                    input_shape, inputs.preprocess(),
+                                    **head_options(config, feature))
+                outcome = fit_head(config, model, data, inputs.batches, chief)
 
     results = dict(
-        probe=F.probe, feature=feature, **source, dataset=F.dataset_name or F.dataset,
+        probe=probe.probe, feature=feature, **source, dataset=config.data.dataset_name,
         num_classes=data.num_classes, train_examples=data.sizes["train"],
         val_examples=data.sizes["val"], test_examples=data.sizes["test"], **outcome,
         backend=keras.backend.backend(), wall_time_s=round(time.perf_counter() - start, 1),
-        flags=run_flags())
-    results["method"] = F.method or results["method"]
+        flags=dict(config.values))
+    results["method"] = probe.method or results["method"]
     results["test_error"] = 100.0 - results["test_top1"]
     summary = {key: results[key] for key in ("probe", "feature", "method", "test_top1",
                                              "test_error", "val_top1", "selected_epoch",
                                              "wall_time_s") if results[key] is not None}
     if chief:
-        summary["results"] = write_results(F.model_dir, results)
+        summary["results"] = write_results(config.outputs.model_dir, results)
     return summary
 
 
-def knn_probe(encoder: encoders.Encoder, data: ProbeData, batches: Callable,
-              normalization: tuple, chief: bool) -> dict:
+def knn_probe(config: RunConfig, encoder: encoders.Encoder, data: ProbeData,
+              batches: Callable, normalization: tuple, chief: bool) -> dict:
     """KNN on the pooled feature (``--knn_pool``, ``--knn_metric``, ``--knn_ties``; by default
     the published AETv1 code's protocol, `probes.knn`): whole training pool vs the test set.
     Arrays and a Keras encoder go through ``predict``; streams (tf.data) and SavedModels through
     the feature function over the evaluation ``batches``."""
-    F = FLAGS
+    probe = config.probe
 
     def features(images, labels) -> tuple[np.ndarray, np.ndarray]:
         if isinstance(images, np.ndarray) and isinstance(encoder.model, keras.Model):
             return pooled_features(encoder.model, encoder.feature, images,
-                                   *normalization, pool=F.knn_pool), labels
+                                   *normalization, pool=probe.knn_pool), labels
         return extract_features(make_feature_fn(encoder.model, encoder.feature),
-                                batches(images, labels, False), pool=F.knn_pool)
+                                batches(images, labels, False), pool=probe.knn_pool)
 
     t0 = time.perf_counter()
     train_x, train_y = features(data.train, data.train_labels)
     test_x, test_y = features(data.test, data.test_labels)
     t1 = time.perf_counter()
-    top1 = knn_accuracy(train_x, train_y, test_x, test_y, k=F.knn_k, metric=F.knn_metric,
-                        num_classes=data.num_classes, ties=F.knn_ties)
+    top1 = knn_accuracy(train_x, train_y, test_x, test_y, k=probe.knn_k,
+                        metric=probe.knn_metric, num_classes=data.num_classes,
+                        ties=probe.knn_ties)
     t2 = time.perf_counter()
     if chief:
-        write_test_top1(F.model_dir, top1, step=0)
+        write_test_top1(config.outputs.model_dir, top1, step=0)
     return dict(selected_epoch=None, val_top1=None, test_top1=top1,
-                knn=dict(k=F.knn_k, metric=F.knn_metric, pool=F.knn_pool, ties=F.knn_ties,
-                         feature_dim=int(train_x.shape[1])),
+                knn=dict(k=probe.knn_k, metric=probe.knn_metric, pool=probe.knn_pool,
+                         ties=probe.knn_ties, feature_dim=int(train_x.shape[1])),
                 timing_s=dict(features=round(t1 - t0, 1), knn=round(t2 - t1, 1)))
 
 
-def head_options(feature: str) -> dict[str, Any]:
-    """`build_head` options from the flags; a nonlinear head on conv4 re-learns a conv5 layer."""
-    return dict(batch_norm=program.batch_norm(), pool=FLAGS.probe_pool,
-                extra_convs=int(FLAGS.probe == "nonlinear" and feature == "conv4"))
+def head_options(config: RunConfig, feature: str) -> dict[str, Any]:
+    """`build_head` options of the run; a nonlinear head on conv4 re-learns a conv5 layer."""
+    return dict(batch_norm=batch_norm_kind(config.model.batch_norm),
+                pool=config.probe.probe_pool,
+                extra_convs=int(config.probe.probe == "nonlinear" and feature == "conv4"))
 
 
-def supervised_model(feature: str, num_classes: int,
+def supervised_model(config: RunConfig, feature: str, num_classes: int,
                      preprocess: keras.layers.Layer | None = None) -> keras.Model:
     """[preprocess] + NIN blocks 1..``feature`` + the ``--probe`` head, everything trainable:
     images -> logits (uint8 images when ``preprocess`` normalises them on the device)."""
-    input_shape = DEFAULT_INPUT_SHAPES["nin"]
-    blocks = build_nin(input_shape, num_blocks=int(feature[len("block"):]),
-                       batch_norm=program.batch_norm())
-    images = keras.Input(input_shape, dtype="float32" if preprocess is None else "uint8",
+    nin = BACKBONES["nin"]
+    blocks = nin.builder(nin.input_shape, num_blocks=int(feature[len("block"):]),
+                         batch_norm=batch_norm_kind(config.model.batch_norm))
+    images = keras.Input(nin.input_shape, dtype="float32" if preprocess is None else "uint8",
                          name="image")
     features = blocks(images if preprocess is None else preprocess(images))[feature]
-    head = build_head(FLAGS.probe, tuple(features.shape[1:]), num_classes, **head_options(feature))
+    head = build_head(config.probe.probe, tuple(features.shape[1:]), num_classes,
+                      **head_options(config, feature))
     return keras.Model(images, head(features), name="supervised_nin")
 
 
-def probe_schedule() -> Callable[[int], float] | None:
-    """The heads' per-epoch rate: `--lr_schedule=step` drops by `--lr_drop_factor` at
-    `--lr_drop_epochs` (default: 30%, 60%, 80% of --epochs); other schedules: constant."""
-    F = FLAGS
-    if F.lr_schedule != "step":
+def probe_schedule(config: RunConfig) -> Callable[[int], float] | None:
+    """The heads' per-epoch rate: ``--lr_schedule=step`` drops by ``--lr_drop_factor`` at
+    ``--lr_drop_epochs`` (default: 30%, 60%, 80% of --epochs); other schedules: constant."""
+    optimizer = config.recipe.optimizer
+    if optimizer.lr_schedule != "step":
         return None
-    return step_lr_schedule(F.epochs, base_lr=F.learning_rate, factor=F.lr_drop_factor,
-                            milestones=program.lr_drops() or STEP_DROPS)
+    return step_lr_schedule(config.train.epochs, base_lr=optimizer.learning_rate,
+                            factor=optimizer.lr_drop_factor,
+                            milestones=optimizer.lr_drops or STEP_DROPS)
 
 
-def fit_head(model: keras.Model, data: ProbeData, batches: Callable, chief: bool) -> dict:
-    """`train_probe` with the stage's flags; returns the selection and test numbers."""
-    F = FLAGS
-    optimizer = probe_optimizer(F.optimizer, F.learning_rate, momentum=F.momentum,
-                                weight_decay=F.weight_decay)
+def fit_head(config: RunConfig, model: keras.Model, data: ProbeData, batches: Callable,
+             chief: bool) -> dict:
+    """`train_probe` with the run's settings; returns the selection and test numbers."""
+    spec, model_dir = config.recipe.optimizer, config.outputs.model_dir
+    optimizer = probe_optimizer(spec.name, spec.learning_rate, momentum=spec.momentum,
+                                weight_decay=spec.weight_decay)
     outcome = train_probe(
         model, batches(data.train, data.train_labels, True),
         batches(data.val, data.val_labels, False), batches(data.test, data.test_labels, False),
-        epochs=F.epochs, optimizer=optimizer,
-        lr_schedule=probe_schedule(),
-        model_dir=F.model_dir if chief else None, log_dir=F.model_dir if chief else None,
-        verbose=F.verbose)
+        epochs=config.train.epochs, optimizer=optimizer, lr_schedule=probe_schedule(config),
+        model_dir=model_dir if chief else None, log_dir=model_dir if chief else None,
+        verbose=config.outputs.verbose)
     history = [round(float(v), 2) for v in outcome["val_top1_history"]]
     return dict(selected_epoch=outcome["selected_epoch"], val_top1=outcome["val_top1"],
                 test_top1=outcome["test_top1"], epochs_run=outcome["epochs_run"],
