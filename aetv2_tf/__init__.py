@@ -11,7 +11,7 @@ SO(3) between the applied and the decoded homography (after projection), plus a 
 The entry points of the library (README, "Use it from Python"), imported on first use:
 
 * recipes as values: `Recipe`, `AETV2` (the recipe that learns), `AETV2_PAPER`, `AETV1`,
-  `AETV1_OFFICIAL`, issue 31's variants `AETV2_SQ4`, `AETV2_SQ4_UNITRES`, `AETV2_HYBRID`, all by
+  `AETV1_OFFICIAL`, the variants `AETV2_ZOOM16`, `AETV2_SQ4`, `AETV2_HYBRID`, all by
   name in `RECIPES` / `as_recipe("aetv1")`; a recipe builds its model (`recipe.build_model`) and
   compiles it (`recipe.compile(model, steps)`, `training_steps(n, batch_size, epochs)`);
   `parameter_std` (AETv1's normalisation);

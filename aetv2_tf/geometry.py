@@ -14,7 +14,7 @@ Every function here takes tensors with arbitrary leading (batch) dimensions, wor
 float64, is differentiable, and uses only ops with XLA kernels: the 3x3 determinant and inverse
 are written out with cofactors (``MatrixDeterminant`` has no XLA CPU kernel), the projection has
 its own gradient (autodiff through the SVD is NaN at ``M = I`` and wrong at exact rotations,
-REFERENCE.md section 3), and the angle uses ``atan2`` (``acos`` has an infinite derivative at
+docs/method.md section 3), and the angle uses ``atan2`` (``acos`` has an infinite derivative at
 the identity and loses all precision there in float32).
 
 Only ``keras.ops`` is used, so the same code runs on the TensorFlow and the JAX backend (this
@@ -152,7 +152,7 @@ def _project_to_so3(m):
     def grad(*args, upstream=None):
         # TF and JAX call grad(upstream); PyTorch grad(*inputs, upstream=...) (keras.ops docs).
         g = args[0] if upstream is None else upstream
-        # Polar-decomposition gradient (REFERENCE.md section 3): with B = U'^T G V,
+        # Polar-decomposition gradient (docs/method.md section 3): with B = U'^T G V,
         # dL/dM = U' [K o (B - B^T)] V^T, K_ij = 1 / (s'_i + s'_j) off the diagonal, 0 on it.
         b = ops.matmul(ops.matmul(_transpose(u1), g), _transpose(vh))
         denom = s1[..., :, None] + s1[..., None, :]

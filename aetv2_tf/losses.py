@@ -194,7 +194,7 @@ class GeodesicLoss(keras.losses.Loss):
         ``M`` of ``frame``, as the angle; ``"unit"``: on the ``M`` of the unit model frame
         (``T^{-1} T_hat`` before ``F``), while the angle stays in ``frame``: the zoom weighs
         the shifts for the angle, the residual sees scale, shear and perspective at their own
-        size (issue 31). The same as "loss" when ``frame`` is None.
+        size. The same as "loss" when ``frame`` is None.
       name, reduction: as `keras.losses.Loss` (default ``"sum_over_batch_size"``).
 
     Inputs ``(batch, 8)`` of any float dtype; computed in float32; ``call`` returns ``(batch,)``.

@@ -116,10 +116,11 @@ def restore_weights(preset: Preset) -> str:
     """``<preset directory>/encoder.weights.h5`` (and its ``.sha256``), restored from the git
     blob ``preset.weights_blob`` if absent (module docstring); returns its path. A file there
     whose SHA-256 is not ``preset.weights_sha256`` is refused, never replaced."""
+    from aetv2_tf.safe_paths import write_text_atomically
     from aetv2_tf.trust import file_digest
 
     path = os.path.join(preset.directory, WEIGHTS)
-    sidecar = f"{preset.weights_sha256}  {WEIGHTS}\n".encode()
+    sidecar = f"{preset.weights_sha256}  {WEIGHTS}\n"
     if os.path.lexists(path):
         link = os.path.islink(path)
         if link or file_digest(path) != preset.weights_sha256:
@@ -129,7 +130,7 @@ def restore_weights(preset: Preset) -> str:
                 f"{path} is not preset {preset.name!r}'s encoder ({why}); it is left as it is: "
                 "move it away and use the preset again to restore the preset's weights")
         if not os.path.isfile(path + CHECKSUM):
-            _write_atomically(path + CHECKSUM, sidecar)
+            write_text_atomically(path + CHECKSUM, sidecar)
         return path
     try:
         blob = subprocess.run(["git", "-C", REPOSITORY, "cat-file", "blob", preset.weights_blob],
@@ -145,18 +146,9 @@ def restore_weights(preset: Preset) -> str:
     if hashlib.sha256(blob).hexdigest() != preset.weights_sha256:
         raise FileNotFoundError(f"preset {preset.name!r}: git blob {preset.weights_blob} is not "
                                 f"its weights (SHA-256 differs); the repository is damaged")
-    _write_atomically(path + CHECKSUM, sidecar)  # the digest first, as `saving` writes them
-    _write_atomically(path, blob)
+    write_text_atomically(path + CHECKSUM, sidecar)  # the digest first, as `saving` does
+    write_text_atomically(path, blob)
     return path
-
-
-def _write_atomically(path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def resolve(name_or_directory: str | os.PathLike) -> str:

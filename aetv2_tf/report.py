@@ -42,7 +42,7 @@ from aetv2_tf.probes.results import RESULTS_FILENAME, ResultsError
 from aetv2_tf.report_inputs import ReportError, read_checked
 from aetv2_tf.safe_paths import refuse_link, write_text_atomically
 
-# The paper's numbers, in one place (REFERENCE.md, section 1). "metric" is the results key shown:
+# The paper's numbers, in one place (docs/method.md, section 1). "metric" is the results key shown:
 # test_error (%, lower is better) for CIFAR-10, test_top1 (%, higher is better) elsewhere.
 PAPER_TABLES: dict[str, dict[str, Any]] = {
     "cifar10": dict(

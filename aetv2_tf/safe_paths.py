@@ -68,14 +68,19 @@ def open_for_writing(path: str | os.PathLike, mode: str = "w", fix: str = LINK_F
     return os.fdopen(fd, "r+" if mode == "a+" else mode)
 
 
-def write_text_atomically(path: str | os.PathLike, text: str, fix: str = LINK_FIX) -> None:
-    """`text` into `path`: a temporary beside it (`open_for_writing`), fsync, then
+def write_text_atomically(path: str | os.PathLike, text: str | bytes,
+                          fix: str = LINK_FIX) -> None:
+    """`text` (or bytes) into `path`: a temporary beside it (`open_for_writing`), fsync, then
     ``os.replace``; a link at `path` (or at the temporary's name) is refused (`refuse_link`)."""
     path = os.fspath(path)
     refuse_link(path, fix, regular=True)
     tmp = f"{path}.tmp{os.getpid()}"
     with open_for_writing(tmp, "w", fix) as f:
-        f.write(text)
+        if isinstance(text, bytes):
+            f.flush()
+            f.buffer.write(text)
+        else:
+            f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

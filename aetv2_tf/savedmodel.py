@@ -122,10 +122,10 @@ def _restore_tf_checkpoint(model_dir: str, saved: dict) -> keras.Model:
     """The encoder in the newest `tf.train.Checkpoint` of a run of an earlier version."""
     import tensorflow as tf
 
-    from aetv2_tf.models import build_aet_model, build_rotation_model
+    from aetv2_tf.models import build_aet_model, build_rotation_classifier
 
     encoder = build_backbone(saved["backbone"], batch_norm=saved["batch_norm"])
-    model = build_rotation_model(encoder) if saved.get("pretext") == "rotation" else \
+    model = build_rotation_classifier(encoder) if saved.get("pretext") == "rotation" else \
         build_aet_model(encoder, siamese_batch_norm=saved.get("siamese_batch_norm", "joint"))
     latest = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
     if latest is None:

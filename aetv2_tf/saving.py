@@ -26,7 +26,6 @@ encoder's weights (`save_encoder_weights`, `encoder_source`, `load_encoder_weigh
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -39,6 +38,7 @@ from aetv2_tf import pretrained
 from aetv2_tf.data.constants import normalization_constants
 from aetv2_tf.recipes import Recipe, as_recipe
 from aetv2_tf.safe_paths import process_alive, refuse_link, write_text_atomically
+from aetv2_tf.trust import file_digest
 
 ENCODER_WEIGHTS = "encoder.weights.h5"
 #: A custom encoder (not a `build_backbone` one), saved whole by `save_encoder`.
@@ -256,15 +256,6 @@ def save_atomically(saver, path: str) -> str:
     return path
 
 
-def file_digest(path: str) -> str:
-    """The SHA-256 of the file at `path`, in hex."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def damage(path: str, required: bool = False) -> str | None:
     """Why the file at `path` cannot be trusted (its SHA-256 is not the one written with it;
     with `required`, also a missing `.sha256`: the project writes one beside every checkpoint
@@ -324,7 +315,7 @@ def load_encoder_weights(model_dir: str, saved: dict, batch_norm: str) -> keras.
         BACKBONES,
         build_aet_model,
         build_backbone,
-        build_rotation_model,
+        build_rotation_classifier,
     )
     from aetv2_tf.models.pairs import build_pairs_model, build_rotations_model
 
@@ -347,7 +338,7 @@ def load_encoder_weights(model_dir: str, saved: dict, batch_norm: str) -> keras.
         elif saved.get("backend", "tensorflow") == "tensorflow":
             owner = build_backbone(saved["backbone"], shape,
                                    batch_norm=saved.get("batch_norm", "keras"))
-            load_model_part(build_rotation_model(owner) if rotation else
+            load_model_part(build_rotation_classifier(owner) if rotation else
                             build_aet_model(owner), path)
             twin.set_weights(owner.get_weights())
         else:

@@ -217,7 +217,7 @@ def test_labelled_batches_visit_every_image_once_per_epoch():
 def test_rotnet_pretraining_under_jax_and_its_encoder_under_tensorflow(tmp_path, cifar10_dir):
     """RotNet runs under JAX (4 images x 4 turns a step), checkpoints, resumes exactly, and its
     encoder loads under TensorFlow for the probes."""
-    from aetv2_tf.probes.encoders import load_encoder
+    from aetv2_tf.probes.encoders import load_frozen_encoder
 
     flags = ("--pretext=rotation", "--train_steps=4", "--checkpoint_every_steps=2")
     cut = jax_cli(*train_args(tmp_path / "cut", cifar10_dir, *flags, "--stop_after_steps=2"))
@@ -230,7 +230,7 @@ def test_rotnet_pretraining_under_jax_and_its_encoder_under_tensorflow(tmp_path,
                for out in (full.stdout, resumed.stdout) for line in out.splitlines()
                if line.startswith("Done (")]
     assert len(digests) == 2 and digests[0] == digests[1]
-    encoder = load_encoder(str(tmp_path / "full"), "nin", "block2", batch_norm="fused",
+    encoder = load_frozen_encoder(str(tmp_path / "full"), "nin", "block2", batch_norm="fused",
                            mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
     assert encoder.method == "RotNet"
     assert encoder.checkpoint.endswith("encoder.weights.h5")

@@ -286,13 +286,13 @@ def test_tensorflow_loads_the_jax_encoder(runs, cifar10_dir):
     from aetv2_tf.data.sources import load_cifar10
     from aetv2_tf.export import export_encoder, restore_encoder
     from aetv2_tf.models import FusedBatchNormalization
-    from aetv2_tf.probes.encoders import load_encoder
+    from aetv2_tf.probes.encoders import load_frozen_encoder
 
     tmp, _ = runs
     expected = np.load(tmp / "jax_block2.npy")
     images = load_cifar10(cifar10_dir, "test")[0][:8]
     x = ((images / 255.0 - np.array(CIFAR10_MEAN)) / np.array(CIFAR10_STD)).astype("float32")
-    encoder = load_encoder(str(tmp / "full"), "nin", "block2", batch_norm="fused",
+    encoder = load_frozen_encoder(str(tmp / "full"), "nin", "block2", batch_norm="fused",
                            mean=CIFAR10_MEAN, std=CIFAR10_STD)
     assert any(isinstance(layer, FusedBatchNormalization) for layer in encoder.model.layers)
     got = encoder.model(x, training=False)["block2"].numpy()

@@ -13,7 +13,7 @@ from aetv2_tf.models import (
     build_alexnet,
     build_backbone,
     build_nin,
-    build_rotation_model,
+    build_rotation_classifier,
     default_feature,
     identity_params,
 )
@@ -202,7 +202,7 @@ def test_aet_on_alexnet_concatenates_fc7():
     assert model.get_layer("decoder").kernel.shape == (8192, 8)
     params = model([_images(1, 224), _images(1, 224)], training=False)
     assert params.shape == (1, 8)
-    assert build_rotation_model(encoder).get_layer("rotation_logits").kernel.shape == (4096, 4)
+    assert build_rotation_classifier(encoder).get_layer("rotation_logits").kernel.shape == (4096, 4)
     nin = build_backbone("nin", (32, 32, 3), batch_norm="keras")
     assert default_feature(nin) == "block4" and default_feature(encoder) == "fc7"
     assert build_aet_model(nin).get_layer("decoder").kernel.shape == (384, 8)
@@ -218,7 +218,7 @@ def test_default_feature_refuses_an_unknown_encoder():
 
 def test_rotation_model_fits():
     keras.utils.set_random_seed(4)
-    model = build_rotation_model(build_backbone("nin", input_shape=(16, 16, 3)))
+    model = build_rotation_classifier(build_backbone("nin", input_shape=(16, 16, 3)))
     x, labels = _images(8, 16), RNG.integers(0, 4, size=8)
     logits = model(x, training=False)
     assert logits.shape == (8, 4) and logits.dtype == tf.float32

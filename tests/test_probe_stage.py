@@ -140,8 +140,8 @@ def bad_pretrained(case: str, root: pathlib.Path) -> tuple[pathlib.Path, str]:
 
 @pytest.mark.parametrize("case", ["missing", "other_backbone", "no_signature", "not_a_run"])
 def test_bad_pretrained_is_refused(case, tmp_path):
-    """`encoders.load_encoder`, which the probe stage reads --pretrained with before it writes
-    anything (`probe_stage.load`), refuses each with the path and the problem; a foreign
+    """`encoders.load_frozen_encoder`, which the probe stage reads --pretrained with before it
+    writes anything (`probe_stage.load`), refuses each with the path and the problem; a foreign
     SavedModel is refused unread unless trusted (test_trust_files.py): this one is trusted."""
     from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD
     from aetv2_tf.errors import UsageError
@@ -149,7 +149,7 @@ def test_bad_pretrained_is_refused(case, tmp_path):
 
     pretrained, expected = bad_pretrained(case, tmp_path)
     with pytest.raises(UsageError) as refused:
-        encoders.load_encoder(str(pretrained), "nin", "block2", batch_norm="fused",
+        encoders.load_frozen_encoder(str(pretrained), "nin", "block2", batch_norm="fused",
                               mean=CIFAR10_MEAN, std=CIFAR10_STD,
                               trust_saved_model=case == "no_signature")
     assert expected in str(refused.value) and str(pretrained) in str(refused.value)

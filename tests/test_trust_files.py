@@ -297,11 +297,11 @@ def hostile_saved_model(path: pathlib.Path, marker: pathlib.Path) -> pathlib.Pat
 
 def _load(pretrained, trust: bool):
     from aetv2_tf.data.constants import normalization_constants
-    from aetv2_tf.probes.encoders import load_encoder
+    from aetv2_tf.probes.encoders import load_frozen_encoder
 
     mean, std = normalization_constants("cifar10")
-    return load_encoder(str(pretrained), "nin", "block2", batch_norm="keras", mean=mean, std=std,
-                        trust_saved_model=trust)
+    return load_frozen_encoder(str(pretrained), "nin", "block2", batch_norm="keras", mean=mean,
+                               std=std, trust_saved_model=trust)
 
 
 def test_a_foreign_saved_model_is_not_run_unless_trusted(tmp_path):

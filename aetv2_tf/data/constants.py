@@ -5,7 +5,7 @@ Per-channel normalisation `(u / 255 - mean) / std` of uint8 images, and AETv1's 
 
 from __future__ import annotations
 
-#: CIFAR-10 normalisation, as the AETv1 code has it (REFERENCE.md, section 2).
+#: CIFAR-10 normalisation, as the AETv1 code has it (docs/method.md, section 2).
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2023, 0.1994, 0.2010)
 #: ImageNet normalisation (the 224-pixel protocol: ImageNet, Places, image folders).

@@ -4,7 +4,7 @@ from aetv2_tf.models.aet import (
     PairConcat,
     build_aet_model,
     build_backbone,
-    build_rotation_model,
+    build_rotation_classifier,
     default_feature,
     identity_params,
 )
@@ -40,7 +40,7 @@ __all__ = [
     "build_nin",
     "build_pairs_model",
     "build_rotations_model",
-    "build_rotation_model",
+    "build_rotation_classifier",
     "batch_norm_kind",
     "default_feature",
     "conv_bn_relu",

@@ -12,13 +12,13 @@ parameters of t (docs/conventions.md) from the concatenated features [E(x), E(t(
     (B,H,W,3) x 2  ->  (2B,H,W,3)  ->  (2B,h,w,C)  ->  (2B,C)  ->  (B,2C)  ->  (B,8) float32
 
 Choices:
-* Weight sharing, `siamese_batch_norm="per_branch"` (the default since session 8: better
-  features at both seeds measured, no slower on a CPU; docs/reproduction.md): the published
+* Weight sharing, `siamese_batch_norm="per_branch"` (the default: better features at both
+  seeds measured, no slower on a CPU; docs/reproduction.md): the published
   AETv1 code's way (`Regressor.forward` in maple-research-lab/AET: two forward passes of the
   shared network, x first, then t(x)): the encoder is called on x and on t(x) separately, each
   branch normalised by its own batch statistics, and the moving averages updated twice a step,
   x's batch first, then t(x)'s.
-* `siamese_batch_norm="joint"` (the default before session 8): ONE encoder call on the joint
+* `siamese_batch_norm="joint"` (the default of earlier versions): ONE encoder call on the joint
   batch `concat([x, t(x)], axis=0)`; batch norm normalizes with the joint statistics of the
   original and the transformed images (in training mode) and updates its moving averages once a
   step. The same variables either way: checkpoints of one load into the other.
@@ -210,13 +210,15 @@ def build_aet_model(
     return keras.Model(inputs, params, name=name)
 
 
-def build_rotation_model(
+def build_rotation_classifier(
     encoder: keras.Model,
     feature: Feature = None,
     num_classes: int = 4,
     name: str = "rotnet",
 ) -> keras.Model:
-    """The RotNet pretext model: image `(B, H, W, 3)` -> rotation logits `(B, 4)` float32.
+    """RotNet's classifier of the quarter turns: image `(B, H, W, 3)` -> rotation logits
+    `(B, 4)` float32 (`models.pairs.build_rotations_model` makes the turns of uint8 images and
+    calls it: the RotNet pretext model).
 
     `feature`: as `build_aet_model` (None: `default_feature(encoder)`); a feature map is
     global-average-pooled (vector features are used as they are).

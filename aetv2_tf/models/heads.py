@@ -1,4 +1,4 @@
-"""Probe classifiers trained on frozen encoder features (REFERENCE.md section 2).
+"""Probe classifiers trained on frozen encoder features (docs/method.md section 2).
 
 `build_head(kind, feature_shape, num_classes)` returns a `keras.Model` mapping a feature map
 `(B, H, W, C)` (or a vector `(B, D)` for the fc kinds) to float32 logits `(B, num_classes)`:

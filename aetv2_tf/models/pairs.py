@@ -18,8 +18,9 @@ Layer names: "pairs" (HomographyPairs), "aet" (the Siamese model, whose encoder 
 "nin"/"alexnet"), "pred_and_true" (the concatenation).
 
 RotNet (`build_rotations_model`) has the same form: images -> `QuarterTurns` ("turns": the B
-images in their 4 rotations, labels k) -> `build_rotation_model(encoder)` -> `concat([logits (4),
-k])` (4B, 5); `PairsModel(split=4)` hands `(k, logits)` to the cross-entropy and accuracy.
+images in their 4 rotations, labels k) -> `build_rotation_classifier(encoder)` ->
+`concat([logits (4), k])` (4B, 5); `PairsModel(split=4)` hands `(k, logits)` to the
+cross-entropy and accuracy.
 
 A loss that depends on the training step (`GeodesicLoss(mse_decay_steps=n)`) reads
 `PairsModel.loss_step` (`count_steps=True`): a non-trainable int32 counter of the training steps,
@@ -39,7 +40,7 @@ import keras
 from aetv2_tf.data import warping
 from aetv2_tf.data.constants import AETV1_FILL, CIFAR10_MEAN, CIFAR10_STD
 from aetv2_tf.data.layers import HomographyPairs, QuarterTurns
-from aetv2_tf.models.aet import build_aet_model, build_rotation_model
+from aetv2_tf.models.aet import build_aet_model, build_rotation_classifier
 from aetv2_tf.models.checked import ChecksInputs
 
 NUM_PARAMS = 8
@@ -267,12 +268,12 @@ def build_rotations_model(
     feature: str | int | None = None,
 ) -> PairsModel:
     """RotNet on uint8 images `(B, H, W, 3)` -> `(4B, 5)` = `[logits (4), k]`: `QuarterTurns`
-    (seeded augmentation, the 4 rotations) then `build_rotation_model(encoder, feature)`
+    (seeded augmentation, the 4 rotations) then `build_rotation_classifier(encoder, feature)`
     (`feature`: as `build_aet_model`); the compiled loss and metrics see `(k, logits)`
     (`PairsModel` with `split=4`)."""
     images = keras.Input(shape=tuple(encoder.inputs[0].shape[1:]), dtype="uint8", name="images")
     x, turns = QuarterTurns(seed=seed, augment=augment, mean=mean, std=std, name="turns")(images)
-    logits = build_rotation_model(encoder, feature)(x)
+    logits = build_rotation_classifier(encoder, feature)(x)
     output = keras.layers.Concatenate(axis=-1, dtype="float32", name="pred_and_true")(
         [logits, keras.ops.expand_dims(turns, -1)])
     return PairsModel(images, output, name="rotnet_turns", split=4)

@@ -1,6 +1,6 @@
 """Classifier probes on a FROZEN encoder, selected on a held-out validation split.
 
-Protocol (REFERENCE.md, section 2, with the one deliberate change it asks for):
+Protocol (docs/method.md, section 2, with its one deliberate change):
 
 * The encoder is frozen: ``trainable = False`` (no weight is updated, weight decay included) AND
   it is called with ``training=False`` (BatchNorm uses and keeps its moving statistics); its
@@ -13,8 +13,9 @@ Protocol (REFERENCE.md, section 2, with the one deliberate change it asks for):
   does neither.
 * Optimiser (`probe_optimizer`, `step_lr_schedule`): SGD, momentum 0.9, Nesterov, lr 0.1, weight
   decay 5e-4 added to the gradient (PyTorch's coupled ``weight_decay``, applied to every trainable
-  variable as in the AETv1 code), lr x0.2 at 30%, 60% and 80% of the epochs (60/120/160 of 200,
-  the AETv1/RotNet classifier schedule; boundaries scale with the epoch count).
+  variable as in the AETv1 code: `optim.add_l2_decay`), lr x0.2 at 30%, 60% and 80% of the epochs
+  (60/120/160 of 200, the AETv1/RotNet classifier schedule; boundaries scale with the epoch
+  count; `optim.Schedule`).
 
 All accuracies returned are top-1 in PERCENT. Written in Keras 3 for every backend: the batches
 are any ``fit`` input (a tf.data pipeline under TensorFlow, `data.stream.LabelledBatches`
@@ -31,60 +32,35 @@ from typing import Any, NamedTuple
 import keras
 import numpy as np
 
-from aetv2_tf import summaries
+from aetv2_tf import optim, summaries
 from aetv2_tf.optim import STEP_DROPS
 
 # --- optimiser and schedule -------------------------------------------------------------------
 
 
-class _CoupledL2:
-    """Mixin: adds ``l2 * w`` to the gradient of every decayed variable (PyTorch weight_decay).
-
-    Unlike Keras' ``weight_decay`` (decoupled: ``w -= lr * wd * w`` outside the momentum), the
-    decay term goes through momentum/Nesterov exactly as in ``torch.optim.SGD``. Variables can be
-    excluded with Keras' ``exclude_from_weight_decay``.
-    """
-
-    def __init__(self, *args, l2: float = 0.0, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.l2 = float(l2)
-
-    def update_step(self, gradient, variable, learning_rate):
-        if self.l2 > 0 and self._use_weight_decay(variable):
-            gradient = gradient + keras.ops.cast(self.l2, variable.dtype) * variable
-        return super().update_step(gradient, variable, learning_rate)
-
-    def get_config(self) -> dict:
-        return {**super().get_config(), "l2": self.l2}
-
-
-@keras.saving.register_keras_serializable(package="aetv2_tf")
-class CoupledL2SGD(_CoupledL2, keras.optimizers.SGD):
-    """``keras.optimizers.SGD`` with PyTorch-style (coupled) L2 weight decay ``l2``."""
-
-
-@keras.saving.register_keras_serializable(package="aetv2_tf")
-class CoupledL2Adam(_CoupledL2, keras.optimizers.Adam):
-    """``keras.optimizers.Adam`` with PyTorch-style (coupled) L2 weight decay ``l2``."""
-
-
 def probe_optimizer(
+    model: keras.Model,
     kind: str = "sgd",
     learning_rate: float = 0.1,
     momentum: float = 0.9,
     nesterov: bool = True,
     weight_decay: float = 5e-4,
 ) -> keras.optimizers.Optimizer:
-    """The probe-head optimiser: by default SGD, momentum 0.9, Nesterov, lr 0.1, L2 5e-4.
+    """The probe-head optimiser for ``model``: by default SGD, momentum 0.9, Nesterov, lr 0.1,
+    and PyTorch's coupled L2 weight decay 5e-4 on ``model``'s trainable weights (the head's:
+    the encoder is frozen), added to its losses by `optim.add_l2_decay`, the project's one L2
+    mechanism (its gradient ``weight_decay * w`` goes through the momentum as in
+    ``torch.optim.SGD``; `EpochScalars` logs the data loss and the penalty apart).
 
-    ``kind="adam"`` gives Adam (betas 0.9, 0.999) with the same coupled L2. The learning rate is a
+    ``kind="adam"`` gives Adam (betas 0.9, 0.999) with the same L2. The learning rate is a
     plain float so that `step_lr_schedule` can set it once per epoch.
     """
+    if kind not in ("sgd", "adam"):
+        raise ValueError(f"unknown probe optimizer {kind!r}; use 'sgd' or 'adam'")
+    optim.add_l2_decay(model, weight_decay)
     if kind == "sgd":
-        return CoupledL2SGD(learning_rate, momentum=momentum, nesterov=nesterov, l2=weight_decay)
-    if kind == "adam":
-        return CoupledL2Adam(learning_rate, l2=weight_decay)
-    raise ValueError(f"unknown probe optimizer {kind!r}; use 'sgd' or 'adam'")
+        return keras.optimizers.SGD(learning_rate, momentum=momentum, nesterov=nesterov)
+    return keras.optimizers.Adam(learning_rate)
 
 
 def step_lr_schedule(
@@ -93,16 +69,17 @@ def step_lr_schedule(
     factor: float = 0.2,
     milestones: Sequence[float] = STEP_DROPS,
 ) -> Callable[[int], float]:
-    """Per-epoch step schedule ``epoch (0-based) -> lr``.
-
-    The lr is multiplied by ``factor`` at each boundary ``round(m * epochs)``; for 200 epochs the
-    boundaries are 60, 120, 160 (lr 0.1, 0.02, 0.004, 0.0008), for 100 epochs 30, 60, 80.
-    """
+    """Per-epoch step schedule ``epoch (0-based) -> lr``: `optim.Schedule`'s "step" (the
+    project's one schedule type) counted in epochs, its drops at the whole epochs
+    ``round(m * epochs)`` (``boundaries``); for 200 epochs 60, 120, 160 (lr 0.1, 0.02, 0.004,
+    0.0008), for 100 epochs 30, 60, 80."""
     boundaries = [int(round(m * epochs)) for m in milestones]
+    per_epoch = optim.Schedule("step", base_lr, epochs, drops=[b / epochs for b in boundaries],
+                               drop_factor=factor)
 
     def schedule(epoch: int, lr: float | None = None) -> float:
         del lr  # keras.callbacks.LearningRateScheduler also passes the current lr
-        return float(base_lr * factor ** sum(epoch >= b for b in boundaries))
+        return float(keras.ops.convert_to_numpy(per_epoch(epoch)))
 
     schedule.boundaries = boundaries  # type: ignore[attr-defined]
     return schedule
@@ -279,7 +256,7 @@ def train_probe(
         once per epoch (shuffle/augment it inside the pipeline), val_ds once per epoch, test_ds
         exactly once at the end.
       epochs: training epochs.
-      optimizer: default `probe_optimizer()`.
+      optimizer: default `probe_optimizer(model)`.
       lr_schedule: ``"step"`` (`step_lr_schedule(epochs, base_lr=<optimizer lr>)`), a callable
         ``epoch (0-based) -> lr``, or None to leave the optimiser's learning rate alone.
       model_dir: if given, ``best.weights.h5`` (best epoch so far) is saved there.
@@ -291,7 +268,7 @@ def train_probe(
       val_top1_history)``; accuracies and error in percent.
     """
     start = time.perf_counter()
-    optimizer = optimizer if optimizer is not None else probe_optimizer()
+    optimizer = optimizer if optimizer is not None else probe_optimizer(model)
     model.compile(
         optimizer=optimizer,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),

@@ -101,7 +101,8 @@ def check_saved_model_trusted(path: str, trust_saved_model: bool = False) -> Non
     path = os.path.expanduser(path)
     why = verify_export(path)
     if why is None and export_record(path) is None:
-        why = "its manifest records no encoder to rebuild: written before session 8; re-export it"
+        why = ("its manifest records no encoder to rebuild (an export of an earlier version); "
+               "re-export it")
     if why is not None:
         raise UsageError(
             f"--pretrained={path} is a SavedModel that this project cannot recognise as its own "
@@ -270,9 +271,9 @@ def _exporting_run_flags(saved_model: str) -> dict | None:
         return None
 
 
-def load_encoder(pretrained: str, backbone: str, feature: str, *, batch_norm: str,
-                 mean: Sequence[float], std: Sequence[float],
-                 trust_saved_model: bool = False) -> Encoder:
+def load_frozen_encoder(pretrained: str, backbone: str, feature: str, *, batch_norm: str,
+                        mean: Sequence[float], std: Sequence[float],
+                        trust_saved_model: bool = False) -> Encoder:
     """The frozen encoder named by ``--pretrained`` (module docstring), cut to ``feature``;
     a SavedModel only when it is a verified export of this project or ``trust_saved_model``."""
     kind = check_pretrained(pretrained, backbone, trust_saved_model=trust_saved_model)

@@ -109,7 +109,7 @@ def build_model(config: RunConfig, steps: int, *, inputs: str, mean, std, augmen
     made inside (``inputs="images"``) or by the pipeline (otherwise), the cross-entropy and the
     recipe's optimizer. ``scope``: the distribution scope to build in; ``compile_kwargs``:
     ``model.compile``'s (``jit_compile``)."""
-    from aetv2_tf.models.aet import build_rotation_model
+    from aetv2_tf.models.aet import build_rotation_classifier
     from aetv2_tf.models.pairs import build_rotations_model
 
     seed, model_config = config.train.seed, config.model
@@ -119,7 +119,7 @@ def build_model(config: RunConfig, steps: int, *, inputs: str, mean, std, augmen
         encoder = model_config.backbone.build(batch_norm=model_config.batch_norm)
         if config.pretext == "rotation":
             model = build_rotations_model(encoder, seed, augment=augment, mean=mean, std=std) \
-                if inputs == "images" else build_rotation_model(encoder)
+                if inputs == "images" else build_rotation_classifier(encoder)
             schedule, optimizer = config.recipe.build_optimizer(model, steps)
             loss, metrics = program.rotation_objective()
             model.compile(optimizer=optimizer, loss=loss, metrics=metrics, **compile_kwargs)

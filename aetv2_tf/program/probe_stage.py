@@ -194,7 +194,7 @@ def load(config: RunConfig) -> Loaded:
     inputs = backend_inputs(config, data, mean, std, backbone.input_size)
     encoder = None
     if config.stage != "supervised":
-        encoder = encoders.load_encoder(probe.pretrained, backbone.name, feature,
+        encoder = encoders.load_frozen_encoder(probe.pretrained, backbone.name, feature,
                                         batch_norm=batch_norm_kind(config.model.batch_norm),
                                         mean=mean, std=std,
                                         trust_saved_model=probe.trust_saved_model)
@@ -318,7 +318,7 @@ def fit_head(config: RunConfig, model: keras.Model, data: ProbeData, batches: Ca
              chief: bool) -> dict:
     """`train_probe` with the run's settings; returns the selection and test numbers."""
     spec, model_dir = config.recipe.optimizer, config.outputs.model_dir
-    optimizer = probe_optimizer(spec.name, spec.learning_rate, momentum=spec.momentum,
+    optimizer = probe_optimizer(model, spec.name, spec.learning_rate, momentum=spec.momentum,
                                 weight_decay=spec.weight_decay)
     outcome = train_probe(
         model, batches(data.train, data.train_labels, True),

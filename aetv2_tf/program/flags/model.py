@@ -13,9 +13,9 @@ flags.DEFINE_float("decoder_init_rotation", 0.0,
 flags.DEFINE_enum("siamese_batch_norm", "per_branch", ["per_branch", "joint"],
                   "AET pretext: per_branch (default: two encoder calls, x then t(x), each with "
                   "its own BatchNorm statistics and moving-average update, as the published AETv1 "
-                  "code; +0.5 / +1.2 KNN points over joint at B1, docs/reproduction.md) or joint "
-                  "(one call on x and t(x) together: one set of statistics; the default before "
-                  "session 8, which runs of earlier versions keep when resumed).")
+                  "code; better features than joint at both seeds measured, docs/reproduction.md) "
+                  "or joint (one call on x and t(x) together: one set of statistics; the default "
+                  "of earlier versions, whose runs keep it when resumed).")
 flags.DEFINE_enum("backbone", "nin", ["nin", "alexnet"], "Encoder: NIN (CIFAR) or AlexNet.")
 flags.DEFINE_enum("batch_norm", "fused", ["fused", "keras"],
                   "fused: BatchNormalization through tf.nn.fused_batch_norm (faster on CPU and "
