@@ -7,6 +7,7 @@ where the interrupted one was (the AETv1 code restarts its schedule on resume; t
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 
 import keras
@@ -118,10 +119,16 @@ class SkipNonFinite(keras.optimizers.LossScaleOptimizer):
         before `save_own_variables` existed) its own followed by the inner optimizer's, which
         load from ``inner_optimizer``. Any other count is refused: a silent skip would resume
         with a fresh optimizer."""
-        if len(store.keys()) not in (len(self._variables), len(self.variables)):
-            raise ValueError(f"optimizer {self.name!r}: the checkpoint holds {len(store.keys())} "
-                             f"variables, expected {len(self._variables)} (or "
-                             f"{len(self.variables)}): it is not a checkpoint of this optimizer")
+        count = len(store.keys())
+        if count < len(self._variables):  # saved before it was built (a compiled, untrained
+            warnings.warn(f"optimizer {self.name!r}: the file holds {count} of its "  # model)
+                          f"{len(self._variables)} variables (saved before its first step): its "
+                          "state starts afresh", UserWarning, stacklevel=2)
+            return
+        if count not in (len(self._variables), len(self.variables)):
+            raise ValueError(f"optimizer {self.name!r}: the checkpoint holds {count} variables, "
+                             f"expected {len(self._variables)} (or {len(self.variables)}): it is "
+                             "not a checkpoint of this optimizer")
         for i, variable in enumerate(self._variables):
             variable.assign(store[str(i)])
 

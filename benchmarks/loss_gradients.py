@@ -28,7 +28,6 @@ Rows: AETv1 (the normalised parameter MSE), the recipe ``AETV2`` and the issue-3
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
 import numpy as np
 
@@ -113,18 +112,18 @@ def summarise(loss, sets: dict, geodesic_only=None) -> dict[str, float]:
 
 
 def candidates(lambdas: list[float], mse_weights: list[float]) -> dict[str, object]:
-    """``{row name: Recipe}``: AETv1, the recipe, the issue-31 variants and the sweeps."""
+    """``{row name: Recipe}``: AETv1, the AETv2 recipes (the default, the earlier default
+    ZOOM16, the control SQ4, the hybrid) and the sweeps of the default's lambda and the
+    hybrid's MSE weight."""
     from aetv2_tf import recipes
 
-    rows = {"AETV1 (normalised MSE)": recipes.AETV1, "AETV2 (recipe)": recipes.AETV2,
-            "AETV2_SQ4": recipes.AETV2_SQ4,
-            "AETV2_SQ4_UNITRES": recipes.AETV2_SQ4_UNITRES,
+    rows = {"AETV1 (normalised MSE)": recipes.AETV1, "AETV2 (default)": recipes.AETV2,
+            "AETV2_ZOOM16": recipes.AETV2_ZOOM16, "AETV2_SQ4": recipes.AETV2_SQ4,
             "AETV2_HYBRID": recipes.AETV2_HYBRID}
     for lam in lambdas:
-        rows[f"SQ4_UNITRES lambda={lam:g}"] = dataclasses.replace(
-            recipes.AETV2_SQ4_UNITRES, projection_weight=lam)
+        rows[f"AETV2 lambda={lam:g}"] = recipes.AETV2.replace(projection_weight=lam)
     for w in mse_weights:
-        rows[f"HYBRID mse_weight={w:g}"] = dataclasses.replace(recipes.AETV2_HYBRID, mse_weight=w)
+        rows[f"HYBRID mse_weight={w:g}"] = recipes.AETV2_HYBRID.replace(mse_weight=w)
     return rows
 
 
@@ -139,7 +138,7 @@ def table(pairs: int, lambdas: list[float], mse_weights: list[float]) -> str:
             row = summarise(recipe.build_loss(32, param_std=std), sets)
             row["geodesic part"] = 0.0
         else:
-            plain = dataclasses.replace(recipe, mse_weight=0.0) if recipe.mse_weight else None
+            plain = recipe.replace(mse_weight=0.0) if recipe.loss.mse_weight else None
             row = summarise(recipe.build_loss(32, param_std=std), sets,
                             plain and plain.build_loss(32, param_std=std))
         if not lines:

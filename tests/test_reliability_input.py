@@ -161,7 +161,7 @@ def test_model_dir_of_another_run_is_refused_unless_overwrite(tmp_path, cifar10_
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "holds a run with different essential flags" in proc.stderr
     assert "--batch_size: saved 16, now 32" in proc.stderr
-    assert "--projection_weight: saved 0.0, now 0.5" in proc.stderr  # quickstart: 0
+    assert "--projection_weight: saved 10.0, now 0.5" in proc.stderr  # quickstart: 10
     assert "--overwrite" in proc.stderr and "Traceback" not in proc.stderr
     assert {p.name: p.read_bytes() for p in model_dir.rglob("*") if p.is_file()} == before
 

@@ -89,10 +89,13 @@ class PairsModel(ChecksInputs, keras.Model):
                 steps: int | None = None, recipe: Any = None, **kwargs: Any) -> None:
         """``keras.Model.compile``, where ``"auto"`` (the default) is the recipe's (``recipe``,
         else the one the model was built with): its loss for this model's image size, sampler
-        and decoder scale (`recipes.LossSpec.build`), its metrics, and its optimizer with the
+        and decoder scale (`specs.LossSpec.build`), its metrics, and its optimizer with the
         schedule laid out over ``steps`` optimizer steps (`recipes.training_steps`; required
-        for ``optimizer="auto"``). Other keyword arguments go to Keras."""
+        for ``optimizer="auto"``). Without a recipe, ``metrics="auto"`` is none and the loss and
+        optimizer must be given. Other keyword arguments go to Keras."""
         recipe = recipe or self.recipe
+        if _is_auto(metrics) and (recipe is None or self.pretext is None):
+            metrics = None  # no recipe: no metrics unless given, as Keras
         auto = [name for name, value in (("optimizer", optimizer), ("loss", loss),
                                          ("metrics", metrics)) if _is_auto(value)]
         if auto and (recipe is None or self.pretext is None):
