@@ -259,3 +259,31 @@ def test_siamese_bn_speed_module():
                       timeout=300)
     row = [r for r in proc.stdout.splitlines() if r.startswith("| float32")]
     assert len(row) == 1 and float(row[0].split("|")[4]) > 0, proc.stdout
+
+
+def test_the_quickstart_benchmark_reads_what_the_program_prints(configured, tmp_path,
+                                                                monkeypatch, capsys):
+    """`benchmarks.quickstart` parses the budget line as `run_length.budget_steps` prints it
+    (the program's own printing) and the quick KNN line of `common.quick_knn_summary`."""
+    from aetv2_tf.program import callbacks, run_length
+    from benchmarks import quickstart
+
+    config = configured(f"--model_dir={tmp_path}", "--train_seconds=150", "--batch_size=64",
+                        "--quick_knn_train=0")
+    ticks = iter(float(t) for t in range(100))
+    monkeypatch.setattr(callbacks.time, "perf_counter", lambda: next(ticks))
+
+    def fit_first_steps(n, timer):
+        for step in range(n):
+            timer.on_train_batch_end(step)
+
+    run_length.budget_steps(config, fit_first_steps)
+    printed = capsys.readouterr().out
+    knn = ("Quick KNN (the authors': k=10, Euclidean, block2 pooled 2x2; first 5000 training "
+           "images vs first 1000 test images): 45.60% trained vs 41.00% random init (+4.60 "
+           "points, 50 s).")
+    got = quickstart.parse(printed + knn)
+    assert (got["train_seconds"], got["steps"], got["pairs_per_sec"]) == (150.0, 150, 64.0)
+    assert (got["knn"], got["random"], got["gain"], got["knn_seconds"]) == (45.6, 41.0, 4.6, 50)
+    with pytest.raises(ValueError, match="no budget or no quick KNN line"):
+        quickstart.parse(printed)
