@@ -1,6 +1,6 @@
 """The training program: `python -m aetv2_tf.train --flagfile=configs/<experiment>.cfg`.
 
-One absl entry point for every stage (see `aetv2_tf/program/flags.py` or `--helpfull`):
+One absl entry point for every stage (see `aetv2_tf/program/flags/` or `--helpfull`):
 
 - `--stage=pretext`: self-supervised pretraining, AETv2 (`--loss=geodesic`), AETv1
   (`--loss=mse`) or RotNet (`--pretext=rotation`);

@@ -1,10 +1,15 @@
 """The program layer: what `python -m aetv2_tf.train` adds on top of the library (BUILD.md,
 "Architecture").
 
-* `flags`, `flag_support`: the absl flags and which backend runs which value;
-* `common`: the backend-neutral parts of the program (flag checks, the flags' `Recipe`, the
-  training images, step arithmetic, the fit and its summary, the start line, the quick KNN);
-* `pretext`: THE pretext training loop (budget, steps, resume, callbacks, what a run writes);
+* `flags` (one module per purpose), `flag_support`: the absl flags and which backend runs which
+  value;
+* `config`: the flags read ONCE into a frozen `RunConfig` (the recipe, model, data, training,
+  machine, outputs and probe), every combination checked; nothing reads the flags after it;
+* `run_length`: the run's steps (``--epochs``, ``--train_steps``, ``--train_seconds``) and where
+  an invocation stops;
+* `common`: what both adapters share besides: the training images, the fit and its summary,
+  the start line, the quick KNN;
+* `pretext`: THE pretext training loop and THE build of its model (through the recipe);
 * `probe_stage`: THE probe and supervised stage (built on `aetv2_tf.probes`);
 * `callbacks`, `keras_checkpoints`, `rundir`, `precision`, `distribute`, `console`: the run's
   machinery;
