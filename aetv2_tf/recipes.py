@@ -102,13 +102,17 @@ class Recipe:
         """`OptimizerSpec.build` of this recipe's optimizer: ``(schedule, optimizer)``."""
         return self.optimizer.build(model, steps, mixed_float16, _stacklevel=_stacklevel + 1)
 
-    @staticmethod
-    def metrics() -> list[keras.metrics.Metric]:
-        """The pretext metrics: geodesic angle (degrees), projection residual, rotation
-        accuracy (`aetv2_tf.metrics`; registered, so a saved model reloads)."""
+    def metrics(self, image_size: int | Sequence[int] = 32,
+                param_std: Sequence[float] | None = None, step: Any = None,
+                shift: str = "integer") -> list[keras.metrics.Metric]:
+        """The pretext metrics of this recipe's loss (`metrics.pretext_metrics` of
+        `build_loss` with these arguments): for AETv2 the loss's terms of weight above 0
+        (``angle_term``, ``residual_term``, ...), the angle in the loss's frame in degrees
+        (``angle_deg``) and ``rotation_accuracy``; for AETv1 the angle in the model frame and
+        ``rotation_accuracy`` (registered, so a saved model reloads)."""
         from aetv2_tf.metrics import pretext_metrics
 
-        return pretext_metrics()
+        return pretext_metrics(self.build_loss(image_size, param_std, step, shift))
 
     def decoder_options(self, image_size: int, shift: str = "integer",
                         decoder_scale: bool | None = None,
