@@ -1,17 +1,21 @@
 """Training metrics of the AET pretext task, on (batch, 8) homography parameters.
 
-What a pretext model shows (`pretext_metrics`, built from the loss it is compiled with; the
-recipe's through `recipes.Recipe.metrics`), in this order after Keras's ``loss``:
+What a pretext model shows, in this order (`shown_order`):
 
-* the terms of a `losses.GeodesicLoss` as it adds them up (`LossTerm`): ``angle_term`` (theta,
-  or theta^2, in the loss's frame), then only those whose weight is above 0: ``residual_term``
-  (lambda x the projection residual), ``mse_term`` (the weighted AETv1 MSE), ``chordal_term``.
-  They fall when pretraining works, and sum to the loss;
-* ``angle_deg``: the rotation angle of the error ``T^-1 T_hat``'s projection, in degrees, in
-  the frame the loss measures it in (the recipe's 4x zoomed frame: the angle the loss sees; the
-  model frame for the AETv1 MSE, which has no frame); it falls too;
+* ``loss`` (the pretext loss, without the weight decay) and the terms of a
+  `losses.GeodesicLoss` as it adds them up: ``angle_term`` (theta, or theta^2, in the loss's
+  frame), then only those whose weight is above 0: ``residual_term`` (lambda x the projection
+  residual), ``mse_term`` (the weighted AETv1 MSE), ``chordal_term``. They fall when
+  pretraining works, and sum to the loss; the model shows them (`models.shown_loss`: computed
+  with the loss, at its step);
+* the metrics compiled (`pretext_metrics`, built from the loss the model is compiled with;
+  the recipe's through `recipes.Recipe.metrics`): ``angle_deg``, the rotation angle of the
+  error ``T^-1 T_hat``'s projection in degrees, in the frame the loss measures it in (the
+  recipe's 4x zoomed frame: the angle the loss sees; the model frame for the AETv1 MSE, which
+  has no frame); it falls too;
 * ``rotation_accuracy``: whether the decoded homography turns the image by the right multiple
-  of 90 degrees (chance: 25%); it rises.
+  of 90 degrees (chance: 25%); it rises;
+* ``l2_penalty``: the weight decay added to the loss the optimiser minimises, shown apart.
 
 `geodesic_angle_deg` and `projection_residual` (the angle and residual in the UNIT model frame,
 whatever the loss) are the metrics of versions before these; they stay registered so that a
@@ -81,10 +85,12 @@ def rotation_accuracy(y_true, y_pred):
 @keras.saving.register_keras_serializable(package="aetv2_tf")
 class LossTerm(keras.metrics.Mean):
     """The running mean of one per-sample term of a `GeodesicLoss` (`GeodesicLoss.term`: its
-    weight, frame and non-finite protection included), times ``scale``.
+    weight, frame and non-finite protection included), times ``scale``: ``angle_deg`` is
+    ``"theta"`` (the angle in the loss's frame, radians) times ``180 / pi``.
 
-    ``term``: one of `losses.TERMS`, or ``"theta"`` (the angle in the loss's frame, radians;
-    ``scale=180 / pi`` shows it in degrees). Named ``<term>_term`` unless ``name`` is given."""
+    ``term``: one of `losses.TERMS` (a decaying MSE term reads the loss's step, which only the
+    loss's own computation can: `models.shown_loss` shows the terms of a model's loss), or
+    ``"theta"``. Named ``<term>_term`` unless ``name`` is given."""
 
     def __init__(self, loss: GeodesicLoss | dict[str, Any], term: str, scale: float = 1.0,
                  name: str | None = None, dtype: Any = None):
@@ -109,14 +115,12 @@ class LossTerm(keras.metrics.Mean):
 
 
 def pretext_metrics(loss: keras.losses.Loss | None = None) -> list[keras.metrics.Metric]:
-    """The metrics of a pretext model compiled with ``loss`` (module docstring): for a
-    `GeodesicLoss` its terms (those of weight above 0, `GeodesicLoss.terms`), the angle in its
-    frame in degrees, the quarter-turn accuracy; for any other loss (the AETv1 MSE) or None,
-    the angle in the model frame and the quarter-turn accuracy."""
+    """The metrics compiled into a pretext model with ``loss`` (module docstring): the angle
+    in degrees in the frame of a `GeodesicLoss` (for any other loss, the AETv1 MSE, or None: in
+    the model frame) and the quarter-turn accuracy. (The loss's terms are the model's to show:
+    `models.shown_loss`.)"""
     angle_of = loss if isinstance(loss, GeodesicLoss) else GeodesicLoss(projection_weight=0.0)
-    terms = [LossTerm(loss, name) for name in loss.terms] \
-        if isinstance(loss, GeodesicLoss) else []
-    return [*terms, LossTerm(angle_of, "theta", 180.0 / math.pi, name="angle_deg"),
+    return [LossTerm(angle_of, "theta", 180.0 / math.pi, name="angle_deg"),
             keras.metrics.MeanMetricWrapper(rotation_accuracy, name="rotation_accuracy")]
 
 

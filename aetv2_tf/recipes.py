@@ -106,10 +106,10 @@ class Recipe:
                 param_std: Sequence[float] | None = None, step: Any = None,
                 shift: str = "integer") -> list[keras.metrics.Metric]:
         """The pretext metrics of this recipe's loss (`metrics.pretext_metrics` of
-        `build_loss` with these arguments): for AETv2 the loss's terms of weight above 0
-        (``angle_term``, ``residual_term``, ...), the angle in the loss's frame in degrees
-        (``angle_deg``) and ``rotation_accuracy``; for AETv1 the angle in the model frame and
-        ``rotation_accuracy`` (registered, so a saved model reloads)."""
+        `build_loss` with these arguments): the angle in degrees in the loss's frame (AETv1's:
+        the model frame), ``angle_deg``, and ``rotation_accuracy`` (registered, so a saved
+        model reloads). The model compiled with the loss shows its terms beside ``loss``
+        (``angle_term``, ``residual_term``, ...: `models.shown_loss`)."""
         from aetv2_tf.metrics import pretext_metrics
 
         return pretext_metrics(self.build_loss(image_size, param_std, step, shift))

@@ -17,13 +17,13 @@ from aetv2_tf.models import build_backbone
 from aetv2_tf.models.encoders import build_classifier
 from aetv2_tf.program.shown import ProgressBar
 
-#: Each recipe's metrics: the terms of weight above 0, the angle, the quarter turns.
-SHOWN = {
-    "AETV2": ["angle_term", "residual_term", "angle_deg", "rotation_accuracy"],
-    "AETV2_ZOOM16": ["angle_term", "angle_deg", "rotation_accuracy"],
-    "AETV2_PAPER": ["angle_term", "residual_term", "angle_deg", "rotation_accuracy"],
-    "AETV2_HYBRID": ["angle_term", "mse_term", "angle_deg", "rotation_accuracy"],
-    "AETV1": ["angle_deg", "rotation_accuracy"],
+#: Each recipe's terms shown beside its loss: those of weight above 0.
+TERMS = {
+    "AETV2": ["angle", "residual"],
+    "AETV2_ZOOM16": ["angle"],
+    "AETV2_PAPER": ["angle", "residual"],
+    "AETV2_HYBRID": ["angle", "mse"],
+    "AETV1": [],
 }
 
 
@@ -37,31 +37,37 @@ def _pairs(n: int = 64, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return y_true.astype(np.float32), y_pred.astype(np.float32)
 
 
-@pytest.mark.parametrize("name", sorted(SHOWN))
-def test_each_recipe_shows_the_terms_of_its_loss_and_the_angle_of_its_frame(name):
+def _mean(values) -> float:
+    return float(np.mean(keras.ops.convert_to_numpy(values)))
+
+
+@pytest.mark.parametrize("name", sorted(TERMS))
+def test_each_recipe_has_the_terms_of_its_weights_and_the_angle_of_its_frame(name):
+    """The terms of weight above 0 sum to the loss; ``angle_deg`` is the angle of the loss's
+    frame (the zoomed one for the recipe, not the unit frame's), the AETv1 MSE's in the model
+    frame; the angle term of theta^2 is its square."""
     recipe = getattr(recipes, name)
     loss = recipe.build_loss(32)
+    assert list(getattr(loss, "terms", ())) == TERMS[name]
     metrics = pretext_metrics(loss)
-    assert [m.name for m in metrics] == SHOWN[name]
+    assert [m.name for m in metrics] == ["angle_deg", "rotation_accuracy"]
     y_true, y_pred = _pairs()
     for m in metrics:
         m.update_state(y_true, y_pred)
-    shown = {m.name: float(m.result()) for m in metrics}
-    terms = [v for k, v in shown.items() if k.endswith("_term")]
-    if terms:  # the terms sum to the loss the optimiser minimises
-        assert sum(terms) == pytest.approx(float(loss(y_true, y_pred)), rel=1e-5)
-    # the angle is measured where the loss measures it: the zoomed frame for the recipe
-    theta = loss.term("theta", y_true, y_pred) if hasattr(loss, "term") else None
-    unit = float(np.mean(keras.ops.convert_to_numpy(geodesic_angle_deg(y_true, y_pred))))
+    angle = float(metrics[0].result())
+    if TERMS[name]:
+        terms = sum(_mean(loss.term(t, y_true, y_pred)) for t in TERMS[name])
+        assert terms == pytest.approx(float(loss(y_true, y_pred)), rel=1e-5)
+    unit = _mean(geodesic_angle_deg(y_true, y_pred))
     if recipe.loss.kind == "mse" or recipe.loss.frame_scale == 1:
-        assert shown["angle_deg"] == pytest.approx(unit, rel=1e-4)
+        assert angle == pytest.approx(unit, rel=1e-4)
     else:
-        expected = float(np.mean(keras.ops.convert_to_numpy(theta))) * 180 / math.pi
-        assert shown["angle_deg"] == pytest.approx(expected, rel=1e-5)
-        assert abs(shown["angle_deg"] - unit) > 1.0  # not the unit frame's
-    if recipe.loss.angle_power == 2:  # theta^2 in the loss: the angle term is its square
-        squares = np.square(keras.ops.convert_to_numpy(theta))
-        assert shown["angle_term"] == pytest.approx(float(np.mean(squares)), rel=1e-5)
+        theta = keras.ops.convert_to_numpy(loss.term("theta", y_true, y_pred))
+        assert angle == pytest.approx(float(np.mean(theta)) * 180 / math.pi, rel=1e-5)
+        assert abs(angle - unit) > 1.0  # not the unit frame's
+        if recipe.loss.angle_power == 2:  # theta^2 in the loss: the angle term is its square
+            assert _mean(loss.term("angle", y_true, y_pred)) == pytest.approx(
+                float(np.mean(np.square(theta))), rel=1e-5)
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +87,8 @@ def test_the_loss_shown_is_the_data_loss_and_the_weight_decay_is_shown_apart(ima
     model = recipes.AETV2.build_model(encoder, seed=0)
     recipes.AETV2.compile(model, steps=10_000)
     shown = model.evaluate(x[:16], batch_size=16, verbose=0, return_dict=True)
-    assert sorted(shown) == sorted(["loss", *SHOWN["AETV2"], "l2_penalty"])
+    assert sorted(shown) == sorted(["loss", "angle_term", "residual_term", "angle_deg",
+                                    "rotation_accuracy", "l2_penalty"])
     assert shown["loss"] == pytest.approx(shown["angle_term"] + shown["residual_term"], rel=1e-5)
     penalty = float(sum(keras.ops.convert_to_numpy(v) for v in model.losses))
     assert shown["l2_penalty"] == pytest.approx(penalty, rel=1e-5) and penalty > 0.5
@@ -114,9 +121,10 @@ class _StopAt(keras.callbacks.Callback):
             self.model.stop_training = True
 
 
-def test_the_progress_bar_shows_the_loss_first_and_stops_where_training_stopped(capsys):
+def test_the_progress_bar_shows_the_loss_first_and_stops_where_training_stopped(images, capsys):
     """Keras sorts its logs by name and draws a stopped epoch to its end; the program's bar
-    shows the loss first and ends at the step reached (2/5), full only at the run's end."""
+    shows the loss first and ends at the step reached (2/5), full only at the run's end; a
+    pretext model's own ``fit`` shows the loss and its terms first too."""
     keras.utils.set_random_seed(0)
     inputs = keras.Input((4,))
     model = keras.Model(inputs, keras.layers.Dense(1)(inputs))
@@ -132,3 +140,12 @@ def test_the_progress_bar_shows_the_loss_first_and_stops_where_training_stopped(
               callbacks=[ProgressBar(lambda: True), _StopAt(3)])
     last = capsys.readouterr().out.replace("\r", "\n").strip().splitlines()[-1]
     assert "3/3" in last, last
+    x, _ = images
+    keras.utils.set_random_seed(0)
+    model = recipes.AETV2.build_model(build_backbone("nin"), seed=0)
+    recipes.AETV2.compile(model, steps=10_000)
+    model.fit(x[:8], batch_size=8, epochs=1, verbose=2)
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    order = [line.index(f" {n}: ") for n in ("loss", "angle_term", "residual_term",
+                                              "angle_deg", "rotation_accuracy", "l2_penalty")]
+    assert order == sorted(order), line

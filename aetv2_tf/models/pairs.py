@@ -93,9 +93,9 @@ class PairsModel(ChecksInputs, ShowsDataLoss, keras.Model):
         and decoder scale (`recipes.LossSpec.build`), its metrics, and its optimizer with the
         schedule laid out over ``steps`` optimizer steps (`recipes.training_steps`; required
         for ``optimizer="auto"``). ``metrics="auto"`` describes the loss compiled
-        (`metrics.pretext_metrics`: its terms and its frame's angle). The ``loss`` shown is
-        that loss alone, the weight decay apart as ``l2_penalty`` (`shown_loss.ShowsDataLoss`).
-        Other keyword arguments go to Keras."""
+        (`metrics.pretext_metrics`: the angle in its frame, the quarter turns). The ``loss``
+        shown is that loss alone, beside its terms, the weight decay apart as ``l2_penalty``
+        (`shown_loss.ShowsDataLoss`). Other keyword arguments go to Keras."""
         recipe = recipe or self.recipe
         auto = [name for name, value in (("optimizer", optimizer), ("loss", loss),
                                          ("metrics", metrics)) if _is_auto(value)]
@@ -123,7 +123,7 @@ class PairsModel(ChecksInputs, ShowsDataLoss, keras.Model):
         if "loss" in auto:
             loss = recipe.build_loss(self.pretext["image_size"], self.pretext["param_scale"],
                                      self.loss_step, self.pretext["shift"])
-        if "metrics" in auto:  # the terms and the frame of the loss compiled
+        if "metrics" in auto:  # the frame of the loss compiled
             from aetv2_tf.metrics import pretext_metrics
 
             metrics = pretext_metrics(loss)

@@ -12,29 +12,26 @@ import keras
 import numpy as np
 
 from aetv2_tf.metrics import shown_order
+from aetv2_tf.models.shown_loss import ShownOrderBar
 from aetv2_tf.program.callbacks import due
 
 
-class ProgressBar(keras.callbacks.ProgbarLogger):
-    """Keras's progress bar, with two differences: the scalars in the order shown
-    (`metrics.shown_order`: the loss and its terms first, not Keras's alphabetical order), and
-    an epoch that training left early ends the bar at the step reached: partly drawn while
-    ``finished()`` is False (stopped by a signal or a stop flag: the run goes on when rerun),
-    full at that count when it is True (the run's last, short epoch), never drawn to the end
-    of steps that did not run."""
+class ProgressBar(ShownOrderBar):
+    """The library's progress bar (`models.shown_loss.ShownOrderBar`: the loss and its terms
+    first), which also ends an epoch that training left early at the step reached, where
+    Keras's draws it to the end: partly drawn while ``finished()`` is False (stopped by a
+    signal or a stop flag: the run goes on when rerun), full at that count when it is True (the
+    run's last, short epoch)."""
 
     def __init__(self, finished):
         super().__init__()
         self.finished = finished
 
-    def on_train_batch_end(self, batch, logs=None):
-        super().on_train_batch_end(batch, {k: logs[k] for k in shown_order(logs or {})})
-
     def on_epoch_end(self, epoch, logs=None):
-        logs = {k: logs[k] for k in shown_order(logs or {})}
         if self.progbar is not None and self.model.stop_training and 0 < self.seen:
             if self.finished():
                 self.progbar.target = self.seen
+            logs = {k: logs[k] for k in shown_order(logs or {})}
             self.progbar.update(self.seen, list(logs.items()), finalize=True)
             return
         super().on_epoch_end(epoch, logs)
