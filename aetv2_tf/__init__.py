@@ -36,30 +36,30 @@ The entry points of the library (README, "Use it from Python"), imported on firs
 The command line, ``python -m aetv2_tf.train --flagfile=configs/...``, is built on them.
 """
 
-import importlib
-import os
-import platform
-from typing import Any
+# The module's own imports are private names: `dir(aetv2_tf)` lists the API (`__dir__`).
+import importlib as _importlib
+import os as _os
+import platform as _platform
 
 # Keras 3 is multi-backend; this package is TensorFlow-only.
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+_os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+_os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # TensorFlow's Linux wheels turn their oneDNN CPU kernels on by default only on CPUs with
 # AVX512_VNNI, AVX512_BF16, AVX_VNNI or AMX; on other x86 CPUs (AVX2-only laptops and cloud VMs)
 # convolutions fall back to Eigen kernels: the training step ran 0.58x as fast, the CLI 0.63x
 # (BENCHMARKS.md, "AVX2 CPUs"). So oneDNN is asked for on every x86 CPU (not measured on ARM: left
 # to TensorFlow there), unless the user chose: TF_ENABLE_ONEDNN_OPTS=0 keeps the Eigen kernels.
 # Effective only if TensorFlow is imported after this package.
-if platform.machine().lower() in ("x86_64", "amd64"):
-    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+if _platform.machine().lower() in ("x86_64", "amd64"):
+    _os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 __version__ = "0.2.0"
 
 # `keras.saving.load_model` of any .keras file the package writes needs only `import aetv2_tf`:
 # its classes are registered with Keras as soon as Keras is imported (aetv2_tf/registry.py).
-from aetv2_tf import registry  # noqa: E402  (no Keras import: after the environment above)
+from aetv2_tf import registry as _registry  # noqa: E402  (no Keras import: after the above)
 
-registry.install()
+_registry.install()
 
 _EXPORTS = {
     "Recipe": "recipes", "AETV2": "recipes", "AETV2_PAPER": "recipes", "AETV1": "recipes",
@@ -85,13 +85,15 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name in _EXPORTS:
-        value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+        value = getattr(_importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    """The API (`__all__`) and ``__version__``: not the module's imports, not the submodules
+    that importing it loaded."""
+    return sorted([*__all__, "__version__"])

@@ -12,3 +12,14 @@ from __future__ import annotations
 
 class UsageError(ValueError):
     """A bad flag, path or combination: the message names the problem and the fix."""
+
+
+class SettingWarning(UserWarning):
+    """A warning about a setting of a recipe or a model that trains, but not as meant (a
+    warm-up longer than half the run, ...), said twice: in the library's words (the message:
+    the fields, ``warmup_steps=1000``) and in the command line's (``flags``: ``--warmup_steps=
+    1000``), which the program shows instead (`program.pretext.settings_as_flags`)."""
+
+    def __init__(self, message: str, flags: str):
+        super().__init__(message)
+        self.flags = flags

@@ -15,7 +15,7 @@ this module never imports TensorFlow (tensors are ``tf.Tensor`` or ``jax.Array``
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import keras
@@ -34,6 +34,7 @@ from aetv2_tf.geometry import (
 )
 
 __all__ = [
+    "TERMS",
     "GeodesicLoss",
     "ParameterMSELoss",
     "nonfinite_samples",
@@ -126,41 +127,66 @@ def _residual(m: Tensor) -> Tensor:
 RESIDUAL_FRAMES = ("loss", "unit")
 
 
+#: The terms of `GeodesicLoss` in the order they are shown (`GeodesicLoss.terms`).
+TERMS = ("angle", "residual", "mse", "chordal")
+
+
 class _Terms:
-    """The per-sample value of `GeodesicLoss` on matrices ``(B, 3, 3) x 2 -> (B,)``."""
+    """The per-sample terms of `GeodesicLoss` on matrices ``(B, 3, 3) x 2 -> (B,)`` each, and
+    their sum, the loss. ``values`` computes only the terms asked for: ``"angle"`` (theta or
+    theta^2 in the loss's frame), ``"residual"`` (lambda x the projection residual), ``"mse"``
+    (the weighted AETv1 MSE), ``"chordal"`` (mu x ``||M - I||_F^2``) and ``"theta"`` (the angle
+    itself, radians, in the loss's frame, weight 1: not a term of the sum)."""
 
     def __init__(self, loss: GeodesicLoss):
         self.loss = loss
         self.frame = _frame_matrices(loss.frame)
         self.std = None if loss.mse_std is None else np.array(loss.mse_std, np.float32)
+        weights = {"angle": 1.0, "residual": loss.projection_weight, "mse": loss.mse_weight,
+                   "chordal": loss.chordal_weight}
+        self.present = tuple(name for name in TERMS if weights[name] > 0)
 
-    def __call__(self, t: Tensor, t_hat: Tensor) -> Tensor:
-        c = self.loss
-        value = ops.zeros_like(t[..., 0, 0])
-        if c.mse_weight > 0:  # AETv1's parameter MSE (std-normalised), in the model frame
+    def values(self, t: Tensor, t_hat: Tensor, names: Collection[str]) -> dict[str, Tensor]:
+        c, out = self.loss, {}
+        if "mse" in names:  # AETv1's parameter MSE (std-normalised), in the model frame
             diff = matrix_to_params(t_hat) - matrix_to_params(t)
             if self.std is not None:
                 diff = diff / ops.convert_to_tensor(self.std)
-            value += c.current_mse_weight() * ops.mean(ops.square(diff), axis=-1)
+            out["mse"] = c.current_mse_weight() * ops.mean(ops.square(diff), axis=-1)
+        if not set(names) & {"angle", "theta", "residual", "chordal"}:
+            return out
         unit_residual = c.residual_frame == "unit" and self.frame is not None
-        if unit_residual:  # ||M - P||_F^2 of M in the unit model frame, before the zoom
+        if "residual" in names and unit_residual:  # of M in the unit model frame, before the zoom
             residual = _residual(relative_homography(t, t_hat))
         if self.frame is not None:  # T' = F T F^{-1}: the same map written in another frame
             f, f_inv = self.frame
             f, f_inv = ops.convert_to_tensor(f), ops.convert_to_tensor(f_inv)
             t, t_hat = (ops.matmul(ops.matmul(f, x), f_inv) for x in (t, t_hat))
         m = relative_homography(t, t_hat)
-        p = project_to_so3(m)
-        if not unit_residual:
-            residual = ops.sum(ops.square(m - p), axis=(-2, -1))
-        if c.residual_scale > 0:  # bounded growth: r for small r, b log(r / b) for large r
-            residual = c.residual_scale * ops.log1p(residual / c.residual_scale)
-        angle = rotation_angle(p)
-        value += (angle if c.angle_power == 1 else ops.square(angle)) \
-            + c.projection_weight * residual
-        if c.chordal_weight > 0:  # ||M - I||_F^2 ~ ||Log M||^2 near I; no cut locus at pi
-            value += c.chordal_weight * ops.sum(
+        if set(names) & {"angle", "theta"} or ("residual" in names and not unit_residual):
+            p = project_to_so3(m)
+        if "residual" in names:
+            if not unit_residual:
+                residual = ops.sum(ops.square(m - p), axis=(-2, -1))
+            if c.residual_scale > 0:  # bounded growth: r for small r, b log(r / b) for large r
+                residual = c.residual_scale * ops.log1p(residual / c.residual_scale)
+            out["residual"] = c.projection_weight * residual
+        if set(names) & {"angle", "theta"}:
+            out["theta"] = rotation_angle(p)
+            out["angle"] = out["theta"] if c.angle_power == 1 else ops.square(out["theta"])
+        if "chordal" in names:  # ||M - I||_F^2 ~ ||Log M||^2 near I; no cut locus at pi
+            out["chordal"] = c.chordal_weight * ops.sum(
                 ops.square(m - ops.eye(3, dtype=m.dtype)), axis=(-2, -1))
+        return out
+
+    def __call__(self, t: Tensor, t_hat: Tensor) -> Tensor:
+        terms = self.values(t, t_hat, self.present)
+        value = ops.zeros_like(t[..., 0, 0])
+        if "mse" in terms:
+            value += terms["mse"]
+        value += terms["angle"] + terms["residual"] if "residual" in terms else terms["angle"]
+        if "chordal" in terms:
+            value += terms["chordal"]
         return value
 
 
@@ -258,6 +284,24 @@ class GeodesicLoss(keras.losses.Loss):
                              "variable (e.g. optimizer.iterations) before it is called")
         done = ops.cast(ops.convert_to_tensor(self.step), "float32") / self.mse_decay_steps
         return self.mse_weight * ops.maximum(1.0 - done, 0.0)
+
+    @property
+    def terms(self) -> tuple[str, ...]:
+        """The names of the terms this loss adds up, in `TERMS` order: ``"angle"`` always
+        (theta, or theta^2 for ``angle_power=2``, in ``frame``), then those whose weight is
+        above 0: ``"residual"`` (``projection_weight`` x the residual), ``"mse"``
+        (``mse_weight`` x AETv1's MSE, decayed by ``mse_decay_steps``), ``"chordal"``."""
+        return self._terms.present
+
+    def term(self, name: str, y_true, y_pred) -> Tensor:
+        """Per-sample ``(batch,)`` value of one term as the loss adds it (weight included, the
+        same non-finite protection), or ``"theta"``: the angle of the projection in the loss's
+        ``frame`` in radians (whatever ``angle_power``). Over `terms` they sum to ``call``."""
+        if name not in (*TERMS, "theta"):
+            raise ValueError(f"term must be one of {(*TERMS, 'theta')}, got {name!r}")
+        y_true, y_pred = _as_float32_params(y_true, y_pred)
+        return _guarded(lambda t, t_hat: self._terms.values(t, t_hat, (name,))[name], y_true,
+                        y_pred)
 
     def call(self, y_true, y_pred) -> Tensor:
         y_true, y_pred = _as_float32_params(y_true, y_pred)

@@ -151,7 +151,26 @@ def restore_weights(preset: Preset) -> str:
     return path
 
 
+class UnknownPreset(ValueError):
+    """A name that looks like a preset's (no path separator, not an existing path) but is none
+    of `PRESETS`: the message lists them (and the closest)."""
+
+
 def resolve(name_or_directory: str | os.PathLike) -> str:
-    """A preset name -> its run directory (`preset_directory`); anything else -> as given."""
+    """A preset name -> its run directory (`preset_directory`); an existing path, or one with a
+    path separator, -> as given; any other name (a mistyped preset, "aetv3") -> `UnknownPreset`
+    listing the presets (a directory of that name is then ``./name``)."""
     text = os.fspath(name_or_directory)
-    return preset_directory(text) if text in PRESETS else text
+    if text in PRESETS:
+        return preset_directory(text)
+    separators = {os.sep, "/", *((os.altsep,) if os.altsep else ())}
+    if os.path.lexists(text) or any(s in text for s in separators) or text.startswith("~"):
+        return text
+    import difflib
+
+    close = difflib.get_close_matches(text, PRESETS, n=1, cutoff=0.4)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise UnknownPreset(
+        f"{text!r} is neither a preset nor an existing path: {hint}the presets are "
+        f"{', '.join(PRESETS)} (aetv2_tf.presets()); for a directory, give its path (e.g. "
+        f"./{text})")

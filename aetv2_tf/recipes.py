@@ -102,13 +102,17 @@ class Recipe:
         """`OptimizerSpec.build` of this recipe's optimizer: ``(schedule, optimizer)``."""
         return self.optimizer.build(model, steps, mixed_float16, _stacklevel=_stacklevel + 1)
 
-    @staticmethod
-    def metrics() -> list[keras.metrics.Metric]:
-        """The pretext metrics: geodesic angle (degrees), projection residual, rotation
-        accuracy (`aetv2_tf.metrics`; registered, so a saved model reloads)."""
+    def metrics(self, image_size: int | Sequence[int] = 32,
+                param_std: Sequence[float] | None = None, step: Any = None,
+                shift: str = "integer") -> list[keras.metrics.Metric]:
+        """The pretext metrics of this recipe's loss (`metrics.pretext_metrics` of
+        `build_loss` with these arguments): the angle in degrees in the loss's frame (AETv1's:
+        the model frame), ``angle_deg``, and ``rotation_accuracy`` (registered, so a saved
+        model reloads). The model compiled with the loss shows its terms beside ``loss``
+        (``angle_term``, ``residual_term``, ...: `models.shown_loss`)."""
         from aetv2_tf.metrics import pretext_metrics
 
-        return pretext_metrics()
+        return pretext_metrics(self.build_loss(image_size, param_std, step, shift))
 
     def decoder_options(self, image_size: int, shift: str = "integer",
                         decoder_scale: bool | None = None,

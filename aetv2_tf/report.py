@@ -112,7 +112,11 @@ def find_results(paths: Sequence[str]) -> list[str]:
         else:
             raise ReportError(f"{path}: no such file or directory")
     if not found:
-        raise ReportError(f"no {RESULTS_FILENAME} found under: {', '.join(paths)}")
+        raise ReportError(
+            f"no {RESULTS_FILENAME} found under: {', '.join(paths)}; pretraining writes none, "
+            f"a probe does (into its --model_dir): python -m aetv2_tf.train "
+            f"--flagfile=configs/cifar10_probe_knn.cfg --pretrained=<pretraining run> "
+            f"--model_dir=<new folder>, then report that folder")
     return list(dict.fromkeys(found))
 
 

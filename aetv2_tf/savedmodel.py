@@ -1,13 +1,18 @@
 """The encoder as a TensorFlow SavedModel, and the encoder of a pretraining run (library code).
 
 * `export_encoder`: writes a SavedModel whose `serving_default` signature takes a batch of uint8
-  images (B, H, W, 3) (anything else, e.g. one image (H, W, 3), raises InvalidArgumentError:
-  `tf.ensure_shape` is its first op; exports written before it can abort the caller's process
-  on an unbatched image: re-export them), normalises them inside and returns a dict of float32
-  feature maps (NIN:
+  images (B, H, W, 3), normalises them inside and returns a dict of float32 feature maps (NIN:
   `block1`..`block4`; AlexNet: `conv1`..`conv5`, `fc6`, `fc7`), beside `aetv2_export.json`, the
   SHA-256 of each of its files (`aetv2_tf.trust`). An existing output is replaced only when it
   is such an export (or empty); anything else raises `trust.ExportTargetError`, nothing touched.
+  Other input (tests/test_train_cli.py holds it): a TensorFlow tensor of another dtype raises
+  InvalidArgumentError, of another image size TypeError, one image (H, W, 3)
+  InvalidArgumentError (`tf.ensure_shape` is its first op; exports written before it can abort
+  the caller's process there: re-export them); a NumPy array or list of another dtype is
+  converted to uint8 by TensorFlow before the signature runs, as ``x.astype(np.uint8)`` would
+  (floats truncated, integers wrapped): [0, 1] floats become black images without a word, so
+  convert them first, ``np.uint8(np.round(x * 255))`` (the library's `feature_extractor`
+  refuses floats).
 * `restore_encoder`: the encoder of a pretraining `--model_dir` (any backend, any version) and
   its flags; read by the export and by the probes (`probes.encoders`).
 

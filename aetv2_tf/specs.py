@@ -14,6 +14,7 @@ import keras
 import numpy as np
 
 from aetv2_tf.data.sampler import parameter_std
+from aetv2_tf.errors import SettingWarning
 
 
 def _one_of(owner: str, name: str, value: Any, allowed: tuple) -> None:
@@ -170,7 +171,8 @@ class OptimizerSpec:
         the schedules are fractions of it). ``weight_decay_mode="l2"`` adds the decay to
         ``model``'s losses (once per model); call inside a distribution scope.
         ``mixed_float16``: wrap for loss scaling (None: from Keras's dtype policy). A warm-up
-        longer than half the run warns with the rate the run will really reach."""
+        longer than half the run warns (`errors.SettingWarning`) with the rate the run will
+        really reach."""
         from aetv2_tf import optim
 
         if self.weight_decay_mode == "l2":
@@ -179,11 +181,13 @@ class OptimizerSpec:
                                   self.warmup_steps, drops=self.lr_drops or optim.STEP_DROPS,
                                   drop_factor=self.lr_drop_factor)
         if self.warmup_steps > int(steps) // 2:
-            warnings.warn(
-                f"warmup_steps={self.warmup_steps} in a run of {int(steps)} steps: the learning "
-                f"rate peaks at {schedule.reached_peak():.3g}, not at learning_rate="
-                f"{self.learning_rate:.3g}; shorten the warm-up (to {int(steps) // 10}, say), "
-                f"or train for at least {2 * self.warmup_steps} steps", UserWarning,
+            shorter, longer = int(steps) // 10, 2 * self.warmup_steps
+            warnings.warn(SettingWarning(*(
+                f"{at}warmup_steps={self.warmup_steps} in a run of {int(steps)} steps: the "
+                f"learning rate peaks at {schedule.reached_peak():.3g}, not at {at}learning_rate="
+                f"{self.learning_rate:.3g}; shorten the warm-up ({to}{shorter}, say), or train "
+                f"for at least {longer} steps{run}" for at, to, run in (
+                    ("", "to ", ""), ("--", "--warmup_steps=", f" (--train_steps={longer})")))),
                 stacklevel=_stacklevel)
         if mixed_float16 is None:
             mixed_float16 = keras.mixed_precision.dtype_policy().name == "mixed_float16"

@@ -25,8 +25,10 @@ from aetv2_tf.safe_paths import open_for_writing
 
 class CsvLog:
     """Appends ``step,<columns>`` rows to ``path``; a missing column is an empty cell. ``fresh``
-    starts the file anew (a run that does not resume), else a resumed run appends; never
-    through a symbolic link (`safe_paths.open_for_writing`)."""
+    starts the file anew (a run that does not resume), else a resumed run appends under the
+    file's own header (its columns, whatever ``columns`` says: a run of an earlier version
+    keeps its columns, a value without one is left out); never through a symbolic link
+    (`safe_paths.open_for_writing`)."""
 
     def __init__(self, path: str, columns: Sequence[str], step_name: str = "step",
                  fresh: bool = False):
@@ -35,6 +37,13 @@ class CsvLog:
         if fresh or not os.path.lexists(path):
             with open_for_writing(path, "w") as f:
                 f.write(",".join((step_name, *self.columns)) + "\n")
+            return
+        if os.path.islink(path) or not os.path.isfile(path):
+            return  # not read: the writes refuse it (`open_for_writing`)
+        with open(path) as f:
+            header = f.readline().strip().split(",")
+        if len(header) > 1 and header[0] == step_name:
+            self.columns = tuple(header[1:])
 
     def write(self, step: int, row: dict[str, float]) -> None:
         cells = [f"{float(row[c]):.6g}" if c in row else "" for c in self.columns]

@@ -1,29 +1,31 @@
-"""The training program: `python -m aetv2_tf.train --flagfile=configs/<experiment>.cfg`.
+"""The training program: pretraining, probes and the supervised baseline, in one command.
 
-One absl entry point for every stage (see `aetv2_tf/program/flags/` or `--helpfull`):
+    python -m aetv2_tf.train --flagfile=configs/quickstart.cfg        # a first pretraining
+    python -m aetv2_tf.train --flagfile=configs/cifar10_aetv2.cfg --batch_size=256
+    python -m aetv2_tf.train --flagfile=configs/cifar10_probe_knn.cfg \\
+        --pretrained=runs/quickstart --model_dir=runs/quickstart_knn     # score an encoder
 
-- `--stage=pretext`: self-supervised pretraining, AETv2 (`--loss=geodesic`), AETv1
-  (`--loss=mse`) or RotNet (`--pretext=rotation`);
-- `--stage=probe`: a frozen encoder evaluated by KNN or a trained classifier head;
-- `--stage=supervised`: the fully supervised NIN baseline.
+--stage=pretext pretrains AETv2 (--loss=geodesic), AETv1 (--loss=mse) or RotNet
+(--pretext=rotation); --stage=probe scores a frozen encoder (KNN or a trained head);
+--stage=supervised trains the supervised NIN baseline. A flag after --flagfile overrides the
+file's. Everything a run writes is in --model_dir; rerunning the same command resumes the run
+(or says that it is complete). Exit codes: docs/reliability.md.
 
-Everything a run produces lives under `--model_dir` (layout in `aetv2_tf/program/rundir.py`);
-rerunning the same command resumes from the newest checkpoint, at the same step and learning
-rate.
-
-This module is only the entry point of the program layer (`aetv2_tf.program`, BUILD.md
-"Architecture"): it parses the flags, runs the adapter of the Keras backend, TensorFlow's
-(`program.adapter_tensorflow`: tf.distribute, tf.data, TensorBoard, SavedModel) or any other
-backend's (`KERAS_BACKEND=jax`: `program.adapter_portable`, which needs no TensorFlow: the
-module and `--helpfull` load without it), with the same flags, and turns the outcome into an
-exit code.
+The essential flags, by purpose (each described below; --helpfull lists every flag by group):
 """
+# This module is only the entry point of the program layer (`aetv2_tf.program`, BUILD.md
+# "Architecture"): it parses the flags, runs the adapter of the Keras backend, TensorFlow's
+# (`program.adapter_tensorflow`: tf.distribute, tf.data, TensorBoard, SavedModel) or any other
+# backend's (`KERAS_BACKEND=jax`: `program.adapter_portable`, which needs no TensorFlow: the
+# module and `--helpfull` load without it), with the same flags, and turns the outcome into an
+# exit code. Its docstring is what `--help` prints (absl), followed by `KEY_FLAGS`.
 
 from __future__ import annotations
 
 import os
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 # A SIGINT before training ends the process at once, as a SIGTERM does (docs/reliability.md),
 # until training installs its own handler (`callbacks.StopOnSignal`, which restores this one):
@@ -32,12 +34,31 @@ import sys
 if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
-from absl import app
+from absl import app, flags
 
 from aetv2_tf.data.sources import DataError
 from aetv2_tf.errors import UsageError
 from aetv2_tf.program import console
 from aetv2_tf.program.flags import FLAGS
+
+#: The flags that ``--help`` (and ``--helpshort``) describe, by purpose: the README's.
+KEY_FLAGS = (
+    ("what to run", ("flagfile", "stage", "probe", "feature")),
+    ("the data", ("dataset", "data_dir")),
+    ("the encoder", ("backbone", "pretrained")),
+    ("how long", ("batch_size", "epochs", "train_steps", "train_seconds")),
+    ("the optimizer", ("learning_rate",)),
+    ("what it writes", ("model_dir", "export")),
+)
+for _, _names in KEY_FLAGS:
+    for _name in _names:
+        flags.declare_key_flag(_name)
+__doc__ += "".join(f"  {group + ':':16}{' '.join('--' + n for n in names)}\n"
+                   for group, names in KEY_FLAGS)
+del _, _names, _name
+
+if TYPE_CHECKING:
+    from aetv2_tf.program.config import RunConfig
 
 
 def import_backend() -> bool:
@@ -97,10 +118,41 @@ def main(argv) -> None:
               "space (or lower --keep_checkpoints) and rerun the same command to resume.",
               file=sys.stderr, flush=True)
         sys.exit(EXIT_DISK_FULL)
+    print(outcome(config, summary), flush=True)
+    sys.exit(exit_code(summary, model_dir, config.train.max_loss_growth))
+
+
+def outcome(config: RunConfig, summary: dict) -> str:
+    """The stage's last line(s) before `exit_code`'s: ``Done (stage): k=v, .... Outputs in
+    DIR`` for a stage that ran to its end; ``Stopped (stage) at step S of M: k=v, ...`` for a
+    pretraining that ended before (a signal, a stop flag, a failure: the next line says which),
+    with, after ``--stop_after_steps`` / ``--stop_after_seconds``, the line that says the run
+    goes on when rerun; for a run that had finished before (`pretext.completed`), that it is
+    complete and where its outputs are. ``summary``: the stage's (``run_steps`` is taken
+    out)."""
+    model_dir, train = config.outputs.model_dir, config.train
+    if summary.get("complete"):
+        export = f"; its SavedModel: {summary['export']}" if "export" in summary else ""
+        return (f"Complete: the run in {model_dir} finished all its {summary['steps']} steps "
+                f"before; nothing was trained, exported or scored now. Its encoder: "
+                f"{summary['encoder_weights']}{export}; its logs: {model_dir}/train. To train "
+                f"it again from step 0 pass --overwrite; to evaluate it, --stage=probe "
+                f"--pretrained={model_dir} --model_dir=<a new folder>.")
+    total = summary.pop("run_steps", None)
     line = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                      for k, v in summary.items())
-    print(f"Done ({config.stage}): {line}. Outputs in {model_dir}", flush=True)
-    sys.exit(exit_code(summary, model_dir, config.train.max_loss_growth))
+    if total is None or summary.get("steps", total) >= total:
+        return f"Done ({config.stage}): {line}. Outputs in {model_dir}"
+    step = summary.get("steps")
+    text = f"Stopped ({config.stage}) at step {step} of {total}: {line}. Outputs in {model_dir}"
+    failed = ("interrupted_by", "diverged", "stopped_nonfinite", "nonfinite_weights",
+              "loss_grew")
+    if not any(summary.get(key) for key in failed):  # what --stop_after_* asked: exit 0
+        which = f"--stop_after_seconds={train.stop_after_seconds:g}" if summary.get(
+            "stopped_at_deadline") else f"--stop_after_steps={train.stop_after_steps}"
+        text += (f"\nThe run is not finished: {which} ended this invocation at step {step} of "
+                 f"{total}, after writing a checkpoint; rerun the same command to continue.")
+    return text
 
 
 #: Exit codes (docs/reliability.md): 0 done, 1 absl flag errors, 2 refused input, 3 non-finite

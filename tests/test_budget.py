@@ -80,7 +80,9 @@ def test_a_budgeted_cli_run_records_its_size_and_resumes_with_it(tmp_path, cifar
     assert f"Done (pretext): steps={recorded['train_steps']}," in run.stdout
     again = train(tmp_path / "run", cifar10_dir, "--train_seconds=4", "--export=false")
     assert "Time budget" not in again.stdout  # the recorded size, no new measurement
-    assert f"steps={recorded['train_steps']}, start_step={recorded['train_steps']}" in again.stdout
+    # the run of the recorded size is complete: said so, nothing trained
+    assert f"Complete: the run in {tmp_path / 'run'} finished all its " \
+        f"{recorded['train_steps']} steps before" in again.stdout, again.stdout
 
 
 def test_another_budget_for_a_recorded_run_is_refused(configured, tmp_path):

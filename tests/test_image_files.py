@@ -11,7 +11,7 @@ import tensorflow as tf
 from aetv2_tf.data.constants import IMAGENET_MEAN, IMAGENET_STD
 from aetv2_tf.data.files import check_image_file, decode_image_file
 from aetv2_tf.data.pipelines import classification_dataset, pretext_dataset
-from aetv2_tf.data.sources import list_image_folder, load_source
+from aetv2_tf.data.sources import DataError, list_image_folder, load_source
 from benchmarks.make_folder import CORRUPT_FILES, write_cifar10_folder
 
 
@@ -226,3 +226,49 @@ def test_reader_threads_share_the_epoch_order_safely():
             got = list(pool.map(shared.batch, steps))
         for step, batch in zip(steps, got, strict=True):
             np.testing.assert_array_equal(batch, expected[step])
+
+
+#: The README's commands for one's own images ("Your own images"), as a test runs them:
+#: pretraining (no labels needed), then, with labels, the KNN probe of the encoder.
+OWN_IMAGES = ("--flagfile=configs/quickstart.cfg", "--dataset=folder", "--data_dir={root}",
+              "--model_dir={run}", "--quick_knn_train=0")
+OWN_IMAGES_PROBE = ("--flagfile=configs/cifar10_probe_knn.cfg", "--dataset=folder",
+                    "--data_dir={root}", "--pretrained={run}", "--model_dir={run}_knn")
+
+
+def test_the_readme_commands_pretrain_on_own_images_and_probe_them_with_labels(
+        tmp_path, cifar10_dir, program, capsys):
+    """A few hundred images of assorted sizes: without labels in ONE folder
+    (ROOT/train/<any name>/), pretrained with the README's command as it stands (the test
+    shortens only its length and leaves out the export); with labels (ROOT/train/<class>/,
+    ROOT/val/<class>/), the encoder scored by the README's probe command. A split folder
+    without any sub-folder is refused with the layout to use."""
+    from PIL import Image
+
+    from aetv2_tf.data.sources import load_cifar10
+
+    images, labels = load_cifar10(cifar10_dir, "test")
+    unlabelled, labelled = tmp_path / "my_images", tmp_path / "my_labelled_images"
+    for i, (image, label) in enumerate(zip(images[:400], labels[:400], strict=True)):
+        size = (32 + 8 * (i % 5), 32 + 4 * (i % 3))  # 32-64 px wide, 32-40 px high
+        image = Image.fromarray(image).resize(size)
+        folders = [labelled / ("train" if i < 300 else "val") / f"class_{label % 2}"]
+        if i < 300:
+            folders.append(unlabelled / "train" / "photos")
+        for folder in folders:
+            folder.mkdir(parents=True, exist_ok=True)
+            image.save(folder / f"{i:03d}.jpg")
+    run = tmp_path / "runs" / "my_images"
+    short = ("--train_seconds=0", "--train_steps=2", "--batch_size=16", "--export=false")
+    assert program(*[a.format(root=unlabelled, run=run) for a in OWN_IMAGES], *short) == 0
+    out = capsys.readouterr().out
+    assert "| folder, 300 training images |" in out and "Done (pretext): steps=2," in out, out
+    assert (run / "encoder.weights.h5").is_file()
+    assert program(*[a.format(root=labelled, run=run) for a in OWN_IMAGES_PROBE]) == 0
+    out = capsys.readouterr().out
+    assert "Done (probe): probe=knn, feature=block2, " in out, out
+    assert (tmp_path / "runs" / "my_images_knn" / "results.json").is_file()
+    (unlabelled / "train" / "photos").rename(unlabelled / "flat")
+    with pytest.raises(DataError, match=r"0 class sub-directories.*at least 1 class "
+                                        r"\(images without labels: one sub-directory"):
+        list_image_folder(unlabelled, "train", min_classes=1)

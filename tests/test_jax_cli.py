@@ -60,7 +60,9 @@ def finish(proc: subprocess.Popen, check: bool = True, timeout: float = 300) -> 
 
 
 def done_line(out: str) -> str:
-    lines = [x for x in out.splitlines() if x.startswith("Done (")]
+    """The stage's summary line: "Done (stage): ..." or, for a run stopped before its end,
+    "Stopped (stage) at step S of M: ..."."""
+    lines = [x for x in out.splitlines() if x.startswith(("Done (", "Stopped ("))]
     assert lines, out[-3000:]
     return lines[-1]
 
@@ -166,7 +168,8 @@ def test_pretext_run_writes_checkpoints_logs_and_encoder(runs):
     assert names == ["ckpt-3.weights.h5", "ckpt-6.weights.h5"]
     assert json.loads((tmp / "full" / "flags.json").read_text())["backend"] == "jax"
     rows = (tmp / "full" / "train" / "log.csv").read_text().splitlines()
-    assert rows[0].startswith("step,loss,geodesic_angle_deg") and len(rows) == 4
+    assert rows[0] == "step,loss,angle_term,residual_term,angle_deg,rotation_accuracy," \
+        "l2_penalty,learning_rate,pairs_per_sec" and len(rows) == 4
     assert [r.split(",")[0] for r in rows[1:]] == ["2", "4", "6"]
     assert (tmp / "full" / "encoder.weights.h5").is_file()
 
@@ -175,7 +178,8 @@ def test_resumed_run_ends_with_the_same_weights(runs):
     """Bitwise: the resumed run restores weights, optimizer slots and step, the sampler's seed
     state (HomographyPairs) and the data position, and XLA on a CPU is deterministic."""
     _, out = runs
-    assert "steps=3," in done_line(out["cut1"])
+    assert done_line(out["cut1"]).startswith("Stopped (pretext) at step 3 of 6: steps=3,")
+    assert "Done (" not in out["cut1"]
     assert "Resumed from checkpoint" in out["cut2"] and "at step 3." in out["cut2"]
     digest = re.compile(r"trainable_digest=(\w+)")
     assert "steps=6, start_step=3," in done_line(out["cut2"])
@@ -188,7 +192,8 @@ def test_resume_is_exact_with_steps_per_execution(runs):
     second execution is short), writes ckpt-5, and the resumed run ends bitwise equal to the
     uninterrupted one (before the fix it counted 6 after 5 batches and skipped one)."""
     tmp, out = runs
-    assert "steps=5, start_step=0," in done_line(out["spe1"])
+    assert done_line(out["spe1"]).startswith("Stopped (pretext) at step 5 of 6: steps=5, "
+                                             "start_step=0,")
     assert (tmp / "spe" / "checkpoints" / "ckpt-5.weights.h5").is_file()
     assert "at step 5." in out["spe2"] and "steps=6, start_step=5," in done_line(out["spe2"])
     digest = re.compile(r"trainable_digest=(\w+)")
@@ -214,7 +219,7 @@ def test_two_devices_train_like_one(runs):
     one, two = log_rows(tmp / "full"), log_rows(tmp / "two")
     assert sorted(two) == sorted(one) == [2, 4, 6]
     for step in one:
-        for column in ("loss", "geodesic_angle_deg", "projection_residual"):
+        for column in ("loss", "angle_term", "residual_term", "angle_deg"):
             np.testing.assert_allclose(two[step][column], one[step][column],
                                        rtol=1e-5 if step == 2 else 2e-3,
                                        err_msg=f"{column} at step {step}")

@@ -175,7 +175,10 @@ def test_an_encoder_trained_in_python_is_probed_by_the_cli(tmp_path, cifar10_dir
                                encoder(x, training=False)["block2"], atol=1e-5)
     model.save(tmp_path / "aet.keras")  # the compiled metrics and loss reload
     reloaded = keras.saving.load_model(tmp_path / "aet.keras")
-    assert [m.name for m in reloaded.metrics] == [m.name for m in model.metrics]
+    # (not the L2 decay: Keras saves no variable's regularizer, so the reloaded model has no
+    # penalty to show apart from its loss)
+    compiled = [m.name for m in model.metrics if m.name not in ("data_loss", "l2_penalty")]
+    assert [m.name for m in reloaded.metrics] == compiled == ["loss", "compile_metrics"]
     run_module("aetv2_tf.train", "--flagfile=configs/cifar10_probe_knn.cfg",
                f"--pretrained={directory}", f"--model_dir={tmp_path / 'knn'}",
                f"--data_dir={cifar10_dir}", "--train_examples=300", "--test_examples=100",
@@ -192,6 +195,31 @@ def test_public_names_are_visible():
     probes, models = (importlib.import_module(f"aetv2_tf.{m}") for m in ("probes", "models"))
     assert {"quick_knn", "pooled_features", "knn_accuracy"} <= set(dir(probes))
     assert {"build_pairs_model", "WarpPairs", "PairsModel"} <= set(models.__all__)
+    # dir() is the API: not the module's imports (os, importlib, Any) nor loaded submodules
+    assert dir(aetv2_tf) == sorted([*aetv2_tf.__all__, "__version__"])
+
+
+def test_a_mistyped_preset_is_refused_with_the_list_of_presets(configured, tmp_path,
+                                                               monkeypatch):
+    """`load_encoder("aetv3")` and ``--pretrained=aetv3``: a name that is no preset and no
+    path is refused naming the presets (and the closest), not read as a missing directory;
+    a path, an existing name and --pretrained=none are as before."""
+    with pytest.raises(ValueError, match=r"'aetv3' is neither a preset nor an existing path: "
+                                         r"did you mean 'aetv2_cifar10'\? the presets are "
+                                         r"aetv1_cifar10, .*aetv2_paper_cifar10"):
+        aetv2_tf.load_encoder("aetv3")
+    from aetv2_tf.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"--pretrained=aetv3: 'aetv3' is neither a preset nor"):
+        configured("--stage=probe", "--pretrained=aetv3", f"--model_dir={tmp_path / 'p'}")
+    with pytest.raises(FileNotFoundError, match="has no flags.json"):  # a path: as before
+        aetv2_tf.load_encoder(str(tmp_path / "aetv3"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "aetv3").mkdir()  # an existing folder of that name: a path
+    with pytest.raises(FileNotFoundError, match="has no flags.json"):
+        aetv2_tf.load_encoder("aetv3")
+    config = configured("--stage=probe", "--pretrained=none", f"--model_dir={tmp_path / 'q'}")
+    assert config.probe.pretrained == "none"
 
 
 def test_saved_encoders_keep_their_image_size_and_warp_pairs_their_compiler(tmp_path):

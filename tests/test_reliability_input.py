@@ -279,3 +279,24 @@ def test_flag_errors_answer_before_keras_is_imported():
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 1 and message in proc.stderr, proc.stderr[-2000:]
         assert "Traceback" not in proc.stderr and "imported: []" in proc.stdout, proc.stdout
+        assert "Pass --helpshort or --helpfull to see help on flags." in proc.stderr
+
+
+def test_help_describes_the_essential_flags_by_purpose():
+    """``--help`` and ``--helpshort`` (which a parse error points to) show the README's flags,
+    grouped by purpose, each described, without importing Keras (`train.KEY_FLAGS`)."""
+    from aetv2_tf.train import KEY_FLAGS
+
+    names = [name for _, group in KEY_FLAGS for name in group]
+    assert {"flagfile", "stage", "model_dir", "data_dir", "batch_size", "epochs", "train_steps",
+            "train_seconds", "learning_rate", "pretrained", "probe", "feature", "backbone",
+            "dataset", "export"} <= set(names)
+    for flag in ("--help", "--helpshort"):
+        proc = subprocess.run([sys.executable, "-m", "aetv2_tf.train", flag], cwd=REPO,
+                              env=_env({}), capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        usage, _, described = proc.stdout.partition("\nflags:\n")
+        for group, flags in KEY_FLAGS:  # grouped: one line per purpose
+            assert f"  {group}:" in usage and " ".join(f"--{n}" for n in flags) in usage
+        for name in names:  # each described below
+            assert f"\n  --{name}: " in described or f"\n  --[no]{name}: " in described, name

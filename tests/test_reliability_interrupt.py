@@ -218,8 +218,9 @@ def test_sigterm_writes_a_final_checkpoint_and_exits_143(tmp_path, cifar10_dir):
     assert out.stdout.rstrip().splitlines()[-1].startswith(
         "Stopped by SIGTERM at step "), out.stdout[-2000:]
     assert "rerun the same command to resume (exit 143)" in out.stdout
-    done = re.search(r"Done \(pretext\): steps=(\d+),.*interrupted_by=(\w+)", out.stdout)
-    assert done and done.group(2) == sig.name, out.stdout[-2000:]
+    done = re.search(r"Stopped \(pretext\) at step \d+ of \d+: steps=(\d+),.*interrupted_by=(\w+)",
+                     out.stdout)
+    assert done and done.group(2) == sig.name and "Done (" not in out.stdout, out.stdout[-2000:]
     reached = int(done.group(1))
     assert 3 <= reached < 500
     assert listed_step(model_dir) == reached  # the final checkpoint is at the step reached
@@ -287,7 +288,7 @@ def test_one_process_per_model_dir_and_the_lock_dies_with_its_holder(tmp_path, c
         first.wait()
     third = train(model_dir, cifar10_dir, "--train_steps=100000",
                   "--checkpoint_every_steps=100000", "--stop_after_steps=1")
-    assert "Done (pretext): steps=1" in third.stdout
+    assert "Stopped (pretext) at step 1 of 100000: steps=1," in third.stdout
 
 
 def test_temporaries_of_a_live_process_are_never_removed(tmp_path):
@@ -475,7 +476,8 @@ def test_a_second_signal_during_the_final_checkpoint_does_not_break_it(sig, tmp_
     log.close()
     assert proc.returncode == 128 + sig.value, out[-3000:]
     assert "while a checkpoint is written: stopping once it is complete" in out
-    done = re.search(r"Done \(pretext\): steps=(\d+),.*interrupted_by=(\w+)", out)
-    assert done and done.group(2) == sig.name, out[-2000:]
+    done = re.search(r"Stopped \(pretext\) at step \d+ of \d+: steps=(\d+),.*interrupted_by=(\w+)",
+                     out)
+    assert done and done.group(2) == sig.name and "Done (" not in out, out[-2000:]
     assert listed_step(model_dir) == int(done.group(1)) > 3
     assert final_checkpoint(model_dir)[ITERATIONS] == int(done.group(1))

@@ -166,6 +166,8 @@ def test_cli_errors(tmp_path):
     proc = _cli(str(tmp_path / "empty"), cwd=tmp_path)
     assert proc.returncode != 0
     assert "no results.json found" in proc.stderr and proc.stdout == ""
+    assert "a probe does (into its --model_dir): python -m aetv2_tf.train " \
+        "--flagfile=configs/cifar10_probe_knn.cfg --pretrained=<pretraining run>" in proc.stderr
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "results.json").write_text(json.dumps({"probe": "knn"}))

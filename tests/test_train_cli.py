@@ -15,15 +15,19 @@ import pytest
 from tests.cli import REPO, read_scalars, run_module, train, train_args
 
 
+def run_args(model_dir, data_dir) -> list[str]:
+    """The flags of `run_dir`'s run."""
+    return [a for a in train_args(model_dir, data_dir, "--train_steps=6",
+                                  "--checkpoint_every_steps=3", "--summary_every_steps=2",
+                                  "--image_summary_every_steps=3") if a != "--train_seconds=0"]
+
+
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, cifar10_dir):
     """One 6-step AETv2 run: checkpoints every 3 steps, scalars every 2, images every 3; its
     length given only by --train_steps after quickstart.cfg's --train_seconds=150."""
     model_dir = tmp_path_factory.mktemp("pretext")
-    args = [a for a in train_args(model_dir, cifar10_dir, "--train_steps=6",
-                                  "--checkpoint_every_steps=3", "--summary_every_steps=2",
-                                  "--image_summary_every_steps=3") if a != "--train_seconds=0"]
-    return model_dir, run_module("aetv2_tf.train", *args)
+    return model_dir, run_module("aetv2_tf.train", *run_args(model_dir, cifar10_dir))
 
 
 def test_run_finishes_with_a_finite_loss_and_a_summary_line(run_dir):
@@ -50,26 +54,49 @@ def test_checkpoints_flags_and_exports_are_written(run_dir):
 
 
 def test_tensorboard_tags(run_dir):
+    """The scalars the console shows, and only those: the loss (the recipe's, theta^2 in the 4x
+    frame + 10 x the unit-frame residual: the sum of its terms), its terms, the angle in the
+    loss's frame, the quarter-turn accuracy, the weight decay apart; no term of weight 0 (the
+    recipe adds no MSE)."""
     model_dir, _ = run_dir
     scalars = read_scalars(model_dir / "train")
-    for tag in ("loss", "geodesic_angle_deg", "projection_residual", "rotation_accuracy",
-                "learning_rate", "pairs_per_sec"):
+    shown = ("loss", "angle_term", "residual_term", "angle_deg", "rotation_accuracy",
+             "l2_penalty", "learning_rate", "pairs_per_sec")
+    assert sorted(scalars) == sorted([*shown, "pairs"])
+    for tag in shown:
         assert sorted(scalars[tag]) == [2, 4, 6], tag
         assert all(math.isfinite(v) for v in scalars[tag].values()), tag
     assert sorted(scalars["pairs"]) == [0, 3, 6]  # image summaries
-    assert all(0 <= v <= 180 for v in scalars["geodesic_angle_deg"].values())
+    assert all(0 <= v <= 180 for v in scalars["angle_deg"].values())
+    for step in (2, 4, 6):
+        assert scalars["loss"][step] == pytest.approx(
+            scalars["angle_term"][step] + scalars["residual_term"][step], rel=1e-4)
 
 
 def test_saved_model_loads_without_this_package(run_dir):
-    """The export works in a fresh process that never imports aetv2_tf."""
+    """The export works in a fresh process that never imports aetv2_tf, and does with other
+    input exactly what the export's docstring (and the README) says: a tensor of another dtype
+    or size is refused; a NumPy array of another dtype is converted to uint8 by TensorFlow
+    before the signature runs, as ``x.astype(np.uint8)`` would ([0, 1] floats: black images)."""
     model_dir, _ = run_dir
     script = textwrap.dedent(f"""
         import sys, numpy as np, tensorflow as tf
         m = tf.saved_model.load({str(model_dir / "export" / "encoder")!r})
         f = m.signatures["serving_default"]
-        out = f(images=tf.constant(np.random.RandomState(0).randint(0, 255, (2, 32, 32, 3)),
-                                   tf.uint8))
+        pixels = np.random.RandomState(0).randint(0, 255, (2, 32, 32, 3))
+        out = f(images=tf.constant(pixels, tf.uint8))
         assert "aetv2_tf" not in sys.modules
+        for bad in (tf.constant(pixels / 255, tf.float32), tf.constant(pixels[:, :16, :16],
+                                                                       tf.uint8)):
+            try:
+                f(images=bad)
+                raise AssertionError(f"{{bad.dtype}} {{bad.shape}} accepted")
+            except (tf.errors.InvalidArgumentError, TypeError, ValueError) as e:
+                assert "uint8" in str(e) or "32" in str(e), e
+        floats = (pixels / 255).astype(np.float32)  # [0, 1]: cast, as astype would
+        np.testing.assert_array_equal(f(images=floats)["block2"],
+                                      f(images=floats.astype(np.uint8))["block2"])
+        assert not np.allclose(f(images=floats)["block2"], out["block2"])
         print(sorted((k, tuple(v.shape), v.dtype.name) for k, v in out.items()))
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
@@ -101,10 +128,55 @@ def test_the_keras_file_reloads_with_only_import_aetv2_tf(run_dir, backend):
     assert (name, optimizer) == ("aet", "SkipNonFinite") and int(params) > 1_000_000
 
 
+def test_a_finished_run_rerun_says_complete_and_does_nothing_else(run_dir, cifar10_dir, program,
+                                                                  capsys):
+    """The command of a finished run, again (in-process): "Complete", where its outputs are,
+    exit 0; nothing trained (no resume, no new checkpoint or TensorBoard file), exported or
+    scored (the export's files untouched)."""
+    model_dir, _ = run_dir
+    before = {p: p.stat().st_mtime_ns for p in model_dir.rglob("*") if p.is_file()
+              and p.name not in ("flags.cfg", ".lock")}
+    assert program(*run_args(model_dir, cifar10_dir)) == 0
+    out = capsys.readouterr().out
+    assert f"Complete: the run in {model_dir} finished all its 6 steps before; nothing was " \
+        "trained, exported or scored now." in out, out
+    assert f"its SavedModel: {model_dir}/export/encoder" in out
+    assert "Done (" not in out and "Resumed" not in out and "Quick KNN" not in out
+    after = {p: p.stat().st_mtime_ns for p in model_dir.rglob("*") if p.is_file()
+             and p.name not in ("flags.cfg", ".lock")}
+    assert after == before
+
+
+def test_warnings_name_flags_and_a_stopped_run_is_not_done(tmp_path, cifar10_dir, program,
+                                                           capfd, caplog):
+    """A warm-up longer than half the run warns once in the flags' words (not the library's
+    fields or Python code); --stop_after_steps ends with "Stopped ... at step 2 of 4" and the
+    line that says to rerun, never "Done"; the progress bar shows the loss and its terms first
+    (in-process)."""
+    args = train_args(tmp_path / "run", cifar10_dir, "--train_steps=4", "--warmup_steps=3",
+                      "--stop_after_steps=2", "--export=false", "--verbose=1")
+    assert program(*args) == 0
+    out, err = capfd.readouterr()
+    err += caplog.text  # absl's log records
+    assert err.count("--warmup_steps=3 in a run of 4 steps: the learning rate peaks at ") == 1
+    assert "(--warmup_steps=0, say), or train for at least 6 steps (--train_steps=6)" in err
+    assert "Warning" not in err and "recipe" not in err, err
+    assert "Stopped (pretext) at step 2 of 4: steps=2, start_step=0," in out and \
+        "rerun the same command to continue." in out and "Done (" not in out, out
+    bar = out.replace("\r", "\n").split("Stopped (pretext)")[0].strip().splitlines()[-1]
+    assert [name for name in ("loss:", "angle_term:", "residual_term:", "angle_deg:",
+                              "rotation_accuracy:", "l2_penalty:") if name in bar] == [
+        "loss:", "angle_term:", "residual_term:", "angle_deg:", "rotation_accuracy:",
+        "l2_penalty:"] and bar.index("loss:") < bar.index("angle_term:") < \
+        bar.index("residual_term:") < bar.index("angle_deg:") < bar.index("l2_penalty:"), bar
+
+
 def test_export_command_reexports_from_the_newest_checkpoint(run_dir, tmp_path):
     out = tmp_path / "encoder"
     proc = run_module("aetv2_tf.export", f"--model_dir={run_dir[0]}", f"--output={out}")
     assert (out / "saved_model.pb").is_file(), proc.stdout
+    # as quiet as train: no TensorFlow start-up lines (oneDNN, absl::InitializeLog), no INFO
+    assert proc.stdout == f"Exported the encoder to {out}\n" and proc.stderr == "", proc.stderr
 
 
 def test_resume_continues_the_step_and_the_learning_rate(tmp_path, cifar10_dir):
@@ -114,7 +186,9 @@ def test_resume_continues_the_step_and_the_learning_rate(tmp_path, cifar10_dir):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     train(straight, cifar10_dir, *common)
     first = train(resumed, cifar10_dir, *common, "--stop_after_steps=4")
-    assert "steps=4" in first.stdout
+    assert "Stopped (pretext) at step 4 of 8: steps=4," in first.stdout, first.stdout
+    assert "The run is not finished: --stop_after_steps=4 ended this invocation at step 4 of " \
+        "8" in first.stdout and "Done (" not in first.stdout
     second = train(resumed, cifar10_dir, *common)
     assert "Resumed from checkpoint" in second.stdout and "at step 4." in second.stdout
     assert "start_step=4" in second.stdout and "steps=8" in second.stdout

@@ -258,7 +258,7 @@ def _class_folders(folder: pathlib.Path) -> list[str]:
     return names
 
 
-def list_image_folder(root, split: str | None = None) -> ImageFiles:
+def list_image_folder(root, split: str | None = None, min_classes: int = 2) -> ImageFiles:
     """The checked files of ``root/split/<class>/*``, in sorted (class, file name) order.
 
     Class names are the sorted sub-directory names; label ``i`` is ``class_names[i]``. Files are
@@ -266,9 +266,10 @@ def list_image_folder(root, split: str | None = None) -> ImageFiles:
     left out, named in the log and in ``skipped`` (`aetv2_tf.data.files`). DataError, naming
     the folder and the fix, for: an unreadable folder, a class folder linked to a folder that
     contains the split folder (`/`, the root: `_class_folders`), a link that loops, a name that
-    is not UTF-8 (`_check_name`: TensorFlow reads UTF-8 paths only), fewer than 2 classes (one
-    class would make a probe's top-1 100%), and a class folder with no decodable image (the
-    label space would hold a class without examples).
+    is not UTF-8 (`_check_name`: TensorFlow reads UTF-8 paths only), fewer than
+    ``min_classes`` classes (2 by default: one class would make a probe's top-1 100%; pretraining
+    reads no label and takes images without labels as one folder, ``min_classes=1``), and a
+    class folder with no decodable image (the label space would hold a class without examples).
     """
     base = pathlib.Path(root).expanduser()
     folder = base / split if split else base
@@ -278,10 +279,13 @@ def list_image_folder(root, split: str | None = None) -> ImageFiles:
             f"with one sub-directory per class"
         )
     class_names = _class_folders(folder)
-    if len(class_names) < 2:
+    if len(class_names) < min_classes:
+        unlabelled = " (images without labels: one sub-directory holding them all)" \
+            if min_classes == 1 else ""
         raise DataError(f"image folder {folder} has {len(class_names)} class sub-director"
                         f"{'y' if len(class_names) == 1 else 'ies'} ({', '.join(class_names)}); "
-                        "expected ROOT/<split>/<class>/<image> with at least 2 classes")
+                        f"expected ROOT/<split>/<class>/<image> with at least {min_classes} "
+                        f"class{'es' if min_classes > 1 else ''}{unlabelled}")
     paths, labels = [], []
     for label, name in enumerate(class_names):
         files = [e.path for e in _entries(folder / name)
@@ -331,7 +335,7 @@ _TFDS_NAMES = {"imagenet2012": "imagenet2012", "imagenet": "imagenet2012",
 
 
 def load_source(dataset: str, data_dir=None, split: str = "train", download: bool = False,
-                shuffle_seed: int | None = None):
+                shuffle_seed: int | None = None, min_classes: int = 2):
     """Load a dataset by name.
 
     * ``"cifar10"``: the python layout if ``data_dir`` holds it, else tensorflow-datasets in
@@ -341,7 +345,8 @@ def load_source(dataset: str, data_dir=None, split: str = "train", download: boo
       archives); returns a ``tf.data.Dataset`` of (image uint8 (h, w, 3), label int64), its
       files read in the order of ``shuffle_seed`` (`load_tfds`).
     * ``"folder"``: the checked file list of ``data_dir/split/<class>/*``
-      (:func:`list_image_folder`, an `ImageFiles`), decoded by the pipelines as they read it.
+      (:func:`list_image_folder`, an `ImageFiles`, with at least ``min_classes`` classes),
+      decoded by the pipelines as they read it.
     """
     name = dataset.lower()
     if name == "cifar10":
@@ -376,7 +381,7 @@ def load_source(dataset: str, data_dir=None, split: str = "train", download: boo
     if name == "folder":
         if data_dir is None:
             raise DataError("dataset 'folder' needs data_dir=ROOT holding ROOT/<split>/<class>/")
-        return list_image_folder(data_dir, split)
+        return list_image_folder(data_dir, split, min_classes)
     raise DataError(
         f"unknown dataset {dataset!r}; choose cifar10, imagenet2012, places365_small or folder"
     )

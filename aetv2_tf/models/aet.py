@@ -44,6 +44,7 @@ from aetv2_tf.models.features import (  # noqa: F401 - default_feature: API
     encoder_at,
     vector_feature,
 )
+from aetv2_tf.models.shown_loss import DataLossModel
 
 
 def identity_params(num_params: int = 8, rotation_deg: float = 0.0) -> np.ndarray:
@@ -217,8 +218,9 @@ def build_rotation_classifier(
     name: str = "rotnet",
 ) -> keras.Model:
     """RotNet's classifier of the quarter turns: image `(B, H, W, 3)` -> rotation logits
-    `(B, 4)` float32 (`models.pairs.build_rotations_model` makes the turns of uint8 images and
-    calls it: the RotNet pretext model).
+    `(B, 4)` float32, a `shown_loss.DataLossModel` (its weight decay shown apart from its
+    cross-entropy); `models.pairs.build_rotations_model` makes the turns of uint8 images and
+    calls it: the RotNet pretext model.
 
     `feature`: as `build_aet_model` (None: `default_feature(encoder)`); a feature map is
     global-average-pooled (vector features are used as they are).
@@ -227,7 +229,7 @@ def build_rotation_classifier(
     inputs = keras.Input(shape=tuple(encoder.inputs[0].shape[1:]), name="image")
     features = vector_feature(features_of(inputs), feature, pooled=True)
     logits = keras.layers.Dense(num_classes, dtype="float32", name="rotation_logits")(features)
-    return keras.Model(inputs, logits, name=name)
+    return DataLossModel(inputs, logits, name=name)
 
 
 def build_backbone(

@@ -48,10 +48,11 @@ from aetv2_tf.models.features import (  # noqa: F401 - classifier_feature: API
     pool_feature_map,
 )
 from aetv2_tf.models.heads import HEAD_KINDS, build_head
+from aetv2_tf.models.shown_loss import ShowsDataLoss
 
 
 @keras.saving.register_keras_serializable(package="aetv2_tf")
-class CheckedModel(ChecksInputs, keras.Model):
+class CheckedModel(ChecksInputs, ShowsDataLoss, keras.Model):
     """A functional model on uint8 images ``(B, H, W, 3)`` whose ``fit`` / ``evaluate`` /
     ``predict`` and ``*_on_batch`` check what they are given (`models.checked.ChecksInputs`):
     uint8 NHWC images of the model's size (floats refused with the conversion) and, with
@@ -69,7 +70,7 @@ class CheckedModel(ChecksInputs, keras.Model):
 
 
 @keras.saving.register_keras_serializable(package="aetv2_tf")
-class NormalisedEncoder(ChecksNormalisedInputs, keras.Model):
+class NormalisedEncoder(ChecksNormalisedInputs, ShowsDataLoss, keras.Model):
     """An encoder on NORMALISED float images, ``(u / 255 - mean) / std``, as
     `saving.load_encoder` returns it: the same layers and weights as the encoder it wraps
     (`normalised_encoder`), whose ``predict`` / ``fit`` / ``evaluate``, ``*_on_batch`` and

@@ -40,14 +40,16 @@ import keras
 from aetv2_tf.data import warping
 from aetv2_tf.data.constants import AETV1_FILL, CIFAR10_MEAN, CIFAR10_STD
 from aetv2_tf.data.layers import HomographyPairs, QuarterTurns
+from aetv2_tf.errors import SettingWarning
 from aetv2_tf.models.aet import build_aet_model, build_rotation_classifier
 from aetv2_tf.models.checked import ChecksInputs
+from aetv2_tf.models.shown_loss import ShowsDataLoss
 
 NUM_PARAMS = 8
 
 
 @keras.saving.register_keras_serializable(package="aetv2_tf")
-class PairsModel(ChecksInputs, keras.Model):
+class PairsModel(ChecksInputs, ShowsDataLoss, keras.Model):
     """The pretext model: a functional model that carries what it was built with and compiles
     itself from its recipe.
 
@@ -91,8 +93,11 @@ class PairsModel(ChecksInputs, keras.Model):
         else the one the model was built with): its loss for this model's image size, sampler
         and decoder scale (`specs.LossSpec.build`), its metrics, and its optimizer with the
         schedule laid out over ``steps`` optimizer steps (`recipes.training_steps`; required
-        for ``optimizer="auto"``). Without a recipe, ``metrics="auto"`` is none and the loss and
-        optimizer must be given. Other keyword arguments go to Keras."""
+        for ``optimizer="auto"``). ``metrics="auto"`` describes the loss compiled
+        (`metrics.pretext_metrics`: the angle in its frame, the quarter turns); without a recipe
+        it is none and the loss and optimizer must be given. The ``loss`` shown is that loss
+        alone, beside its terms, the weight decay apart as ``l2_penalty``
+        (`shown_loss.ShowsDataLoss`). Other keyword arguments go to Keras."""
         recipe = recipe or self.recipe
         if _is_auto(metrics) and (recipe is None or self.pretext is None):
             metrics = None  # no recipe: no metrics unless given, as Keras
@@ -109,16 +114,23 @@ class PairsModel(ChecksInputs, keras.Model):
                                  f"int (training_steps(examples, batch_size, epochs)); got "
                                  f"{steps!r}")
             if recipe.loss.decoder_scaled and self.pretext["param_scale"] is None:
-                warnings.warn("this recipe's MSE is meant for a decoder that regresses std-"
-                              "normalised parameters (the command line's default) and the "
-                              "model has none: SGD at its learning rate diverges; build the "
-                              "model with recipe.build_model(encoder)", UserWarning, stacklevel=3)
+                rate = recipe.optimizer.learning_rate
+                warnings.warn(SettingWarning(
+                    "this recipe's MSE is meant for a decoder that regresses std-normalised "
+                    "parameters (the command line's default) and the model has none: SGD at its "
+                    "learning rate diverges; build the model with recipe.build_model(encoder)",
+                    f"--loss=mse with --decoder_scale=false: the AETv1 MSE is meant for a "
+                    f"decoder that regresses std-normalised parameters, and SGD at "
+                    f"--learning_rate={rate:g} diverges without one; drop --decoder_scale=false"),
+                    stacklevel=3)
             self.schedule, optimizer = recipe.build_optimizer(self, steps, _stacklevel=4)
         if "loss" in auto:
             loss = recipe.build_loss(self.pretext["image_size"], self.pretext["param_scale"],
                                      self.loss_step, self.pretext["shift"])
-        if "metrics" in auto:
-            metrics = recipe.metrics()
+        if "metrics" in auto:  # the frame of the loss compiled
+            from aetv2_tf.metrics import pretext_metrics
+
+            metrics = pretext_metrics(loss)
         super().compile(optimizer=optimizer, loss=loss, metrics=metrics, **kwargs)
 
     def compile_from_config(self, config: dict) -> None:

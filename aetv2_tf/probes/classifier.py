@@ -33,6 +33,7 @@ import keras
 import numpy as np
 
 from aetv2_tf import optim, summaries
+from aetv2_tf.models.shown_loss import ShowsDataLoss
 from aetv2_tf.optim import STEP_DROPS
 
 # --- optimiser and schedule -------------------------------------------------------------------
@@ -88,7 +89,7 @@ def step_lr_schedule(
 # --- the probe model --------------------------------------------------------------------------
 
 
-class FrozenEncoderProbe(keras.Model):
+class FrozenEncoderProbe(ShowsDataLoss, keras.Model):
     """``images (B, H, W, 3) -> [preprocess] -> encoder (frozen) -> features[feature] -> head ->
     logits (B, K)``.
 

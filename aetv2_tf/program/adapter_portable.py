@@ -151,6 +151,11 @@ class KerasPretext(pretext.PretextAdapter):
     def export(self, encoder, model) -> dict:
         return export_saved_model(self.config.outputs.model_dir)
 
+    def exports(self) -> bool:
+        from aetv2_tf.program.flag_support import tensorflow_importable
+
+        return self.config.outputs.export and tensorflow_importable()
+
 
 def export_saved_model(model_dir: str) -> dict:
     """`--export` here: the SavedModel is TensorFlow's, so `python -m aetv2_tf.export` runs on
@@ -181,11 +186,12 @@ def export_saved_model(model_dir: str) -> dict:
 
 def summary_callbacks(config: RunConfig, counter, schedule, sample, mean,
                       std) -> list[keras.callbacks.Callback]:
-    """The logs of `callbacks.PretextSummaries` (interval means, learning rate, pairs/s): rows of
-    train/log.csv always; where TensorFlow is importable also TensorBoard, its scalars and (AET)
-    the image pairs of the 4 training images `sample` every `--image_summary_every_steps` (kept on
-    the CPU: it must not take the accelerator's memory), normalised with `mean`, `std`."""
-    from aetv2_tf.program.callbacks import PretextSummaries
+    """The logs of `shown.PretextSummaries` (interval means, learning rate, pairs/s): rows of
+    train/log.csv always (its columns: the scalars of the first row, `summaries.CsvLog`); where
+    TensorFlow is importable also TensorBoard, its scalars and (AET) the image pairs of the 4
+    training images `sample` every `--image_summary_every_steps` (kept on the CPU: it must not
+    take the accelerator's memory), normalised with `mean`, `std`."""
+    from aetv2_tf.program.shown import PretextSummaries
     from aetv2_tf.summaries import CsvLog
 
     outputs, batch = config.outputs, config.train.batch_size
@@ -195,11 +201,15 @@ def summary_callbacks(config: RunConfig, counter, schedule, sample, mean,
 
     class Csv(PretextSummaries):
         def _create_writer(self, directory):
-            return CsvLog(os.path.join(directory, "log.csv"),
-                          (*self.SCALARS, "learning_rate", "pairs_per_sec"))
+            return os.path.join(directory, "log.csv")  # its columns: the first row's
 
         def _write_scalars(self, step, row):
+            if isinstance(self.writer, str):
+                self.writer = CsvLog(self.writer, tuple(row))
             self.writer.write(step, row)
+
+        def on_train_end(self, logs=None):
+            pass  # rows are written as they come
 
     class Pairs(PretextSummaries):
         def _predict(self, inputs):  # the decoder: the pairs model's inner AET model

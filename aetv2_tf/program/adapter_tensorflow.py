@@ -161,7 +161,7 @@ class TensorFlowPretext(pretext.PretextAdapter):
         return distribute.signal_agreement(self.strategy)
 
     def summaries(self, counter, schedule):
-        from aetv2_tf.program.callbacks import PretextSummaries
+        from aetv2_tf.program.shown import PretextSummaries
         from aetv2_tf.visualize import draw_pairs
 
         outputs = self.config.outputs

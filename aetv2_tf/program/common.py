@@ -15,15 +15,16 @@ from aetv2_tf.program.precision import Choice
 
 
 def load_train_images(config: RunConfig, split: str = "train"):
-    """The stage's images: numpy (N, H, W, 3) uint8 + labels for CIFAR-10 from its python files,
-    the checked file list of a folder (`ImageFiles`: ``--train_examples`` takes a seeded random
-    subset), else a tf.data source (TensorFlow): ``(images, labels or None, size or None)``."""
+    """The pretext stage's images: numpy (N, H, W, 3) uint8 + labels for CIFAR-10 from its
+    python files, the checked file list of a folder (`ImageFiles`, one class folder or more:
+    pretraining reads no label; ``--train_examples`` takes a seeded random subset), else a
+    tf.data source (TensorFlow): ``(images, labels or None, size or None)``."""
     from aetv2_tf.data.files import ImageFiles
     from aetv2_tf.data.sources import load_source
 
     data, seed = config.data, config.train.seed
     source = load_source(data.dataset, data.data_dir, split, download=data.download,
-                         shuffle_seed=seed)
+                         shuffle_seed=seed, min_classes=1)
     examples = data.train_examples if split == "train" else 0
     if isinstance(source, ImageFiles):
         if examples:
@@ -50,10 +51,12 @@ def fit_and_summarize(config: RunConfig, model: keras.Model, data, start: int, s
                       steps: int, per_epoch: int, callbacks: list,
                       **fit_kwargs) -> tuple[dict, bool]:
     """``model.fit`` of steps ``start .. stop - 1`` on ``data`` (which ends after step
-    ``stop - 1``), then the run's summary and whether it FINISHED (reached all ``steps``
-    cleanly: the stage then writes the encoder, exports, runs the quick KNN). ``callbacks``
-    holds the run's `StepCounter`, `StopOnSignal`, `StopOnSkippedStep` and checkpoint saver
-    (with ``refused``)."""
+    ``stop - 1``), with the program's `shown.ProgressBar` where ``--verbose``, then the run's
+    summary (``steps`` reached of ``run_steps``, the last logs in the order shown, ...) and
+    whether it FINISHED (reached all ``steps`` cleanly: the stage then writes the encoder,
+    exports, runs the quick KNN). ``callbacks`` holds the run's `StepCounter`, `StopOnSignal`,
+    `StopOnSkippedStep` and checkpoint saver (with ``refused``)."""
+    from aetv2_tf.metrics import shown_order
     from aetv2_tf.program.callbacks import (
         StepCounter,
         StopAtDeadline,
@@ -63,6 +66,7 @@ def fit_and_summarize(config: RunConfig, model: keras.Model, data, start: int, s
     )
     from aetv2_tf.program.loss_growth import StopOnLossGrowth
     from aetv2_tf.program.run_length import fit_epochs
+    from aetv2_tf.program.shown import ProgressBar
 
     train = config.train
     counter, signals, skips = (next(c for c in callbacks if isinstance(c, kind))
@@ -72,12 +76,14 @@ def fit_and_summarize(config: RunConfig, model: keras.Model, data, start: int, s
     t0 = time.perf_counter()
     history = {}
     if start < stop:
+        if config.outputs.verbose:  # Keras's bar, the loss first and stopping where it stops
+            callbacks = [*callbacks, ProgressBar(lambda: counter() >= steps)]
         fit = model.fit(data, callbacks=callbacks, verbose=config.outputs.verbose, **fit_kwargs,
                         **fit_epochs(start, stop, per_epoch, train.steps_per_execution))
-        history = {k: float(v[-1]) for k, v in fit.history.items()}
+        history = {k: float(fit.history[k][-1]) for k in shown_order(fit.history)}
     wall = time.perf_counter() - t0
     done = counter()
-    summary = dict(steps=done, start_step=start, wall_time_s=round(wall, 1),
+    summary = dict(steps=done, run_steps=steps, start_step=start, wall_time_s=round(wall, 1),
                    pairs_per_sec=round((done - start) * train.batch_size / max(wall, 1e-9), 1),
                    **history, trainable_digest=weights_digest(model.trainable_weights))
     skipped = getattr(model.optimizer, "skipped_steps", None)

@@ -369,14 +369,17 @@ def from_flags(flag_values: Any, argv: Sequence[str]) -> RunConfig:
 
 def preset_resolved(pretrained: str | None) -> str | None:
     """``--pretrained``: a preset name (`aetv2_tf.presets()`, e.g. aetv1_cifar10) -> its run
-    directory in results/scale; anything else as given. A preset whose directory (or weights)
-    is not in this checkout is a usage error (exit 2) that says where presets live."""
+    directory in results/scale; "none" and paths as given. A preset whose directory (or
+    weights) is not in this checkout, or a name that is no preset and no path (a mistyped
+    preset), is a usage error (exit 2) that says where presets live or lists them."""
     from aetv2_tf import pretrained as presets
 
+    if not pretrained or pretrained.strip().lower() == "none":
+        return pretrained
     try:
-        return presets.resolve(pretrained) if pretrained else pretrained
-    except FileNotFoundError as e:
-        raise UsageError(str(e)) from e
+        return presets.resolve(pretrained)
+    except (FileNotFoundError, presets.UnknownPreset) as e:
+        raise UsageError(f"--pretrained={pretrained}: {e}") from e
 
 
 #: Where a run sized by ``--train_seconds`` records the step count it was given.

@@ -8,12 +8,14 @@ import keras
 import numpy as np
 from absl import logging
 
+from aetv2_tf.metrics import PENALTY
 from aetv2_tf.program.callbacks import CheckpointEvery
 
 
 class StopOnLossGrowth(keras.callbacks.Callback):
     """Ends training when the loss of the steps since the previous batch end (recovered from
-    Keras's running mean over the epoch, ``logs["loss"]``) grows past `factor` times the first
+    Keras's running means over the epoch: the loss the optimiser minimises, ``logs["loss"]``
+    plus the weight decay shown apart, ``logs["l2_penalty"]``) grows past `factor` times the first
     such value of this invocation: a finite divergence (non-finite steps are
     `StopOnSkippedStep`'s). The `saver` (`CheckpointEvery`, put AFTER this callback) writes no
     checkpoint from then on, and the checkpoint of the previous batch end, whose weights gave
@@ -35,9 +37,11 @@ class StopOnLossGrowth(keras.callbacks.Callback):
         self._seen, self._total = 0, 0.0
 
     def on_train_batch_end(self, batch, logs=None):
-        mean, previous, self._step = (logs or {}).get("loss"), self._step, self.step_fn()
+        logs = logs or {}
+        mean, previous, self._step = logs.get("loss"), self._step, self.step_fn()
         if not self.factor or mean is None or self.grew:
             return
+        mean = float(mean) + float(logs.get(PENALTY, 0.0))  # (`models.shown_loss`)
         seen, total = int(batch) + 1, float(mean) * (int(batch) + 1)
         loss = (total - self._total) / max(seen - self._seen, 1)
         self._seen, self._total = seen, total

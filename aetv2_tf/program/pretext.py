@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from typing import Any
 
 import keras
@@ -81,12 +82,16 @@ class PretextAdapter:
         raise NotImplementedError
 
     def summaries(self, counter: StepCounter, schedule) -> list[keras.callbacks.Callback]:
-        """The logging callbacks (`callbacks.PretextSummaries` and friends)."""
+        """The logging callbacks (`shown.PretextSummaries` and friends)."""
         raise NotImplementedError
 
     def export(self, encoder: keras.Model, model: keras.Model) -> dict:
         """``--export`` of a finished run; returns summary entries."""
         raise NotImplementedError
+
+    def exports(self) -> bool:
+        """Whether ``--export`` writes a SavedModel here (not where TensorFlow is missing)."""
+        return self.config.outputs.export
 
     def signal_agreement(self):
         """How the workers agree to stop on a signal (`callbacks.StopOnSignal`'s ``agree``);
@@ -175,6 +180,27 @@ def check_disk(config: RunConfig, model: keras.Model, encoder: keras.Model,
                             f"{', the final encoder and the export' if outputs.export else ''}")
 
 
+@contextlib.contextmanager
+def settings_as_flags(show: bool = True):
+    """Inside, the library's warnings about a recipe's settings (`errors.SettingWarning`, e.g.
+    a warm-up longer than half the run) are logged in the command line's words (``--warmup_steps
+    =1000 ...``), or dropped where not ``show`` (a throwaway model's); other warnings pass as
+    they are."""
+    from absl import logging
+
+    from aetv2_tf.errors import SettingWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", SettingWarning)
+        yield
+    for w in caught:
+        if isinstance(w.message, SettingWarning):
+            if show:
+                logging.warning("%s", w.message.flags)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+
+
 def export(adapter: PretextAdapter, encoder: keras.Model, model: keras.Model) -> dict:
     """``adapter.export``, its failure turned into summary entries (``export_failed``: the
     program exits 4): the training is done and its encoder written, so only the export is to
@@ -191,21 +217,51 @@ def export(adapter: PretextAdapter, encoder: keras.Model, model: keras.Model) ->
     return out
 
 
+def completed(adapter: PretextAdapter, steps: int) -> dict | None:
+    """The outputs of a run that finished all its ``steps`` before this invocation, as the
+    summary `train.main` prints (``complete``: True), or None: its newest checkpoint is the one
+    of step ``steps``, its ``encoder.weights.h5`` is written (a run trained on discards it
+    first) and so is its SavedModel where `PretextAdapter.exports` (a failed export, exit 4,
+    is redone by rerunning the command)."""
+    from aetv2_tf.program.keras_checkpoints import ENCODER_WEIGHTS, list_checkpoints
+
+    model_dir = adapter.config.outputs.model_dir
+    found = list_checkpoints(os.path.join(model_dir, "checkpoints"))
+    encoder = os.path.join(model_dir, ENCODER_WEIGHTS)
+    export = os.path.join(model_dir, "export", "encoder")
+    if not found or found[-1][0] != steps or not os.path.isfile(encoder):
+        return None
+    outputs = dict(complete=True, steps=steps, encoder_weights=encoder)
+    if adapter.exports():
+        if not os.path.isfile(os.path.join(export, "saved_model.pb")):
+            return None
+        outputs["export"] = export
+    return outputs
+
+
 def run(adapter: PretextAdapter, images, labels, num_examples: int | None) -> dict:
     """Trains the run's pretext model with ``adapter``; returns the summary `train.main`
-    prints (`common.fit_and_summarize`, plus what a finished run wrote)."""
+    prints (`common.fit_and_summarize`, plus what a finished run wrote). A run that finished
+    before (`completed`) trains, exports and scores nothing: its outputs are the summary."""
     config = adapter.config
     train, outputs = config.train, config.outputs
 
     def fit_first_steps(n: int, timer: keras.callbacks.Callback) -> None:
-        adapter.build(n)[1].fit(adapter.batches(0, n), epochs=1, steps_per_epoch=n,
-                                callbacks=[timer], verbose=0, **adapter.fit_kwargs)
+        with settings_as_flags(show=False):  # a throwaway model of a few steps
+            model = adapter.build(n)[1]
+        model.fit(adapter.batches(0, n), epochs=1, steps_per_epoch=n, callbacks=[timer],
+                  verbose=0, **adapter.fit_kwargs)
 
     budget = run_length.budget_steps(config, fit_first_steps, writer=adapter.chief) \
         if train.train_seconds else 0
     per_epoch, steps = run_length.total_steps(config, num_examples, adapter.images_per_step,
                                               budget)
-    encoder, model, schedule, optimizer = adapter.build(steps)
+    done = completed(adapter, steps)
+    if done is not None:
+        adapter.close()
+        return done
+    with settings_as_flags():
+        encoder, model, schedule, optimizer = adapter.build(steps)
     store, start = adapter.checkpoints(model, optimizer)
     stop = run_length.stop_step(config, start, steps)
     if adapter.chief and start < stop:

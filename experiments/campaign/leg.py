@@ -118,8 +118,10 @@ def ship(run: str, model_dir: pathlib.Path, out: pathlib.Path) -> dict | None:
 
 
 def done_summary(output: str) -> dict[str, str]:
-    """The program's last ``Done (pretext): k=v, ... Outputs in DIR`` line as {k: v} ({}: none)."""
-    line = next((ln for ln in reversed(output.splitlines()) if ln.startswith("Done (")), None)
+    """The program's last ``Done (pretext): k=v, ... Outputs in DIR`` line (``Stopped (pretext)
+    at step S of M: k=v, ...`` for a leg's deadline) as {k: v} ({}: none)."""
+    line = next((ln for ln in reversed(output.splitlines())
+                 if ln.startswith(("Done (", "Stopped ("))), None)
     if line is None:
         return {}
     body = line.split(": ", 1)[1].rsplit(". Outputs in ", 1)[0]

@@ -1,0 +1,128 @@
+"""What a training run shows while it runs: the progress bar on the console and the scalars and
+image pairs written for TensorBoard (and train/log.csv), in the same order: the loss and its
+terms first (`metrics.shown_order`). Both are Keras callbacks of the pretext stage, on every
+backend; TensorFlow is imported only by the TensorBoard writer.
+"""
+
+from __future__ import annotations
+
+import time
+
+import keras
+import numpy as np
+
+from aetv2_tf.metrics import shown_order
+from aetv2_tf.models.shown_loss import ShownOrderBar
+from aetv2_tf.program.callbacks import due
+
+
+class ProgressBar(ShownOrderBar):
+    """The library's progress bar (`models.shown_loss.ShownOrderBar`: the loss and its terms
+    first), which also ends an epoch that training left early at the step reached, where
+    Keras's draws it to the end: partly drawn while ``finished()`` is False (stopped by a
+    signal or a stop flag: the run goes on when rerun), full at that count when it is True (the
+    run's last, short epoch)."""
+
+    def __init__(self, finished):
+        super().__init__()
+        self.finished = finished
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.progbar is not None and self.model.stop_training and 0 < self.seen:
+            if self.finished():
+                self.progbar.target = self.seen
+            logs = {k: logs[k] for k in shown_order(logs or {})}
+            self.progbar.update(self.seen, list(logs.items()), finalize=True)
+            return
+        super().on_epoch_end(epoch, logs)
+
+
+class PretextSummaries(keras.callbacks.Callback):
+    """TensorBoard scalars every `every` steps and (x, t(x)) image pairs every `image_every` steps.
+
+    Scalars: what the model shows, in the order shown (`metrics.shown_order`: `loss`, its terms,
+    `angle_deg`, `rotation_accuracy`, `l2_penalty`; means over the steps since the previous
+    summary, recovered from Keras' running means since the start of the epoch), then
+    `learning_rate`, `pairs_per_sec`. Images `pairs`: x beside t(x), with the
+    true corner quadrilateral (green) and the predicted one (red) drawn on t(x). `sample`:
+    ``((x, tx), params)`` normalised pairs, or ``((x, tx), params, inputs)`` where the model
+    takes other inputs for them (``--warp=device``: the uint8 images and homographies).
+    """
+
+    def __init__(self, log_dir: str, step_fn, lr_fn, every: int, image_every: int,
+                 global_batch: int, sample=None, draw_fn=None):
+        super().__init__()
+        self.writer = self._create_writer(log_dir)
+        self.step_fn, self.lr_fn = step_fn, lr_fn
+        self.every, self.image_every, self.global_batch = every, image_every, global_batch
+        self.sample, self.draw_fn = sample, draw_fn
+        self._t0 = self._s0 = None
+        self._seen, self._sums = 0, {}
+
+    def on_train_begin(self, logs=None):
+        self._t0, self._s0 = time.perf_counter(), self.step_fn()
+        self._previous = self._s0
+        if self.sample is not None and self._s0 == 0:
+            self._images(0)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._seen, self._sums = 0, {}
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = self.step_fn()
+        previous, self._previous = self._previous, step
+        if due(step, previous, self.every):
+            self._scalars(step, self._interval_means(batch + 1, logs or {}))
+        if self.sample is not None and due(step, previous, self.image_every):
+            self._images(step)
+
+    def _interval_means(self, seen: int, logs: dict) -> dict:
+        """Means over the batches since the last summary, from running means over the epoch."""
+        means = {}
+        for name in shown_order(logs):
+            total = float(logs[name]) * seen
+            means[name] = (total - self._sums.get(name, 0.0)) / max(seen - self._seen, 1)
+            self._sums[name] = total
+        self._seen = seen
+        return means
+
+    def on_train_end(self, logs=None):
+        self.writer.flush()
+
+    def _create_writer(self, log_dir: str):
+        import tensorflow as tf
+
+        return tf.summary.create_file_writer(log_dir)
+
+    def _scalars(self, step: int, logs: dict) -> None:
+        now = time.perf_counter()
+        rate = (step - self._s0) * self.global_batch / max(now - self._t0, 1e-9)
+        self._t0, self._s0 = now, step
+        row = {name: float(value) for name, value in logs.items()}
+        row.update(learning_rate=float(self.lr_fn(step)), pairs_per_sec=rate)
+        self._write_scalars(step, row)
+
+    def _write_scalars(self, step: int, row: dict[str, float]) -> None:
+        import tensorflow as tf
+
+        with self.writer.as_default(step=step):
+            for name, value in row.items():
+                tf.summary.scalar(name, value)
+        self.writer.flush()
+
+    def _predict(self, inputs) -> np.ndarray:
+        """The decoded parameters (B, 8) of the sample pairs. A direct call, not
+        predict_on_batch: that would gather across workers, but only the chief draws images (a
+        collective on one worker hangs a multi-worker run)."""
+        output = self.model(inputs, training=False)
+        return keras.ops.convert_to_numpy(keras.ops.cast(output, "float32"))
+
+    def _images(self, step: int) -> None:
+        import tensorflow as tf
+
+        (x, tx), params, *model_inputs = self.sample  # the model's own inputs, if not (x, tx)
+        predicted = self._predict(model_inputs[0] if model_inputs else (x, tx))
+        grid = self.draw_fn(x, tx, np.asarray(params), predicted)
+        with self.writer.as_default(step=step):
+            tf.summary.image("pairs", grid, max_outputs=len(grid))
+        self.writer.flush()
