@@ -272,3 +272,19 @@ def test_the_readme_commands_pretrain_on_own_images_and_probe_them_with_labels(
     with pytest.raises(DataError, match=r"0 class sub-directories.*at least 1 class "
                                         r"\(images without labels: one sub-directory"):
         list_image_folder(unlabelled, "train", min_classes=1)
+
+
+def test_the_readme_shows_the_own_images_commands_this_file_runs():
+    """The README's "Your own images" block holds exactly the two commands run above (with
+    ROOT and runs/my_images for the test's folders)."""
+    import pathlib
+    import re
+
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("## Your own images"):]
+    section = section[:section.index("\n## ")]
+    block = re.findall(r"```bash\n(.*?)```", section, re.S)
+    commands = [".venv/bin/python -m aetv2_tf.train " + " ".join(
+        a.format(root="ROOT", run="runs/my_images") for a in args)
+        for args in (OWN_IMAGES, OWN_IMAGES_PROBE)]
+    assert len(block) == 1 and block[0].splitlines() == commands, (block, commands)
