@@ -30,6 +30,8 @@ import numpy as np
 from keras import ops
 from keras.backend import standardize_dtype
 
+from aetv2_tf.polar import adjugate_3x3, project_newton
+
 __all__ = [
     "params_to_matrix",
     "matrix_to_params",
@@ -37,6 +39,7 @@ __all__ = [
     "determinant_3x3",
     "inverse_3x3",
     "normalize_determinant",
+    "PROJECTIONS",
     "project_to_so3",
     "rotation_angle",
     "relative_homography",
@@ -74,23 +77,6 @@ def matrix_to_params(m):
     m = _tensor(m)
     flat = ops.reshape(m, (*ops.shape(m)[:-2], 9))
     return flat[..., :8] / flat[..., 8:]
-
-
-def _entries(m) -> list:
-    return [m[..., i, j] for i in range(3) for j in range(3)]
-
-
-def adjugate_3x3(m) -> tuple:
-    """Adjugate (transposed cofactor matrix) ``(..., 3, 3)`` and determinant ``(...,)``."""
-    a, b, c, d, e, f, g, h, i = _entries(m)
-    rows = [
-        [e * i - f * h, c * h - b * i, b * f - c * e],
-        [f * g - d * i, a * i - c * g, c * d - a * f],
-        [d * h - e * g, b * g - a * h, a * e - b * d],
-    ]
-    adj = ops.stack([ops.stack(r, axis=-1) for r in rows], axis=-2)
-    det = a * rows[0][0] + b * rows[1][0] + c * rows[2][0]
-    return adj, det
 
 
 def determinant_3x3(m):
@@ -167,7 +153,11 @@ def _project_to_so3(m):
     return p, grad
 
 
-def project_to_so3(m):
+#: The forwards of `project_to_so3`.
+PROJECTIONS = ("svd", "newton")
+
+
+def project_to_so3(m, method: str = "svd"):
     """Nearest rotation (Frobenius norm) ``P = U diag(1, 1, det(U V^T)) V^T`` of ``m = U S V^T``.
 
     Shapes ``(..., 3, 3) -> (..., 3, 3)``, same float dtype; ``det(U V^T)`` is taken by its sign.
@@ -177,8 +167,18 @@ def project_to_so3(m):
     discontinuous) the denominators are clamped to ``eps_machine * s_1``: finite but large.
     Backend-independent (``keras.ops.custom_gradient``: ``tf.custom_gradient`` under TensorFlow,
     ``jax.custom_gradient`` under JAX).
+
+    ``method``: "svd" (the default, above) or "newton": the same projection and gradient
+    without an SVD where every matrix of the batch has ``det > 0`` and a moderate condition
+    number (a scaled Newton iteration on the 3x3 cofactors, `polar`), the SVD for the whole
+    batch otherwise.
     """
-    return _project_to_so3(_tensor(m))
+    m = _tensor(m)
+    if method == "svd":
+        return _project_to_so3(m)
+    if method == "newton":
+        return project_newton(m, _project_to_so3)
+    raise ValueError(f"method must be one of {PROJECTIONS}, got {method!r}")
 
 
 def rotation_angle(r):
@@ -230,13 +230,14 @@ def relative_homography(t, t_hat, eps: float | None = None):
     return normalize_determinant(ops.matmul(inverse_3x3(t), t_hat), eps=eps)
 
 
-def aetv2_components(t, t_hat, eps: float | None = None) -> tuple:
+def aetv2_components(t, t_hat, eps: float | None = None, projection: str = "svd") -> tuple:
     """The two terms of the AETv2 loss (Eq. 11): ``(angle, residual)``, each ``(...,)``.
 
     Args:
       t: applied homographies ``(..., 3, 3)`` (original -> transformed, model frame; any scale).
       t_hat: decoded homographies ``(..., 3, 3)``, same frame/direction, same float dtype.
       eps: singularity floor of `normalize_determinant` (default: dtype-dependent).
+      projection: the ``method`` of `project_to_so3` ("svd" or "newton").
 
     Returns:
       ``angle``: geodesic distance ``theta(P)`` in radians, in ``[0, pi]``, with
@@ -244,17 +245,19 @@ def aetv2_components(t, t_hat, eps: float | None = None) -> tuple:
       ``residual``: the projection residual ``||M - P||_F^2 >= 0``.
     """
     m = relative_homography(t, t_hat, eps=eps)
-    p = project_to_so3(m)
+    p = project_to_so3(m, projection)
     return rotation_angle(p), ops.sum(ops.square(m - p), axis=(-2, -1))
 
 
-def aetv2_distance(t, t_hat, projection_weight: float = 1.0, eps: float | None = None):
+def aetv2_distance(t, t_hat, projection_weight: float = 1.0, eps: float | None = None,
+                   projection: str = "svd"):
     """Per-sample AETv2 loss (Eq. 11) ``angle(P) + lambda ||M - P||_F^2``, shape ``(...,)``.
 
     ``t`` and ``t_hat`` are ``(..., 3, 3)`` matrices (see `aetv2_components`);
-    ``projection_weight`` is the paper's ``lambda`` (1 in all its experiments).
+    ``projection_weight`` is the paper's ``lambda`` (1 in all its experiments); ``projection``:
+    the ``method`` of `project_to_so3`.
     """
-    angle, residual = aetv2_components(t, t_hat, eps=eps)
+    angle, residual = aetv2_components(t, t_hat, eps=eps, projection=projection)
     return angle + projection_weight * residual
 
 

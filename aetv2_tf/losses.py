@@ -23,6 +23,7 @@ import numpy as np
 from keras import ops
 
 from aetv2_tf.geometry import (
+    PROJECTIONS,
     aetv1_official_targets,
     inverse_3x3,
     matrix_to_params,
@@ -119,9 +120,9 @@ def _frame_matrices(frame: Sequence[Sequence[float]] | None):
     return f.astype(np.float32), np.linalg.inv(f).astype(np.float32)
 
 
-def _residual(m: Tensor) -> Tensor:
-    """``||M - P||_F^2``, ``P = project_to_so3(M)``: ``(..., 3, 3) -> (...)``."""
-    return ops.sum(ops.square(m - project_to_so3(m)), axis=(-2, -1))
+def _residual(m: Tensor, projection: str = "svd") -> Tensor:
+    """``||M - P||_F^2``, ``P = project_to_so3(M, projection)``: ``(..., 3, 3) -> (...)``."""
+    return ops.sum(ops.square(m - project_to_so3(m, projection)), axis=(-2, -1))
 
 
 RESIDUAL_FRAMES = ("loss", "unit")
@@ -157,14 +158,14 @@ class _Terms:
             return out
         unit_residual = c.residual_frame == "unit" and self.frame is not None
         if "residual" in names and unit_residual:  # of M in the unit model frame, before the zoom
-            residual = _residual(relative_homography(t, t_hat))
+            residual = _residual(relative_homography(t, t_hat), c.projection)
         if self.frame is not None:  # T' = F T F^{-1}: the same map written in another frame
             f, f_inv = self.frame
             f, f_inv = ops.convert_to_tensor(f), ops.convert_to_tensor(f_inv)
             t, t_hat = (ops.matmul(ops.matmul(f, x), f_inv) for x in (t, t_hat))
         m = relative_homography(t, t_hat)
         if set(names) & {"angle", "theta"} or ("residual" in names and not unit_residual):
-            p = project_to_so3(m)
+            p = project_to_so3(m, c.projection)
         if "residual" in names:
             if not unit_residual:
                 residual = ops.sum(ops.square(m - p), axis=(-2, -1))
@@ -250,6 +251,7 @@ class GeodesicLoss(keras.losses.Loss):
         mse_decay_steps: int = 0,
         frame: Sequence[Sequence[float]] | None = None,
         residual_frame: str = "loss",
+        projection: str = "svd",
         name: str = "geodesic_loss",
         reduction: str | None = "sum_over_batch_size",
     ):
@@ -273,6 +275,10 @@ class GeodesicLoss(keras.losses.Loss):
             raise ValueError(f"residual_frame must be one of {RESIDUAL_FRAMES} (the frame of "
                              f"the projection residual), got {residual_frame!r}")
         self.residual_frame = residual_frame
+        if projection not in PROJECTIONS:
+            raise ValueError(f"projection must be one of {PROJECTIONS} (how the nearest "
+                             f"rotation is computed), got {projection!r}")
+        self.projection = projection
         self._terms = _Terms(self)
 
     def current_mse_weight(self) -> Tensor | float:
@@ -312,7 +318,8 @@ class GeodesicLoss(keras.losses.Loss):
                 "angle_power": self.angle_power, "residual_scale": self.residual_scale,
                 "chordal_weight": self.chordal_weight, "mse_weight": self.mse_weight,
                 "mse_std": self.mse_std, "mse_decay_steps": self.mse_decay_steps,
-                "frame": self.frame, "residual_frame": self.residual_frame}
+                "frame": self.frame, "residual_frame": self.residual_frame,
+                "projection": self.projection}
 
 
 def _check_vector(name: str, values: Sequence[float] | None, positive: bool):

@@ -134,7 +134,7 @@ class Recipe:
         loss's default, as ``--decoder_scale``) with the parameter std ``param_std`` (None: the
         sampler's, `parameter_std`), and the official targets for ``mse_target="official"``.
         Other keyword arguments (``augment``, ``mean``, ``std``, ``init_rotation_deg``,
-        ``siamese_batch_norm``, ``feature``, ``fused_warp``) pass through."""
+        ``siamese_batch_norm``, ``one_pass``, ``feature``, ``fused_warp``) pass through."""
         from aetv2_tf.models.pairs import build_pairs_model
 
         for name in ("param_scale", "target"):

@@ -31,7 +31,8 @@ from typing import Any
 #: The modules that define the package's registered (``register_keras_serializable``) objects;
 #: each imports only Keras and NumPy at its top (no TensorFlow), so this is safe on any backend.
 SERIALIZABLE = ("aetv2_tf.data.layers", "aetv2_tf.losses", "aetv2_tf.metrics",
-                "aetv2_tf.models.layers", "aetv2_tf.models.aet", "aetv2_tf.models.pairs",
+                "aetv2_tf.models.batch_groups", "aetv2_tf.models.layers", "aetv2_tf.models.aet",
+                "aetv2_tf.models.pairs",
                 "aetv2_tf.models.heads", "aetv2_tf.models.encoders", "aetv2_tf.models.shown_loss",
                 "aetv2_tf.optim",
                 "aetv2_tf.probes.classifier", "aetv2_tf.recipes")

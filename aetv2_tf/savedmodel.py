@@ -131,7 +131,8 @@ def _restore_tf_checkpoint(model_dir: str, saved: dict) -> keras.Model:
 
     encoder = build_backbone(saved["backbone"], batch_norm=saved["batch_norm"])
     model = build_rotation_classifier(encoder) if saved.get("pretext") == "rotation" else \
-        build_aet_model(encoder, siamese_batch_norm=saved.get("siamese_batch_norm", "joint"))
+        build_aet_model(encoder, siamese_batch_norm=saved.get("siamese_batch_norm", "joint"),
+                        one_pass=False)  # the layout those checkpoints were written with
     latest = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
     if latest is None:
         raise FileNotFoundError(f"no checkpoint in {model_dir}/checkpoints: train first.")

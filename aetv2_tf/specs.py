@@ -34,7 +34,9 @@ class LossSpec:
     or "pixel"; ``residual_frame`` "loss" (the residual in the angle's frame) or "unit" (of ``M``
     in the unit model frame). MSE: ``mse_normalize`` (divide by the parameters' std under the
     sampler), ``mse_target`` "model" (T's model-frame parameters) or "official" (the published
-    AETv1 code's own targets, `geometry.aetv1_official_targets`)."""
+    AETv1 code's own targets, `geometry.aetv1_official_targets`). ``projection``: how the
+    geodesic loss computes the nearest rotation, "svd" or "newton" (the same values,
+    `geometry.project_to_so3`)."""
 
     kind: str = "geodesic"
     projection_weight: float = 1.0
@@ -48,9 +50,11 @@ class LossSpec:
     residual_frame: str = "loss"
     mse_normalize: bool = True
     mse_target: str = "model"
+    projection: str = "svd"
 
     def __post_init__(self) -> None:
         for name, allowed in (("kind", ("geodesic", "mse")), ("frame", ("model", "pixel")),
+                              ("projection", ("svd", "newton")),
                               ("residual_frame", ("loss", "unit")),
                               ("mse_target", ("model", "official")), ("angle_power", (1, 2))):
             _one_of("LossSpec", name, getattr(self, name), allowed)
@@ -129,7 +133,7 @@ class LossSpec:
                             chordal_weight=self.chordal_weight, mse_weight=self.mse_weight,
                             mse_std=param_std, mse_decay_steps=self.mse_decay_steps,
                             frame=self.frame_matrix(image_size),
-                            residual_frame=self.residual_frame)
+                            residual_frame=self.residual_frame, projection=self.projection)
         loss.step = step
         return loss
 

@@ -18,6 +18,20 @@ Choices:
   shared network, x first, then t(x)): the encoder is called on x and on t(x) separately, each
   branch normalised by its own batch statistics, and the moving averages updated twice a step,
   x's batch first, then t(x)'s.
+  Implemented in one of two ways, the same mathematics (`one_pass` of `build_aet_model`):
+  two encoder calls (x, then t(x); an `After` layer orders them), or ONE encoder call on the
+  joint batch `concat([x, t(x)])` whose BatchNorm layers take their statistics per half and
+  update their moving averages twice, x's half first (`models.batch_groups`): every convolution
+  runs once on 2B images, which an accelerator runs faster. The one-pass model is an
+  `OnePassSiamese` (or a `models.pairs.PairsModel`) that sets `batch_statistics_groups(2)`
+  around its own forward pass only: the encoder called by another model (a classifier built on
+  it) computes as usual. It needs an encoder whose BatchNorm layers are all group-aware (the
+  package's backbones: `FusedBatchNormalization`, or `batch_groups.BatchNormalization`, which is
+  Keras's layer under the same class name) and no other batch-coupled or random layer
+  (`batch_groups.one_pass_blockers`); else two calls. `one_pass=None` (the default): one pass
+  when the encoder allows it and the backend computes on a GPU; two calls on a CPU, where the
+  numerics of CI and the tests stay those of two calls. Both layouts have the same variables:
+  weights and checkpoints load across them (and across "joint").
 * `siamese_batch_norm="joint"` (the default of earlier versions): ONE encoder call on the joint
   batch `concat([x, t(x)], axis=0)`; batch norm normalizes with the joint statistics of the
   original and the transformed images (in training mode) and updates its moving averages once a
@@ -31,6 +45,7 @@ Choices:
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 
 import keras
@@ -38,6 +53,7 @@ import numpy as np
 from keras import ops
 
 from aetv2_tf.models.backbones import backbone
+from aetv2_tf.models.batch_groups import batch_statistics_groups, on_gpu, one_pass_blockers
 from aetv2_tf.models.features import (  # noqa: F401 - default_feature: API
     Feature,
     default_feature,
@@ -90,6 +106,50 @@ class After(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="aetv2_tf")
+class OnePassSiamese(keras.Model):
+    """The per-branch AET model in one encoder call (module docstring): a functional model on
+    `[x, tx]` whose graph calls the encoder once on `concat([x, tx])` and whose forward pass
+    runs inside `batch_statistics_groups(batch_groups)`, so that each half of the joint batch
+    has its own BatchNorm statistics. ``batch_groups``: 2 (x and t(x))."""
+
+    def __init__(self, *args, batch_groups: int = 2, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.batch_groups = int(batch_groups)
+
+    def call(self, inputs, training=None, mask=None, **kwargs):
+        with batch_statistics_groups(self.batch_groups):
+            return super().call(inputs, training=training, mask=mask, **kwargs)
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "batch_groups": self.batch_groups}
+
+
+def resolve_one_pass(encoder: keras.Model, siamese_batch_norm: str,
+                     one_pass: bool | None) -> bool:
+    """Whether a ``siamese_batch_norm`` AET model of ``encoder`` calls it once on the joint
+    batch with per-half statistics: only for "per_branch"; ``one_pass`` False: no; True: yes
+    when the encoder allows it (`batch_groups.one_pass_blockers`), else two calls with a
+    warning that names why; None: yes when it allows it and the backend computes on a GPU."""
+    if one_pass is not None and not isinstance(one_pass, bool):
+        raise ValueError(f"one_pass must be None, True or False, got {one_pass!r}")
+    if siamese_batch_norm != "per_branch":
+        if one_pass:
+            raise ValueError(f"one_pass=True is how siamese_batch_norm='per_branch' is "
+                             f"computed; {siamese_batch_norm!r} has one call already")
+        return False
+    if one_pass is False:
+        return False
+    blockers = one_pass_blockers(encoder)
+    if blockers:
+        if one_pass:
+            warnings.warn(f"one_pass=True: encoder {encoder.name!r} cannot be grouped per branch "
+                          f"({'; '.join(blockers[:3])}): two encoder calls instead",
+                          stacklevel=3)
+        return False
+    return bool(one_pass) or on_gpu()
+
+
+@keras.saving.register_keras_serializable(package="aetv2_tf")
 class FromAETv1Targets(keras.layers.Layer):
     """The published AETv1 code's normalised targets ``(B, 8)`` -> model-frame parameters of T
     ``(B, 8)`` float32 (`geometry.params_from_aetv1_official_targets`, fixed, no weights): the
@@ -123,6 +183,9 @@ def build_aet_model(
     pairs: keras.layers.Layer | None = None,
     siamese_batch_norm: str = "per_branch",
     target: str = "model",
+    one_pass: bool | None = None,
+    *,
+    _grouping_outside: bool = False,
 ) -> keras.Model:
     """The AET pretext model: inputs `[x, tx]`, each `(B, H, W, 3)`; output `(B, num_params)`.
 
@@ -156,10 +219,16 @@ def build_aet_model(
             corner-origin pixels, `geometry.aetv1_official_targets`; starting at the identity's;
             a fixed `FromAETv1Targets` layer, "from_aetv1_targets", turns them into T's
             parameters). Not with `param_scale`.
+        one_pass: how "per_branch" is computed (module docstring): True: one encoder call on
+            the joint batch with per-half BatchNorm statistics (an `OnePassSiamese`) where the
+            encoder allows it, else two calls with a warning; False: two calls; None (default):
+            one call on a GPU when the encoder allows it, two elsewhere. Not True for
+            "joint".
 
     Returns:
         A `keras.Model` mapping `[x, tx]` to float32 parameters; the decoder layer is "decoder"
-        and the pair features `(B, 2D)` are the output of the layer "pair_features".
+        and the pair features `(B, 2D)` are the output of the layer "pair_features". Its
+        attribute ``batch_groups`` is 2 for a one-pass per-branch model, else 1.
     """
     feature, features_of = encoder_at(encoder, feature)
     input_shape = tuple(encoder.inputs[0].shape[1:])
@@ -171,7 +240,8 @@ def build_aet_model(
         inputs = [keras.Input(shape=input_shape, dtype="uint8", name="images"),
                   keras.Input(shape=(3, 3), name="t")]
         x, tx = pairs(inputs)
-    if siamese_batch_norm == "joint":
+    grouped = resolve_one_pass(encoder, siamese_batch_norm, one_pass)
+    if siamese_batch_norm == "joint" or grouped:  # grouped: per-half statistics (docstring)
         joint = keras.layers.Concatenate(axis=0, name="joint_batch")([x, tx])
         features = vector_feature(features_of(joint), feature, pooled)
         pair = PairConcat(name="pair_features")(features)
@@ -208,7 +278,13 @@ def build_aet_model(
     if param_scale is not None:
         params = keras.layers.Rescaling([float(v) for v in scale], dtype="float32",
                                         name="decoder_scale")(params)
-    return keras.Model(inputs, params, name=name)
+    if grouped and not _grouping_outside:
+        return OnePassSiamese(inputs, params, name=name, batch_groups=2)
+    model = keras.Model(inputs, params, name=name)
+    # `_grouping_outside`: a plain model inside a `PairsModel`, which sets the groups itself
+    # (the class name keys the weights of a nested model: "functional" as the two calls').
+    model.batch_groups = 2 if grouped else 1
+    return model
 
 
 def build_rotation_classifier(

@@ -21,6 +21,12 @@ from collections.abc import Sequence
 
 import keras
 
+from aetv2_tf.models.batch_groups import (
+    BatchNormalization,
+    current_batch_statistics_groups,
+    split_batch,
+)
+
 BN_MOMENTUM = 0.9  # Keras convention: moving = moving * momentum + batch * (1 - momentum).
 BN_EPSILON = 1e-5  # PyTorch's default; the raw fused op does not clamp it (tf.nn's wrapper does).
 BATCH_NORM_KINDS = ("fused", "keras")
@@ -46,7 +52,11 @@ class FusedBatchNormalization(keras.layers.Layer):
     variance is the BIASED one (divided by N), exactly like Keras 3. The kernel returns the
     unbiased variance, so it is rescaled by `(N - 1) / N`. Inference: uses the moving statistics.
     Under `tf.distribute`, statistics are per replica (not synchronized), like Keras's default.
+    Inside `batch_statistics_groups(G)` the training statistics are per group of the batch, one
+    kernel call each (`models.batch_groups`).
     """
+
+    GROUPS_BATCH_STATISTICS = True  # (`batch_groups.groupable`)
 
     def __init__(
         self,
@@ -144,29 +154,11 @@ class FusedBatchNormalization(keras.layers.Layer):
         ones, zeros = tf.ones((channels,), tf.float32), tf.zeros((channels,), tf.float32)
         gamma = tf.convert_to_tensor(self.gamma) if self.scale else ones
         beta = tf.convert_to_tensor(self.beta) if self.center else zeros
-        is_training = bool(training) and self.trainable
-
-        if is_training:
-            y, batch_mean, batch_var_unbiased, _, _, _ = tf.raw_ops.FusedBatchNormV3(
-                x=x,
-                scale=gamma,
-                offset=beta,
-                mean=tf.zeros((0,), tf.float32),
-                variance=tf.zeros((0,), tf.float32),
-                epsilon=self.epsilon,
-                exponential_avg_factor=1.0,
-                data_format="NHWC",
-                is_training=True,
-            )
-            # Keras 3 tracks the biased variance; the kernel reports the unbiased one.
-            count = tf.cast(tf.size(x) // channels, tf.float32)
-            batch_var = batch_var_unbiased * (tf.maximum(count - 1.0, 1.0) / count)
-            self.moving_mean.assign(
-                self.moving_mean * self.momentum + batch_mean * (1.0 - self.momentum)
-            )
-            self.moving_variance.assign(
-                self.moving_variance * self.momentum + batch_var * (1.0 - self.momentum)
-            )
+        if bool(training) and self.trainable:  # per group inside `batch_statistics_groups`
+            groups = current_batch_statistics_groups()
+            parts = split_batch(x, groups) if groups > 1 else [x]
+            y = [self._train_batch(part, gamma, beta) for part in parts]  # in group order
+            y = y[0] if len(y) == 1 else tf.concat(y, axis=0)
         else:
             y = tf.raw_ops.FusedBatchNormV3(
                 x=x,
@@ -181,6 +173,33 @@ class FusedBatchNormalization(keras.layers.Layer):
             )[0]
         if len(inputs.shape) != 4:
             y = tf.reshape(y, tf.shape(inputs))
+        return y
+
+    def _train_batch(self, x, gamma, beta):
+        """Normalises ``x`` ``(N, H, W, C)`` by its batch statistics and updates the moving
+        averages with them."""
+        import tensorflow as tf
+
+        y, batch_mean, batch_var_unbiased, _, _, _ = tf.raw_ops.FusedBatchNormV3(
+            x=x,
+            scale=gamma,
+            offset=beta,
+            mean=tf.zeros((0,), tf.float32),
+            variance=tf.zeros((0,), tf.float32),
+            epsilon=self.epsilon,
+            exponential_avg_factor=1.0,
+            data_format="NHWC",
+            is_training=True,
+        )
+        # Keras 3 tracks the biased variance; the kernel reports the unbiased one.
+        count = tf.cast(tf.size(x) // self.moving_mean.shape[0], tf.float32)
+        batch_var = batch_var_unbiased * (tf.maximum(count - 1.0, 1.0) / count)
+        self.moving_mean.assign(
+            self.moving_mean * self.momentum + batch_mean * (1.0 - self.momentum)
+        )
+        self.moving_variance.assign(
+            self.moving_variance * self.momentum + batch_var * (1.0 - self.momentum)
+        )
         return y
 
     def get_config(self) -> dict:
@@ -256,13 +275,14 @@ def make_batch_norm(
     """A channels-last BN layer with the PyTorch-default statistics (gamma=1, beta=0).
 
     `batch_norm="fused"` gives `FusedBatchNormalization`, `"keras"` gives
-    `keras.layers.BatchNormalization`; both take the same arguments and compute the same thing.
+    `batch_groups.BatchNormalization` (``keras.layers.BatchNormalization`` under the same class
+    name, group-aware); both take the same arguments and compute the same thing.
     """
     kwargs = dict(momentum=BN_MOMENTUM, epsilon=BN_EPSILON, center=center, scale=scale, name=name)
     if batch_norm == "fused":
         return FusedBatchNormalization(**kwargs)
     if batch_norm == "keras":
-        return keras.layers.BatchNormalization(**kwargs)
+        return BatchNormalization(**kwargs)
     raise ValueError(f"batch_norm must be one of {BATCH_NORM_KINDS}, got {batch_norm!r}")
 
 

@@ -42,6 +42,7 @@ from aetv2_tf.data.constants import AETV1_FILL, CIFAR10_MEAN, CIFAR10_STD
 from aetv2_tf.data.layers import HomographyPairs, QuarterTurns
 from aetv2_tf.errors import SettingWarning
 from aetv2_tf.models.aet import build_aet_model, build_rotation_classifier
+from aetv2_tf.models.batch_groups import batch_statistics_groups
 from aetv2_tf.models.checked import ChecksInputs
 from aetv2_tf.models.shown_loss import ShowsDataLoss
 
@@ -64,11 +65,15 @@ class PairsModel(ChecksInputs, ShowsDataLoss, keras.Model):
     ``param_scale``, ``target``; None for RotNet), ``recipe``: the `recipes.Recipe` that
     ``compile`` defaults to (None: none), ``count_steps``: the step counter `loss_step`
     (module docstring; else None). ``schedule``: the learning-rate schedule of the last
-    ``compile`` that built the optimizer."""
+    ``compile`` that built the optimizer. ``batch_groups``: 2 for the one-pass per-branch
+    model (its forward pass runs inside `batch_statistics_groups(2)`: each half of the
+    encoder's joint batch has its own BatchNorm statistics, `models.aet`), else 1."""
 
     def __init__(self, *args, count_steps: bool = False, split: int | None = NUM_PARAMS,
-                 pretext: dict | None = None, recipe: Any = None, **kwargs):
+                 pretext: dict | None = None, recipe: Any = None, batch_groups: int = 1,
+                 **kwargs):
         super().__init__(*args, **kwargs)
+        self.batch_groups = int(batch_groups)
         self.split = split  # output[..., :split] is y_pred, output[..., split:] y_true
         self.labels = "none" if split is not None else "any"  # (`ChecksInputs`)
         self.pretext = dict(pretext) if pretext is not None else None
@@ -85,7 +90,14 @@ class PairsModel(ChecksInputs, ShowsDataLoss, keras.Model):
         recipe = keras.saving.serialize_keras_object(self.recipe) \
             if self.recipe is not None else None
         return {**super().get_config(), "count_steps": self.loss_step is not None,
-                "split": self.split, "pretext": self.pretext, "recipe": recipe}
+                "split": self.split, "pretext": self.pretext, "recipe": recipe,
+                "batch_groups": self.batch_groups}
+
+    def call(self, inputs, training=None, mask=None, **kwargs):
+        if self.batch_groups == 1:
+            return super().call(inputs, training=training, mask=mask, **kwargs)
+        with batch_statistics_groups(self.batch_groups):
+            return super().call(inputs, training=training, mask=mask, **kwargs)
 
     def compile(self, optimizer: Any = "auto", loss: Any = "auto", metrics: Any = "auto", *,
                 steps: int | None = None, recipe: Any = None, **kwargs: Any) -> None:
@@ -237,6 +249,7 @@ def build_pairs_model(
     feature: str | int | None = None,
     fused_warp: bool | None = None,
     recipe: Any = None,
+    one_pass: bool | None = None,
 ) -> PairsModel:
     """The AET pretext model of ``encoder`` (module docstring), a `PairsModel`.
 
@@ -246,9 +259,10 @@ def build_pairs_model(
     warp inside: `WarpPairs` with ``mean``, ``std`` and ``fused=fused_warp``) or "pairs" (``[x,
     t(x)]`` normalised -> ``T_hat`` params); with "warp" and "pairs" the targets come as ``y``.
     ``encoder``, ``feature``, ``param_scale``, ``init_rotation_deg``, ``siamese_batch_norm``,
-    ``target``: as `build_aet_model` (``feature=None``: "block4" for NIN, "fc7" for AlexNet, the
-    only output of a single-output encoder; `models.features`). ``count_steps``: add the
-    training-step counter `loss_step`. ``recipe``: what ``model.compile()`` defaults to
+    ``target``, ``one_pass``: as `build_aet_model` (``feature=None``: "block4" for NIN, "fc7" for
+    AlexNet, the only output of a single-output encoder; `models.features`; ``one_pass=None``:
+    per-branch BatchNorm in one encoder call on a GPU, two calls elsewhere). ``count_steps``:
+    add the training-step counter `loss_step`. ``recipe``: what ``model.compile()`` defaults to
     (`recipes.Recipe.build_model` passes itself).
     """
     size = tuple(encoder.inputs[0].shape[1:])
@@ -258,19 +272,21 @@ def build_pairs_model(
                    param_scale=None if param_scale is None else [float(v) for v in param_scale])
     common = dict(pretext=pretext, recipe=recipe, count_steps=count_steps)
     aet_options = dict(param_scale=param_scale, init_rotation_deg=init_rotation_deg,
-                       siamese_batch_norm=siamese_batch_norm, target=target)
+                       siamese_batch_norm=siamese_batch_norm, target=target, one_pass=one_pass,
+                       _grouping_outside=True)  # the PairsModel sets the groups
     if inputs != "images":
         pairs = WarpPairs(mean=mean, std=std, fused=fused_warp, name="pairs") \
             if inputs == "warp" else None
         aet = build_aet_model(encoder, feature, pairs=pairs, **aet_options)
-        return PairsModel(aet.inputs, aet.outputs[0], name="aet", split=None, **common)
+        return PairsModel(aet.inputs, aet.outputs[0], name="aet", split=None,
+                          batch_groups=aet.batch_groups, **common)
     images = keras.Input(shape=size, dtype="uint8", name="images")
     x, tx, params = HomographyPairs(seed=seed, shift=shift, augment=augment, mean=mean, std=std,
                                     name="pairs")(images)
-    predicted = build_aet_model(encoder, feature, **aet_options)([x, tx])
+    aet = build_aet_model(encoder, feature, **aet_options)
     output = keras.layers.Concatenate(axis=-1, dtype="float32", name="pred_and_true")(
-        [predicted, params])
-    return PairsModel(images, output, name="aet_pairs", **common)
+        [aet([x, tx]), params])
+    return PairsModel(images, output, name="aet_pairs", batch_groups=aet.batch_groups, **common)
 
 
 def build_rotations_model(

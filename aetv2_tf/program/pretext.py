@@ -103,7 +103,7 @@ class PretextAdapter:
 
 
 def build_model(config: RunConfig, steps: int, *, inputs: str, mean, std, augment: bool,
-                scope: Any = None, fused_warp: bool | None = None,
+                scope: Any = None, fused_warp: bool | None = None, one_pass: bool | None = None,
                 **compile_kwargs: Any) -> tuple[keras.Model, keras.Model, Any, Any]:
     """THE pretext model of a run, for every backend: ``(encoder, model, schedule,
     optimizer)``, compiled for ``steps`` optimizer steps, the same initial weights every call.
@@ -112,8 +112,9 @@ def build_model(config: RunConfig, steps: int, *, inputs: str, mean, std, augmen
     "warp": the warp inside, T from the pipeline; "pairs": the pipeline's pairs), then the
     model's own ``compile`` (the recipe's loss, optimizer and metrics). RotNet: the four turns
     made inside (``inputs="images"``) or by the pipeline (otherwise), the cross-entropy and the
-    recipe's optimizer. ``scope``: the distribution scope to build in; ``compile_kwargs``:
-    ``model.compile``'s (``jit_compile``)."""
+    recipe's optimizer. ``scope``: the distribution scope to build in; ``one_pass``: how
+    per-branch BatchNorm is computed (`models.aet.build_aet_model`; None: one encoder call on
+    a GPU); ``compile_kwargs``: ``model.compile``'s (``jit_compile``)."""
     from aetv2_tf.models.aet import build_rotation_classifier
     from aetv2_tf.models.pairs import build_rotations_model
 
@@ -133,7 +134,8 @@ def build_model(config: RunConfig, steps: int, *, inputs: str, mean, std, augmen
                 encoder, seed, inputs=inputs, shift=config.data.shift,
                 decoder_scale=model_config.decoder_scale, augment=augment, mean=mean, std=std,
                 init_rotation_deg=model_config.decoder_init_rotation,
-                siamese_batch_norm=model_config.siamese_batch_norm, fused_warp=fused_warp)
+                siamese_batch_norm=model_config.siamese_batch_norm, fused_warp=fused_warp,
+                one_pass=one_pass)
             model.compile(steps=steps, **compile_kwargs)
             schedule, optimizer = model.schedule, model.optimizer
         optimizer.build(model.trainable_variables)
