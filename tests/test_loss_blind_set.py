@@ -19,7 +19,7 @@ import pytest
 
 from aetv2_tf import losses, recipes
 from aetv2_tf.data.sampler import parameter_std
-from benchmarks.loss_gradients import GROUPS, PX, compose_right, error_sets, gradients
+from experiments.loss_screen.loss_gradients import GROUPS, PX, compose_right, error_sets, gradients
 from tests.numerics import STD, check_close, loss_and_gradients, np_variant_loss, random_params
 
 SEES = 0.02  # gradient on the concerned entries / whole gradient of a 1-px translation error
