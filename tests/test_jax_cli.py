@@ -124,7 +124,8 @@ def test_tensorflow_only_flags_are_refused(tmp_path, cifar10_dir):
     assert proc.returncode == 2
     assert "--strategy=mirrored is not available with KERAS_BACKEND=jax" in proc.stderr
     # A TensorFlow run's model_dir (no "backend" recorded) that has trained (a checkpoint; a
-    # start that trained nothing would be set aside and started afresh: test_trust_files.py).
+    # start that trained nothing would be set aside and started afresh:
+    # test_untrusted_files_are_left_alone.py).
     (tmp_path / "tf_run" / "checkpoints").mkdir(parents=True)
     (tmp_path / "tf_run" / "flags.json").write_text('{"stage": "pretext"}')
     (tmp_path / "tf_run" / "checkpoints" / "ckpt-4.weights.h5").write_bytes(b"weights")

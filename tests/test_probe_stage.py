@@ -141,7 +141,8 @@ def bad_pretrained(case: str, root: pathlib.Path) -> tuple[pathlib.Path, str]:
 def test_bad_pretrained_is_refused(case, tmp_path):
     """`encoders.load_frozen_encoder`, which the probe stage reads --pretrained with before it
     writes anything (`probe_stage.load`), refuses each with the path and the problem; a foreign
-    SavedModel is refused unread unless trusted (test_trust_files.py): this one is trusted."""
+    SavedModel is refused unread unless trusted (test_untrusted_files_are_left_alone.py): this
+    one is trusted."""
     from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD
     from aetv2_tf.errors import UsageError
     from aetv2_tf.probes import encoders
