@@ -203,7 +203,8 @@ AETV2_ZOOM16 = Recipe(LossSpec("geodesic", projection_weight=0.0, frame_scale=16
                       OptimizerSpec("adam", learning_rate=1e-4, lr_schedule="cosine",
                                     warmup_steps=1000))
 # The squared angle (Eq. 5: 1/2 ||log P||^2 = theta^2) in the 4x zoomed frame; the weights were
-# chosen from the gradient shares of `benchmarks.loss_gradients` (the configs' headers say why).
+# chosen from the gradient shares of `experiments.loss_screen.loss_gradients` (the configs'
+# headers say why).
 #: theta^2 at 4x, no residual (configs/cifar10_aetv2_sq4.cfg): still blind to T_hat = T S for S
 #: symmetric positive definite.
 AETV2_SQ4 = AETV2_ZOOM16.replace(angle_power=2, frame_scale=4.0)

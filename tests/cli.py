@@ -1,4 +1,6 @@
-"""Running the programs as a user does: `python -m aetv2_tf.<program> --flags` in a subprocess."""
+"""Running the programs as a user does: `python -m aetv2_tf.<program> --flags` in a subprocess
+(under Keras on JAX with TensorFlow blocked too: `run_jax`, `start_jax`), and reading what a run
+wrote (TensorBoard scalars, the newest checkpoint's step)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,13 @@ import subprocess
 import sys
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+#: Code that makes any TensorFlow import fail (as on a machine without it), and the training
+#: program run after it: `python -c RUN_TRAIN --flags` is `python -m aetv2_tf.train --flags`.
+BLOCK_TF = "import sys; sys.modules['tensorflow'] = None; "
+RUN_TRAIN = BLOCK_TF + ("import runpy; runpy.run_module('aetv2_tf.train', run_name='__main__', "
+                        "alter_sys=True)")
+#: The CIFAR-10 slice of the probe stages' tiny runs.
+PROBE_SLICE = ("--train_examples=600", "--test_examples=200", "--verbose=0")
 
 
 def _env(env: dict | None) -> dict:
@@ -48,6 +57,35 @@ def finish(proc: subprocess.Popen, timeout: float = 300) -> subprocess.Completed
                                        pathlib.Path(f"{proc.log}.err").read_text())
 
 
+def run_jax(code: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -c code args` under Keras on JAX with TensorFlow blocked, from the repository
+    root; returns the completed process (its exit code unchecked)."""
+    return subprocess.run([sys.executable, "-c", BLOCK_TF + code, *map(str, args)], cwd=REPO,
+                          capture_output=True, text=True, env=_env({"KERAS_BACKEND": "jax"}),
+                          timeout=timeout)
+
+
+def start_jax(code: str, *args, log, env: dict | None = None) -> subprocess.Popen:
+    """`python -c code args` with KERAS_BACKEND=jax from the repository root, started; stdout and
+    stderr together in the file `log` (`code` blocks TensorFlow itself, e.g. `RUN_TRAIN`)."""
+    handle = open(log, "w")  # noqa: SIM115 - closed by `finish_jax`
+    proc = subprocess.Popen([sys.executable, "-c", code, *map(str, args)], cwd=REPO,
+                            env=_env({"KERAS_BACKEND": "jax", **(env or {})}), stdout=handle,
+                            stderr=subprocess.STDOUT, text=True)
+    proc.handle = handle
+    return proc
+
+
+def finish_jax(proc: subprocess.Popen, check: bool = True, timeout: float = 300) -> str:
+    """Waits for a `start_jax` process; returns its output (asserts exit 0 with `check`)."""
+    proc.wait(timeout)
+    proc.handle.close()
+    out = pathlib.Path(proc.handle.name).read_text()
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}:\n{out[-5000:]}")
+    return out
+
+
 def train_args(model_dir, data_dir, *args: str) -> list[str]:
     """Flags of a tiny pretext run on real CIFAR-10 (quickstart flags, small batch and slice),
     in float32: `--mixed_precision=auto` would decide by a timing race on the test machine."""
@@ -79,3 +117,26 @@ def read_scalars(log_dir) -> dict[str, dict[int, float]]:
                 else:
                     out.setdefault(tag, {})[event.step] = float("nan")
     return out
+
+
+def scalar_events(log_dir) -> dict[str, list[tuple[int, float]]]:
+    """{tag: [(step, value), ...]} in the order written, from the event files of one TensorBoard
+    run directory (every event kept: a repeated step shows)."""
+    import tensorflow as tf
+
+    out: dict[str, list[tuple[int, float]]] = {}
+    for name in sorted(os.listdir(log_dir)):
+        for event in tf.compat.v1.train.summary_iterator(os.path.join(log_dir, name)):
+            for value in event.summary.value:
+                scalar = float(tf.make_ndarray(value.tensor))
+                out.setdefault(value.tag, []).append((event.step, scalar))
+    return out
+
+
+def listed_step(model_dir: pathlib.Path) -> int:
+    """The step of the newest complete checkpoint, `ckpt-<step>.weights.h5` (0 if none; a save
+    cut short leaves only a temporary `.tmp<pid>-ckpt-...` file, which is not listed)."""
+    from aetv2_tf.program.keras_checkpoints import list_checkpoints
+
+    found = list_checkpoints(str(pathlib.Path(model_dir) / "checkpoints"))
+    return found[-1][0] if found else 0

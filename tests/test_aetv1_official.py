@@ -120,7 +120,7 @@ def test_the_official_config_trains_on_the_command_line(tmp_path, cifar10_dir):
     per-branch BatchNorm, a finite loss, the flags recorded."""
     import json
 
-    from cli import run_module
+    from tests.cli import run_module
 
     proc = run_module("aetv2_tf.train", "--flagfile=configs/cifar10_aetv1_official.cfg",
                       f"--model_dir={tmp_path / 'run'}", f"--data_dir={cifar10_dir}",

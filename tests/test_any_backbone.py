@@ -30,7 +30,7 @@ RNG = np.random.default_rng(0)
 GRADIENT_WARNING = "Gradients do not exist"
 
 
-def _images(n: int, size: int) -> np.ndarray:
+def _uint8_images(n: int, size: int) -> np.ndarray:
     return RNG.integers(0, 256, (n, size, size, 3), dtype=np.uint8)
 
 
@@ -52,7 +52,7 @@ def _pretrain(encoder: keras.Model, feature, size: int) -> keras.Model:
     _, optimizer = recipe.build_optimizer(model, steps=2)
     model.compile(optimizer=optimizer, loss=recipe.build_loss(image_size=size),
                   metrics=recipe.metrics())
-    history = model.fit(_images(16, size), batch_size=8, epochs=1, verbose=0)
+    history = model.fit(_uint8_images(16, size), batch_size=8, epochs=1, verbose=0)
     assert np.isfinite(history.history["loss"]).all()
     return model
 
@@ -74,7 +74,7 @@ def test_a_sequential_cnn_pretrains_saves_loads_and_gives_features(tmp_path):
     _pretrain(encoder, "features", 16)
     again = _roundtrip(encoder, tmp_path / "cnn")
     assert json.loads((tmp_path / "cnn" / "flags.json").read_text())["features"] == ["features"]
-    images = _images(6, 16)
+    images = _uint8_images(6, 16)
     want = pooled_features(encoder, None, images, CIFAR10_MEAN, CIFAR10_STD, batch_size=4)
     got = pooled_features(again, None, images, **preprocessing(tmp_path / "cnn"), batch_size=4)
     assert want.shape == (6, 16 * 4 * 4)  # the 8x8x16 map, 2x2-pooled
@@ -90,7 +90,7 @@ def test_mobilenet_v3_small_pretrains_on_an_inner_block_saves_and_loads(tmp_path
     model = _pretrain(encoder, "expanded_conv_2_add", 32)  # (4, 4, 24): GAP -> 24 + 24
     assert model.get_layer("aet").get_layer("decoder").kernel.shape == (48, 8)
     again = _roundtrip(encoder, tmp_path / "mobilenet")
-    images = _images(4, 32)
+    images = _uint8_images(4, 32)
     whole = [pooled_features(e, None, images, CIFAR10_MEAN, CIFAR10_STD, batch_size=4,
                              pool="global") for e in (encoder, again)]
     assert whole[0].shape == (4, 576)
@@ -138,7 +138,7 @@ def test_save_encoder_takes_an_encoder_of_any_size(tmp_path):
     assert record["image_size"] is None and record["input_shape"] == [None, None, 3]
     again = load_encoder(str(tmp_path / "any_size"))
     assert again.input_shape == (None, None, None, 3)
-    images = _images(2, 32)
+    images = _uint8_images(2, 32)
     want = pooled_features(encoder, None, images, CIFAR10_MEAN, CIFAR10_STD, pool="global")
     np.testing.assert_allclose(
         pooled_features(again, None, images, CIFAR10_MEAN, CIFAR10_STD, pool="global"), want,
@@ -172,7 +172,7 @@ def test_save_encoder_keeps_the_run_layout_for_the_package_backbones(tmp_path):
 def test_a_classifier_fine_tunes_block2_only_and_reloads(tmp_path):
     keras.utils.set_random_seed(0)
     encoder = build_backbone("nin", (16, 16, 3), batch_norm="keras")
-    images, labels = _images(8, 16), np.arange(8) % 10
+    images, labels = _uint8_images(8, 16), np.arange(8) % 10
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
     def one_step(model):
@@ -220,7 +220,7 @@ def test_a_preset_is_its_run_directory(tmp_path, monkeypatch):
     for a, b in zip(preset.get_weights(), run.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
     assert preprocessing("aetv1_cifar10") == {"mean": CIFAR10_MEAN, "std": CIFAR10_STD}
-    images = _images(4, 32)
+    images = _uint8_images(4, 32)
     keras.utils.set_random_seed(0)
     from_preset = build_classifier(preset, 10, **preprocessing("aetv1_cifar10"))
     keras.utils.set_random_seed(0)
@@ -259,7 +259,7 @@ def test_a_custom_encoder_crosses_backends(tmp_path):
     encoder = _sequential()
     encoder.get_layer("bn1").moving_mean.assign(np.linspace(-1, 1, 8).astype("float32"))
     save_encoder(encoder, str(tmp_path / "tf"))
-    images = _images(4, 16)
+    images = _uint8_images(4, 16)
     np.save(tmp_path / "images.npy", images)
     extractor = feature_extractor(encoder, "block1", pool="avg2x2")
     extractor.save(tmp_path / "extractor.keras")

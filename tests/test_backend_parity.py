@@ -12,11 +12,16 @@ import pytest
 import tensorflow as tf
 
 from aetv2_tf import geometry
-from tests.cli import REPO, _env, train, train_args
-
-BLOCK_TF = "import sys; sys.modules['tensorflow'] = None; "
-RUN_TRAIN = BLOCK_TF + ("import runpy; runpy.run_module('aetv2_tf.train', run_name='__main__', "
-                        "alter_sys=True)")
+from tests.cli import (
+    BLOCK_TF,
+    REPO,
+    RUN_TRAIN,
+    _env,
+    read_scalars,
+    run_jax,
+    train,
+    train_args,
+)
 
 SKIP_STEPS = """
 import numpy as np, keras
@@ -34,12 +39,6 @@ model.fit(x, y, batch_size=8, epochs=1, shuffle=False, callbacks=[counter, skips
 value = lambda v: int(keras.ops.convert_to_numpy(v.value))
 print("RESULT", counter(), value(opt.skipped_steps), value(opt.iterations), skips.stopped)
 """
-
-
-def run_jax(code: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", BLOCK_TF + code, *map(str, args)], cwd=REPO,
-                          capture_output=True, text=True, env=_env({"KERAS_BACKEND": "jax"}),
-                          timeout=timeout)
 
 
 def result_line(text: str) -> str:
@@ -267,8 +266,6 @@ def test_sigterm_under_jax_checkpoints_and_exits_143(tmp_path, cifar10_dir):
 def test_image_pairs_in_tensorboard_under_jax(tmp_path, cifar10_dir):
     """Where TensorFlow is importable, a JAX run draws the TensorBoard image pairs too (they
     were silently missing before), at step 0 and every --image_summary_every_steps."""
-    from tests.cli import read_scalars
-
     run = subprocess.run(
         [sys.executable, "-m", "aetv2_tf.train",
          *train_args(tmp_path / "run", cifar10_dir, "--train_steps=4", "--summary_every_steps=2",
@@ -286,7 +283,7 @@ def test_folder_dataset_probes_under_jax_through_tf_data(tmp_path):
     pretext stage refuses tensorflow-datasets with the fix (folders it reads itself:
     tests/test_jax_cli.py)."""
     from aetv2_tf.probes.results import read_results
-    from tests.test_probe_stage_baselines import write_image_folder
+    from tests.folders import write_image_folder
 
     data = tmp_path / "places"
     write_image_folder(data, {"train": 6, "val": 3})

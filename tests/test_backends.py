@@ -3,7 +3,7 @@
 A child process with ``KERAS_BACKEND=jax`` and TensorFlow blocked (``sys.modules['tensorflow'] =
 None``: any TensorFlow import fails) evaluates, in float32, values and ``jax.grad`` gradients of
 `project_to_so3`, `rotation_angle`, `aetv2_distance` and `GeodesicLoss` (the paper's form and
-each knob of test_loss_variants.VARIANTS) at random near-identity inputs, the identity, the
+each knob of `tests.numerics.VARIANTS`) at random near-identity inputs, the identity, the
 exact quarter turns, a 180-degree turn (theta = pi) and a non-finite sample
 (tests/backend_cases.py); this process computes the same with TensorFlow. Run with ``-s`` to see
 the measured cross-backend errors (``[max-err]`` lines).
@@ -11,7 +11,6 @@ the measured cross-backend errors (``[max-err]`` lines).
 
 import json
 import os
-import pathlib
 import subprocess
 import sys
 
@@ -20,12 +19,17 @@ import pytest
 from scipy.spatial.transform import Rotation
 
 from tests import backend_cases
-from tests.test_loss_variants import IDENTITY, R180, VARIANTS, np_variant_loss
-from tests.test_losses import check_close, random_params
+from tests.cli import REPO
+from tests.numerics import (
+    IDENTITY,
+    QUARTER_TURNS,
+    R180,
+    VARIANTS,
+    check_close,
+    np_variant_loss,
+    random_params,
+)
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-R90 = np.array([[0.0, -1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
-QUARTER_TURNS = [np.linalg.matrix_power(R90, k) for k in range(4)]  # I, R90, R180 (pi), R270
 ALL_VARIANTS = {"paper": {}, **VARIANTS}
 
 CHILD = """

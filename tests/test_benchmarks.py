@@ -6,12 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import subprocess
 import sys
-import tarfile
 
-import numpy as np
 import pytest
 
 from benchmarks import common
@@ -71,7 +67,6 @@ def test_spec_parsing():
 
 def test_the_pytorch_worker_says_how_to_install_pytorch(monkeypatch):
     """PyTorch is not a dependency: a torch: configuration without it stops with the fix."""
-    import sys
 
     from benchmarks.torch_step import import_torch
 
@@ -181,76 +176,6 @@ def test_imagenet_input_module(tmp_path, benchmarks_md_untouched):
             if r.startswith("| ") and not r.startswith("| stage")}
     assert {"decode (the limit)", "now: crop for the device", "now: host pair",
             "before: host pair", "Pillow reader, 1 thread"} <= set(rows), proc.stdout
-
-
-def test_loss_gradients_module():
-    """The gradient table of the losses: the angle in the 16x frame alone puts no gradient on
-    perspective, AETv1 and the default AETv2 (its unit-frame residual) a fifth or more."""
-    proc = run_module("benchmarks.loss_gradients", "--pairs=256", "--lambdas=10",
-                      "--mse_weights=0.3", timeout=300)
-    rows = {r.split("|")[1].strip(): [float(v) for v in r.split("|")[2:-1]]
-            for r in proc.stdout.splitlines() if r.startswith("| A") or r.startswith("| H")}
-    assert rows["AETV2_ZOOM16"][2] < 0.01 and rows["AETV1 (normalised MSE)"][2] > 0.2, rows
-    assert rows["AETV2 (default)"][2] > 0.2, rows
-    assert rows["AETV2 (default)"] == rows["AETV2 lambda=10"], rows
-    assert all(abs(sum(r[:3]) - 1.0) <= 2e-3 for r in rows.values()), rows
-
-
-def test_readout_helpers_recover_a_linear_map():
-    from benchmarks.readout import r2, read_out, ridge, targets
-
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(400, 8))
-    y = x @ rng.normal(size=(8, 2)) + 3.0
-    assert r2(y[300:], ridge(x[:300], y[:300], x[300:], alpha=1e-6)) > 0.999
-    params = np.tile([1.2, 0.0, 0.1, 0.0, 1.2, -0.2, 0.01, 0.0], (4, 1))
-    got = targets(params)
-    np.testing.assert_allclose(got["scale"][:, 0], 1.2)
-    np.testing.assert_allclose(got["translation"][0], [0.1, -0.2])
-    k = rng.integers(0, 4, 400)
-    feats = np.concatenate([np.eye(4)[k], x], 1)  # the turn and the parameters, linearly
-    out = read_out(feats, x, k, 0.75, alpha=1e-3)
-    assert out["quarter turn accuracy"] == 1.0, out
-    assert out["translation R^2"] > 0.999 and out["keystone R^2"] > 0.999, out
-
-
-def test_readout_module(cifar10_dir):
-    proc = run_module("benchmarks.readout", "none", "--pairs=96", f"--data_dir={cifar10_dir}",
-                      "--json", timeout=300)
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["encoder"] == "none" and result["pairs"] == 96
-    assert 0.0 <= result["quarter turn accuracy"] <= 1.0
-    assert "| none | " in proc.stdout and "| 72 / 24 |" in proc.stdout
-
-
-def test_gpu_screen31_script_at_tiny_size(tmp_path, cifar10_dir):
-    """benchmarks/gpu_screen31.sh on the CPU (Keras on JAX, 2 steps of 8 pairs): the first run
-    trains and comes back as <method>.tar; with DEADLINE_S=1 every later run is skipped, in the
-    interleaved order (seed 0 of each method, then seed 2); its encoder reads out."""
-    out, runs = tmp_path / "out", tmp_path / "runs"
-    env = dict(os.environ, OUT=str(out), RUNS=str(runs), WHL="none", PY=sys.executable,
-               DATA=str(cifar10_dir), EXTRA="--train_examples=64", STEPS="2", SPE="1",
-               SUMMARY="1", WARMUP="1", BATCH="8", METHODS="hybrid sq4_unitres",
-               SEEDS="0 2", DEADLINE_S="1")
-    proc = subprocess.run(["bash", "benchmarks/gpu_screen31.sh"], cwd=common.REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    events = [line.split()[1:3] for line in proc.stdout.splitlines() if line.startswith("== ")
-              and line.split()[1].endswith(("_s0", "_s2"))]
-    assert events[:2] == [["hybrid_s0", "at"], ["hybrid_s0", "exit"]], proc.stdout
-    assert events[2:] == [[n, "SKIPPED:"] for n in ("sq4_unitres_s0", "hybrid_s2",
-                                                    "sq4_unitres_s2")], proc.stdout
-    assert "hybrid_s0 exit 0" in proc.stdout
-    assert sorted(p.name for p in out.iterdir()) == ["console.txt", "hybrid.tar"]
-    with tarfile.open(out / "hybrid.tar") as tar:
-        assert sorted(tar.getnames()) == [f"hybrid_s0/{f}" for f in (
-            "encoder.weights.h5", "flags.cfg", "flags.json", "train/log.csv")]
-    flags = json.loads((runs / "hybrid_s0" / "flags.json").read_text())
-    assert (flags["backend"], flags["mse_weight"], flags["angle_power"], flags["seed"],
-            flags["loss_frame_scale"], flags["warmup_steps"]) == ("jax", 0.3, 2, 0, 4.0, 1)
-    read = run_module("benchmarks.readout", str(runs / "hybrid_s0"), "--pairs=64",
-                      f"--data_dir={cifar10_dir}", timeout=300)
-    assert f"| {runs / 'hybrid_s0'} | " in read.stdout
 
 
 def test_siamese_bn_speed_module():

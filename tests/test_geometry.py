@@ -13,21 +13,9 @@ import tensorflow as tf
 from scipy.spatial.transform import Rotation
 
 from aetv2_tf import geometry as g
+from tests.numerics import QUARTER_TURNS, R90, check_close
 
 RNG_SEED = 20200614
-R90 = np.array([[0.0, -1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
-QUARTER_TURNS = [np.linalg.matrix_power(R90, k) for k in range(4)]  # I, R90, R180 (= pi), R270
-
-
-def check_close(name, actual, expected, tol):
-    """Assert max |actual - expected| <= tol and print it (the measured error table)."""
-    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
-    assert actual.shape == expected.shape, (name, actual.shape, expected.shape)
-    assert np.all(np.isfinite(actual)), f"{name}: non-finite values"
-    err = float(np.max(np.abs(actual - expected)))
-    print(f"[max-err] {name}: {err:.3e} (tol {tol:.0e})")
-    assert err <= tol, f"{name}: max abs error {err:.3e} > {tol:.0e}"
-    return err
 
 
 # ----------------------------------------------------------------------------- float64 oracles

@@ -9,28 +9,16 @@ import pytest
 import tensorflow as tf
 
 from aetv2_tf.data.constants import IMAGENET_MEAN, IMAGENET_STD
-from aetv2_tf.data.files import check_image_file, decode_image_file
+from aetv2_tf.data.files import check_image_file
 from aetv2_tf.data.pipelines import classification_dataset, pretext_dataset
 from aetv2_tf.data.sources import DataError, list_image_folder, load_source
 from benchmarks.make_folder import CORRUPT_FILES, write_cifar10_folder
-
-
-def _jpeg(seed=0, shape=(48, 64, 3)) -> bytes:
-    image = np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8)
-    return tf.io.encode_jpeg(image, quality=90).numpy()
-
-
-def _decodes(path) -> bool:
-    try:
-        decode_image_file(str(path), 0)
-        return True
-    except tf.errors.InvalidArgumentError:
-        return False
+from tests.folders import decodes, jpeg_bytes
 
 
 def test_check_image_file_names_what_cannot_be_decoded(tmp_path):
     """Each refused file really fails TensorFlow's decoder, and each accepted one decodes."""
-    good = _jpeg()
+    good = jpeg_bytes((48, 64, 3))
     png = tf.io.encode_png(np.zeros((8, 8, 3), np.uint8)).numpy()
     middle = len(good) // 2
     files = {
@@ -50,10 +38,10 @@ def test_check_image_file_names_what_cannot_be_decoded(tmp_path):
         (tmp_path / name).write_bytes(data)
         found = check_image_file(str(tmp_path / name))
         if reason is None:
-            assert found is None and _decodes(tmp_path / name), (name, found)
+            assert found is None and decodes(tmp_path / name), (name, found)
         else:
             assert found is not None and found.startswith(reason), (name, found)
-            assert not _decodes(tmp_path / name), name
+            assert not decodes(tmp_path / name), name
     with pytest.raises(OSError):  # the disk's trouble, not the file's: not skipped quietly
         check_image_file(str(tmp_path / "missing.jpg"))
 

@@ -20,11 +20,8 @@ import sys
 import numpy as np
 import pytest
 
-from tests.cli import REPO, _env, train_args
+from tests.cli import BLOCK_TF, REPO, RUN_TRAIN, _env, finish_jax, start_jax, train_args
 
-BLOCK_TF = "import sys; sys.modules['tensorflow'] = None; "
-RUN_TRAIN = BLOCK_TF + ("import runpy; runpy.run_module('aetv2_tf.train', run_name='__main__', "
-                        "alter_sys=True)")
 FEATURES = BLOCK_TF + """
 import json, pathlib, sys
 import numpy as np
@@ -38,25 +35,6 @@ images = load_cifar10(data_dir, "test")[0][:8]
 x = ((images / 255.0 - np.array(CIFAR10_MEAN)) / np.array(CIFAR10_STD)).astype("float32")
 np.save(out, np.asarray(encoder(x, training=False)["block2"]))
 """
-
-
-def start(code: str, *args: str, log, env: dict | None = None) -> subprocess.Popen:
-    """`python -c code args` with KERAS_BACKEND=jax from the repository root; output in `log`."""
-    handle = open(log, "w")  # noqa: SIM115 - closed by `finish`
-    proc = subprocess.Popen([sys.executable, "-c", code, *map(str, args)], cwd=REPO,
-                            env=_env({"KERAS_BACKEND": "jax", **(env or {})}), stdout=handle,
-                            stderr=subprocess.STDOUT, text=True)
-    proc.handle = handle
-    return proc
-
-
-def finish(proc: subprocess.Popen, check: bool = True, timeout: float = 300) -> str:
-    proc.wait(timeout)
-    proc.handle.close()
-    out = open(proc.handle.name).read()
-    if check and proc.returncode != 0:
-        raise AssertionError(f"exit {proc.returncode}:\n{out[-5000:]}")
-    return out
 
 
 def done_line(out: str) -> str:
@@ -118,8 +96,8 @@ def runs(tmp_path_factory, cifar10_dir):
         procs = {}
         for name, (code, *args) in children.items():
             env = args.pop() if isinstance(args[-1], dict) else None
-            procs[name] = start(code, *args, log=tmp / f"{name}.log", env=env)
-        out.update({name: finish(proc) for name, proc in procs.items()})
+            procs[name] = start_jax(code, *args, log=tmp / f"{name}.log", env=env)
+        out.update({name: finish_jax(proc) for name, proc in procs.items()})
     return tmp, out
 
 
@@ -146,7 +124,8 @@ def test_tensorflow_only_flags_are_refused(tmp_path, cifar10_dir):
     assert proc.returncode == 2
     assert "--strategy=mirrored is not available with KERAS_BACKEND=jax" in proc.stderr
     # A TensorFlow run's model_dir (no "backend" recorded) that has trained (a checkpoint; a
-    # start that trained nothing would be set aside and started afresh: test_trust_files.py).
+    # start that trained nothing would be set aside and started afresh:
+    # test_untrusted_files_are_left_alone.py).
     (tmp_path / "tf_run" / "checkpoints").mkdir(parents=True)
     (tmp_path / "tf_run" / "flags.json").write_text('{"stage": "pretext"}')
     (tmp_path / "tf_run" / "checkpoints" / "ckpt-4.weights.h5").write_bytes(b"weights")
@@ -332,9 +311,9 @@ def test_alexnet_under_jax(tmp_path):
     x = np.random.default_rng(0).normal(size=(4, 64, 64, 3)).astype("float32")
     np.save(tmp_path / "x.npy", x)
     model.save_weights(tmp_path / "aet.weights.h5")
-    proc = start(ALEXNET, tmp_path / "aet.weights.h5", tmp_path / "x.npy", tmp_path / "jax.npz",
+    proc = start_jax(ALEXNET, tmp_path / "aet.weights.h5", tmp_path / "x.npy", tmp_path / "jax.npz",
                  log=tmp_path / "alexnet.log")
-    finish(proc)
+    finish_jax(proc)
     got = np.load(tmp_path / "jax.npz")
     for name, value in encoder(x, training=False).items():
         np.testing.assert_allclose(got[name], value.numpy(), atol=1e-4, rtol=1e-4, err_msg=name)
@@ -352,11 +331,11 @@ def test_alexnet_pretraining_on_a_folder_without_tensorflow(tmp_path, cifar10_di
 
     folder = write_cifar10_folder(tmp_path / "folder", cifar10_dir, train_per_class=1,
                                   val_per_class=0, size=64, corrupt=True)
-    proc = start(RUN_TRAIN, "--flagfile=configs/imagenet_alexnet_aetv2.cfg", "--dataset=folder",
+    proc = start_jax(RUN_TRAIN, "--flagfile=configs/imagenet_alexnet_aetv2.cfg", "--dataset=folder",
                  f"--data_dir={folder}", f"--model_dir={tmp_path / 'run'}", "--batch_size=4",
                  "--train_steps=2", "--export=false", "--verbose=0", "--keep_checkpoints=1",
                  log=tmp_path / "log")
-    out = finish(proc)
+    out = finish_jax(proc)
     assert "Skipped 3 undecodable image(s)" in out and "jax OneDevice" in out
     assert re.search(r"Done \(pretext\): steps=2,.*loss=\d", out), out[-2000:]
     assert (tmp_path / "run" / "encoder.weights.h5").is_file()

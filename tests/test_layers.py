@@ -169,7 +169,7 @@ def test_keras_bn_weights_load_into_fused_model(tmp_path):
     np.testing.assert_allclose(other(x), keras_model(x), atol=1e-5)
 
 
-MIRRORED_SCRIPT = textwrap.dedent(
+FUSED_BN_MIRRORED = textwrap.dedent(
     """
     import tensorflow as tf
     cpu = tf.config.list_physical_devices("CPU")[0]
@@ -206,7 +206,7 @@ def test_mirrored_strategy_matches_keras_bn():
     repo = str(pathlib.Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run(
-        [sys.executable, "-c", MIRRORED_SCRIPT],
+        [sys.executable, "-c", FUSED_BN_MIRRORED],
         capture_output=True,
         text=True,
         timeout=240,

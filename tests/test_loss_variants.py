@@ -4,58 +4,20 @@ The paper's form (every knob off) is tested in test_losses.py."""
 
 import numpy as np
 import pytest
-import scipy.linalg
 import tensorflow as tf
-from scipy.spatial.transform import Rotation
 
 from aetv2_tf import losses
-from tests.test_losses import check_close, random_params
-
-STD = np.array([0.71, 0.71, 0.115, 0.71, 0.71, 0.115, 0.083, 0.083])
-PIXEL_FRAME = [[16.0, 0.0, 15.5], [0.0, 16.0, 15.5], [0.0, 0.0, 1.0]]  # N^{-1}, 32 x 32
-R180 = np.array([-1, 0, 0, 0, -1, 0, 0, 0], np.float64)
-IDENTITY = np.array([1, 0, 0, 0, 1, 0, 0, 0], np.float64)
-
-
-def np_variant_loss(p_true, p_pred, projection_weight=1.0, angle_power=1, residual_scale=0.0,
-                    chordal_weight=0.0, mse_weight=0.0, mse_std=None, frame=None,
-                    residual_frame="loss"):
-    """Float64 oracle of every knob, written from the docstring (numpy + scipy)."""
-    out = []
-    f = np.eye(3) if frame is None else np.asarray(frame, np.float64)
-    for a, b in zip(np.asarray(p_true, np.float64), np.asarray(p_pred, np.float64), strict=True):
-        t, t_hat = (f @ np.append(x, 1.0).reshape(3, 3) @ np.linalg.inv(f) for x in (a, b))
-        m = np.linalg.inv(t) @ t_hat
-        m = m / np.cbrt(np.linalg.det(m))
-        q = scipy.linalg.polar(m)[0]
-        assert np.linalg.det(q) > 0  # inputs near the identity: no reflection to fix
-        r = np.sum((m - q) ** 2)
-        if residual_frame == "unit":  # the residual of M before the change of frame
-            t_unit, t_hat_unit = (np.append(x, 1.0).reshape(3, 3) for x in (a, b))
-            m_unit = np.linalg.inv(t_unit) @ t_hat_unit
-            m_unit = m_unit / np.cbrt(np.linalg.det(m_unit))
-            r = np.sum((m_unit - scipy.linalg.polar(m_unit)[0]) ** 2)
-        if residual_scale:
-            r = residual_scale * np.log1p(r / residual_scale)
-        value = Rotation.from_matrix(q).magnitude() ** angle_power + projection_weight * r
-        value += chordal_weight * np.sum((m - np.eye(3)) ** 2)
-        std = np.ones(8) if mse_std is None else np.asarray(mse_std)
-        value += mse_weight * np.mean(((b - a) / std) ** 2)
-        out.append(value)
-    return np.array(out)
-
-
-VARIANTS = {
-    "angle_squared": dict(angle_power=2),
-    "residual_scale": dict(residual_scale=0.05),
-    "chordal": dict(chordal_weight=0.5),
-    "mse": dict(mse_weight=0.7, mse_std=STD),
-    "pixel_frame": dict(frame=PIXEL_FRAME),
-    "unit_residual": dict(angle_power=2, frame=[[4.0, 0.0, 0.0], [0.0, 4.0, 0.0], [0.0, 0.0, 1.0]],
-                          projection_weight=10.0, residual_frame="unit"),  # issue 31
-    "all": dict(angle_power=2, residual_scale=0.1, chordal_weight=1.0, mse_weight=1.0,
-                mse_std=STD, projection_weight=0.5),
-}
+from tests.numerics import (
+    IDENTITY,
+    PIXEL_FRAME,
+    R180,
+    STD,
+    VARIANTS,
+    check_close,
+    loss_and_gradients,
+    np_variant_loss,
+    random_params,
+)
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
@@ -65,21 +27,6 @@ def test_variant_matches_numpy(name):
     loss = losses.GeodesicLoss(**kwargs, reduction=None)
     rel = np_variant_loss(y_true, y_pred, **kwargs)
     check_close(f"{name} (f32)", loss(y_true, y_pred), rel, 2e-5 * max(1.0, np.max(rel)))
-
-
-def loss_and_gradients(loss, y_true: np.ndarray, y_pred: np.ndarray, oracle, h: float = 1e-6):
-    """``(value, gradient, numeric)``: the float32 loss (reduction "sum") and its autodiff
-    gradient at ``y_pred`` (B, 8), and the float64 central differences of ``sum(oracle(p))``."""
-    x = tf.constant(y_pred, tf.float32)
-    with tf.GradientTape() as tape:
-        tape.watch(x)
-        value = loss(tf.constant(y_true, tf.float32), x)
-    numeric = np.zeros_like(y_pred)
-    for i in np.ndindex(y_pred.shape):
-        e = np.zeros_like(y_pred)
-        e[i] = h
-        numeric[i] = (np.sum(oracle(y_pred + e)) - np.sum(oracle(y_pred - e))) / (2 * h)
-    return float(value), tape.gradient(value, x).numpy(), numeric
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))

@@ -10,16 +10,7 @@ from scipy.spatial.transform import Rotation
 
 from aetv2_tf import losses
 from aetv2_tf.geometry import matrix_to_params, params_to_matrix
-
-R90 = np.array([[0.0, -1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
-
-
-def check_close(name, actual, expected, tol):
-    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
-    assert actual.shape == expected.shape and np.all(np.isfinite(actual)), name
-    err = float(np.max(np.abs(actual - expected)))
-    print(f"[max-err] {name}: {err:.3e} (tol {tol:.0e})")
-    assert err <= tol, f"{name}: max abs error {err:.3e} > {tol:.0e}"
+from tests.numerics import R90, adversarial_pairs, check_close, random_params
 
 
 def np_geodesic_loss(p_true, p_pred, projection_weight=1.0):
@@ -35,11 +26,6 @@ def np_geodesic_loss(p_true, p_pred, projection_weight=1.0):
             q = q @ (np.eye(3) - 2 * np.outer(v, v))
         out.append(Rotation.from_matrix(q).magnitude() + projection_weight * np.sum((m - q) ** 2))
     return np.array(out)
-
-
-def random_params(n, seed, spread=0.2):
-    identity = np.array([1, 0, 0, 0, 1, 0, 0, 0], np.float64)
-    return (identity + spread * np.random.default_rng(seed).normal(size=(n, 8))).astype(np.float32)
 
 
 @pytest.fixture
@@ -158,30 +144,6 @@ def test_one_nan_sample_contributes_zero_loss_and_zero_gradient():
     per_sample = loss.call(bad_true, bad_pred).numpy()
     np.testing.assert_array_equal(per_sample[~keep], 0.0)
     np.testing.assert_array_equal(losses.nonfinite_samples(bad_true, bad_pred), ~keep)
-
-
-def adversarial_pairs():
-    """(name, y_true, y_pred) float32 parameter pairs that must give finite loss and gradient."""
-    t = params_to_matrix(random_params(1, 10)).numpy()[0].astype(np.float64)
-    p = matrix_to_params(t).numpy()
-    mats = {f"t R90^{k}": t @ np.linalg.matrix_power(R90, k) for k in range(4)}
-    mats["t Rx(pi) (det -1 after /T22)"] = t @ np.diag([1.0, -1.0, -1.0])
-    mats["t flip (negative det)"] = t @ np.diag([1.0, -1.0, 1.0])
-    rank2 = t.copy()
-    rank2[1] = 2.0 * rank2[0]
-    mats["exactly singular rank 2"] = rank2
-    mats["near singular det 1e-7"] = t @ np.diag([1.0, 1e-7, 1.0])
-    pairs = [(name, p, matrix_to_params(m).numpy()) for name, m in mats.items()]
-    pairs += [
-        ("all-zero params (rank 1)", p, np.zeros(8)),
-        ("params 1e6", p, np.full(8, 1e6)),
-        ("params 1e-6", p, np.full(8, 1e-6)),
-        ("diag 1e6", p, np.array([1e6, 0, 0, 0, 1e6, 0, 0, 0])),
-        ("diag 1e-6", p, np.array([1e-6, 0, 0, 0, 1e-6, 0, 0, 0])),
-        ("projective 1e6", p, np.array([1, 0, 0, 0, 1, 0, 1e6, -1e6])),
-        ("singular y_true", np.zeros(8), p),
-    ]
-    return [(n, np.float32(a), np.float32(b)) for n, a, b in pairs]
 
 
 @pytest.mark.parametrize("name,y_true,y_pred", adversarial_pairs(),

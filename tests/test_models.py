@@ -22,7 +22,7 @@ from aetv2_tf.models.nin import NIN_BLOCK_SPECS, torch_pool
 RNG = np.random.default_rng(0)
 
 
-def _images(batch, size):
+def _normal_images(batch, size):
     return RNG.normal(size=(batch, size, size, 3)).astype("float32")
 
 
@@ -37,7 +37,7 @@ def _conv_bn_params(layers, in_channels):
 
 def test_nin_shapes_params_and_layer_names():
     model = build_nin()
-    outputs = model(_images(2, 32), training=False)
+    outputs = model(_normal_images(2, 32), training=False)
     expected = {"block1": (16, 16, 96), "block2": (8, 8, 192), "block3": (8, 8, 192)}
     expected["block4"] = (8, 8, 192)
     assert {k: tuple(v.shape) for k, v in outputs.items()} == {
@@ -98,7 +98,7 @@ def test_pooling_matches_pytorch_padding_semantics(kind, size):
 
 def test_alexnet_shapes_and_params():
     model = build_alexnet()
-    outputs = model(_images(2, 224), training=False)
+    outputs = model(_normal_images(2, 224), training=False)
     expected = {
         "conv1": (55, 55, 64),
         "conv2": (27, 27, 192),
@@ -141,7 +141,7 @@ def test_aet_shares_one_encoder(small_aet):
     model_ids = [id(v) for v in model.trainable_variables]
     assert len(model_ids) == len(encoder_ids) + 2 == len(set(model_ids))
     assert encoder_ids <= set(model_ids)
-    x, tx = _images(3, 16), _images(3, 16)
+    x, tx = _normal_images(3, 16), _normal_images(3, 16)
     pairs = _pair_features(model)([x, tx], training=False).numpy()
     assert pairs.shape == (3, 384)
     np.testing.assert_allclose(pairs[:, :192], _encoder_features(encoder, x), atol=1e-5)
@@ -158,7 +158,7 @@ def test_aet_shares_one_encoder(small_aet):
 
 def test_aet_starts_at_identity_and_fits_with_mse(small_aet):
     encoder, model = small_aet
-    x, tx = _images(8, 16), _images(8, 16)
+    x, tx = _normal_images(8, 16), _normal_images(8, 16)
     params = model([x, tx], training=False).numpy()
     assert params.dtype == np.float32 and params.shape == (8, 8)
     np.testing.assert_allclose(params, np.tile(identity_params(), (8, 1)), atol=0.1)
@@ -177,7 +177,7 @@ def test_aet_starts_at_identity_and_fits_with_mse(small_aet):
 def test_aet_fits_with_geodesic_loss(small_aet):
     losses = pytest.importorskip("aetv2_tf.losses")
     _, model = small_aet
-    x, tx = _images(4, 16), _images(4, 16)
+    x, tx = _normal_images(4, 16), _normal_images(4, 16)
     target = np.tile(identity_params(), (4, 1))
     target[:, 2] += 0.1  # a small translation
     model.compile(optimizer=keras.optimizers.Adam(1e-4), loss=losses.GeodesicLoss())
@@ -187,7 +187,7 @@ def test_aet_fits_with_geodesic_loss(small_aet):
 
 def test_aet_save_load_roundtrip(small_aet, tmp_path):
     _, model = small_aet
-    x, tx = _images(2, 16), _images(2, 16)
+    x, tx = _normal_images(2, 16), _normal_images(2, 16)
     path = tmp_path / "aet.keras"
     model.save(path)
     loaded = keras.saving.load_model(path, compile=False)
@@ -200,7 +200,7 @@ def test_aet_on_alexnet_concatenates_fc7():
     encoder = build_backbone("alexnet", batch_norm="keras")
     model = build_aet_model(encoder)
     assert model.get_layer("decoder").kernel.shape == (8192, 8)
-    params = model([_images(1, 224), _images(1, 224)], training=False)
+    params = model([_normal_images(1, 224), _normal_images(1, 224)], training=False)
     assert params.shape == (1, 8)
     assert build_rotation_classifier(encoder).get_layer("rotation_logits").kernel.shape == (4096, 4)
     nin = build_backbone("nin", (32, 32, 3), batch_norm="keras")
@@ -219,7 +219,7 @@ def test_default_feature_refuses_an_unknown_encoder():
 def test_rotation_model_fits():
     keras.utils.set_random_seed(4)
     model = build_rotation_classifier(build_backbone("nin", input_shape=(16, 16, 3)))
-    x, labels = _images(8, 16), RNG.integers(0, 4, size=8)
+    x, labels = _normal_images(8, 16), RNG.integers(0, 4, size=8)
     logits = model(x, training=False)
     assert logits.shape == (8, 4) and logits.dtype == tf.float32
     model.compile(
@@ -239,9 +239,9 @@ def test_mixed_bfloat16_outputs_float32_params():
         keras.config.set_dtype_policy(previous)
     bn = encoder.get_layer("block2_conv1_bn")
     assert bn.compute_dtype == "bfloat16" and bn.gamma.dtype == "float32"
-    features = encoder(_images(2, 16), training=True)["block4"]
+    features = encoder(_normal_images(2, 16), training=True)["block4"]
     assert features.dtype == tf.bfloat16
-    params = model([_images(2, 16), _images(2, 16)], training=False)
+    params = model([_normal_images(2, 16), _normal_images(2, 16)], training=False)
     assert params.dtype == tf.float32
     np.testing.assert_allclose(params, np.tile(identity_params(), (2, 1)), atol=0.1)
 

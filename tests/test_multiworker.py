@@ -21,8 +21,7 @@ import time
 
 from aetv2_tf.models import build_aet_model, build_backbone
 from aetv2_tf.program.callbacks import weights_digest
-from tests.cli import finish, start_module, train_args
-from tests.test_reliability_interrupt import listed_step
+from tests.cli import finish, listed_step, start_module, train_args
 
 TIMEOUT_S = 240
 

@@ -8,17 +8,16 @@ import json
 import pathlib
 
 import pytest
-from cli import run_module, train
 
 from aetv2_tf.probes.results import RESULTS_FILENAME, read_results
+from tests.cli import PROBE_SLICE, run_module, train
 
-# Small real-CIFAR-10 slices: every probe run takes seconds.
-SLICE = ("--train_examples=600", "--test_examples=200", "--verbose=0")
+# Small real-CIFAR-10 slices (`PROBE_SLICE`): every probe run takes seconds.
 
 def probe(model_dir: pathlib.Path, cifar10_dir, *args: str) -> dict:
     """Runs a probe into ``model_dir`` and returns its validated results.json."""
     proc = run_module("aetv2_tf.train", "--stage=probe", f"--model_dir={model_dir}",
-                      f"--data_dir={cifar10_dir}", *SLICE, *args)
+                      f"--data_dir={cifar10_dir}", *PROBE_SLICE, *args)
     assert "Done (probe): probe=" in proc.stdout
     return read_results(model_dir / RESULTS_FILENAME)
 
@@ -142,7 +141,8 @@ def bad_pretrained(case: str, root: pathlib.Path) -> tuple[pathlib.Path, str]:
 def test_bad_pretrained_is_refused(case, tmp_path):
     """`encoders.load_frozen_encoder`, which the probe stage reads --pretrained with before it
     writes anything (`probe_stage.load`), refuses each with the path and the problem; a foreign
-    SavedModel is refused unread unless trusted (test_trust_files.py): this one is trusted."""
+    SavedModel is refused unread unless trusted (test_untrusted_files_are_left_alone.py): this
+    one is trusted."""
     from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD
     from aetv2_tf.errors import UsageError
     from aetv2_tf.probes import encoders
@@ -162,7 +162,7 @@ def test_a_bad_pretrained_on_the_command_line_exits_2_and_writes_nothing(tmp_pat
     model_dir = tmp_path / "probe"
     proc = run_module("aetv2_tf.train", "--stage=probe", "--probe=knn",
                       f"--pretrained={pretrained}", f"--model_dir={model_dir}",
-                      f"--data_dir={cifar10_dir}", *SLICE, check=False)
+                      f"--data_dir={cifar10_dir}", *PROBE_SLICE, check=False)
     assert proc.returncode == 2
     assert expected in proc.stderr and str(pretrained) in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -6,15 +6,12 @@ generated folder dataset (the Places205 path), and the probe flagfiles in config
 
 import pathlib
 
-import cv2
-import numpy as np
 import pytest
-from cli import REPO, run_module
 
 from aetv2_tf.probes.results import RESULTS_FILENAME, read_results
 from aetv2_tf.program.flags import FLAGS
-
-SLICE = ("--train_examples=600", "--test_examples=200", "--verbose=0")
+from tests.cli import PROBE_SLICE, REPO, run_module
+from tests.folders import write_image_folder
 
 PROBE_CONFIGS = ("cifar10_probe_knn", "cifar10_probe_fc1", "cifar10_probe_fc2",
                  "cifar10_probe_fc3", "cifar10_probe_conv", "cifar10_random_conv",
@@ -27,7 +24,7 @@ PROBE_CONFIGS = ("cifar10_probe_knn", "cifar10_probe_fc1", "cifar10_probe_fc2",
 def test_supervised_stage(tmp_path, cifar10_dir):
     model_dir = tmp_path / "supervised"
     proc = run_module("aetv2_tf.train", "--flagfile=configs/cifar10_supervised.cfg",
-                      f"--model_dir={model_dir}", f"--data_dir={cifar10_dir}", *SLICE,
+                      f"--model_dir={model_dir}", f"--data_dir={cifar10_dir}", *PROBE_SLICE,
                       "--epochs=1", "--val_examples=100", "--batch_size=64")
     assert "Done (supervised): probe=conv" in proc.stdout
     r = read_results(model_dir / RESULTS_FILENAME)
@@ -46,22 +43,9 @@ def test_rotnet_pretraining_then_probe(tmp_path, cifar10_dir):
     model_dir = tmp_path / "knn"
     run_module("aetv2_tf.train", "--flagfile=configs/cifar10_probe_knn.cfg",
                f"--pretrained={pretext}", f"--model_dir={model_dir}", f"--data_dir={cifar10_dir}",
-               *SLICE)
+               *PROBE_SLICE)
     r = read_results(model_dir / RESULTS_FILENAME)
     assert (r["method"], r["pretrained_kind"]) == ("RotNet", "model_dir")
-
-
-def write_image_folder(root: pathlib.Path, per_class: dict[str, int], seed: int = 0) -> None:
-    """root/<split>/<class>/<i>.{png,jpg}: random images of random sizes (2 classes)."""
-    rng = np.random.default_rng(seed)
-    for split, count in per_class.items():
-        for name in ("beach", "forest"):
-            (root / split / name).mkdir(parents=True)
-            for i in range(count):
-                height, width = rng.integers(40, 120, size=2)
-                image = rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8)
-                assert cv2.imwrite(str(root / split / name / f"{i}.{('png', 'jpg')[i % 2]}"),
-                                   image)
 
 
 def test_folder_dataset_alexnet_probe(tmp_path):

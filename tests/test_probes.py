@@ -14,6 +14,7 @@ from aetv2_tf.probes.classifier import (
     step_lr_schedule,
     train_probe,
 )
+from tests.cli import scalar_events
 
 NUM_CLASSES = 3
 
@@ -127,14 +128,14 @@ def test_probe_freezes_encoder_selects_best_val_and_tests_once(tmp_path):
     assert result["wall_time_s"] > 0
 
     assert os.path.isfile(tmp_path / "model" / "best.weights.h5")
-    val_scalars = read_scalars(tmp_path / "logs" / "validation")
+    val_scalars = scalar_events(tmp_path / "logs" / "validation")
     assert [step for step, _ in val_scalars["epoch_top1"]] == list(range(epochs))
     np.testing.assert_allclose([v for _, v in val_scalars["epoch_top1"]],
                                np.array(history) / 100.0, rtol=1e-6)
-    train_scalars = read_scalars(tmp_path / "logs" / "train")
+    train_scalars = scalar_events(tmp_path / "logs" / "train")
     assert [v for _, v in train_scalars["epoch_learning_rate"]] == pytest.approx(
         [0.05] * 4 + [500.0] * 2)
-    assert read_scalars(tmp_path / "logs" / "test")["top1"] == [
+    assert scalar_events(tmp_path / "logs" / "test")["top1"] == [
         (result["selected_epoch"], pytest.approx(result["test_top1"]))]
     # epochs.csv (every backend): one row per epoch of THIS run; a rerun starts it anew
     rows = (tmp_path / "logs" / "epochs.csv").read_text().splitlines()
@@ -146,17 +147,6 @@ def test_probe_freezes_encoder_selects_best_val_and_tests_once(tmp_path):
                 epochs=2, optimizer=probe_optimizer(model, learning_rate=0.05),
                 log_dir=str(tmp_path / "logs"))
     assert len((tmp_path / "logs" / "epochs.csv").read_text().splitlines()) == 1 + 2
-
-
-def read_scalars(directory) -> dict[str, list[tuple[int, float]]]:
-    """{tag: [(step, value)]} from the event files of one TensorBoard run directory."""
-    out: dict[str, list[tuple[int, float]]] = {}
-    for name in sorted(os.listdir(directory)):
-        for event in tf.compat.v1.train.summary_iterator(os.path.join(directory, name)):
-            for value in event.summary.value:
-                scalar = float(tf.make_ndarray(value.tensor))
-                out.setdefault(value.tag, []).append((event.step, scalar))
-    return out
 
 
 def test_probe_with_feature_function_and_encoder_in_training_mode_elsewhere():

@@ -1,5 +1,6 @@
 """The program's structure: the library never imports the program layer, no import cycle (the
-package and the benchmarks), modules that import alone, small modules, and a flag-support table
+package, the benchmarks and the experiments; the package imports neither, the benchmarks never
+the experiments), modules that import alone, small modules, and a flag-support table
 with a row for every flag (issues "One program on every Keras backend", "One house, one suite")."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from aetv2_tf.program.rundir import UsageError
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "aetv2_tf"
 BENCHMARKS = PACKAGE.parent / "benchmarks"
+EXPERIMENTS = PACKAGE.parent / "experiments"
 #: The program layer: its subpackage and the command lines (`python -m aetv2_tf.<name>`).
 PROGRAM = "aetv2_tf.program"
 ENTRY_POINTS = ("aetv2_tf.train", "aetv2_tf.export", "aetv2_tf.report")
@@ -152,10 +154,19 @@ def test_one_usage_error_for_both_layers():
     assert issubclass(errors.UsageError, ValueError)
 
 
-def test_no_import_cycle_in_the_package_or_the_benchmarks():
-    graph = import_graph(PACKAGE, BENCHMARKS)
+def test_no_import_cycle_in_the_package_the_benchmarks_or_the_experiments():
+    graph = import_graph(PACKAGE, BENCHMARKS, EXPERIMENTS)
     assert "benchmarks.step" in graph and "aetv2_tf.program.probe_stage" in graph
+    assert "experiments.loss_screen.screen" in graph and "experiments.campaign.leg" in graph
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+    # the tools sit on the package: the package imports neither, the benchmarks (which users
+    # run) never an experiment's script (experiments/README.md)
+    tools = [m for m in graph if m.partition(".")[0] in ("benchmarks", "experiments")]
+    assert {name: sorted(graph[name] & set(tools)) for name in graph
+            if name.startswith("aetv2_tf") and graph[name] & set(tools)} == {}
+    assert {name: sorted(m for m in graph[name] if m.startswith("experiments"))
+            for name in graph if name.startswith("benchmarks")
+            and any(m.startswith("experiments") for m in graph[name])} == {}
     # the benchmarks' parent and worker share their step, and the worker never imports the parent
     assert "benchmarks.backends" in graph["benchmarks.step"]
     assert "benchmarks.step_runner" in graph["benchmarks.step"] & graph["benchmarks.backends"]

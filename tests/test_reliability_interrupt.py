@@ -26,7 +26,7 @@ import pytest
 
 from aetv2_tf.program.callbacks import CheckpointEvery, StopOnSignal
 from aetv2_tf.program.keras_checkpoints import KerasCheckpoints
-from tests.cli import finish, read_scalars, start_module, train, train_args
+from tests.cli import finish, listed_step, read_scalars, start_module, train, train_args
 
 STEPS = 8
 ITERATIONS = "optimizer/inner_optimizer/vars/0"  # the step (Keras's first optimizer variable)
@@ -96,15 +96,6 @@ def resume(model_dir: pathlib.Path, cifar10_dir) -> int:
     assert f"steps={STEPS}" in proc.stdout
     found = re.search(r"Resumed from checkpoint (\S+) at step (\d+)\.", proc.stdout)
     return int(found.group(2)) if found else 0
-
-
-def listed_step(model_dir: pathlib.Path) -> int:
-    """The step of the newest complete checkpoint, `ckpt-<step>.weights.h5` (0 if none; a save
-    cut short leaves only a temporary `.tmp<pid>-ckpt-...` file, which is not listed)."""
-    from aetv2_tf.program.keras_checkpoints import list_checkpoints
-
-    found = list_checkpoints(str(model_dir / "checkpoints"))
-    return found[-1][0] if found else 0
 
 
 def test_deterministic_runs_are_bitwise_identical(reference):

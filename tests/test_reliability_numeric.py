@@ -29,7 +29,7 @@ from aetv2_tf.models import build_aet_model
 from aetv2_tf.models.layers import FusedBatchNormalization
 from aetv2_tf.program.callbacks import CheckpointEvery, StepCounter, StopOnSkippedStep
 from aetv2_tf.program.keras_checkpoints import KerasCheckpoints, list_checkpoints
-from tests.test_losses import adversarial_pairs
+from tests.numerics import adversarial_pairs
 
 BATCH, SIZE = 4, 8
 # model.fit on a tf.data.Dataset warns that its default shuffle=True does not apply.

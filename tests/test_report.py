@@ -14,22 +14,9 @@ from aetv2_tf.probes.results import (
     write_results,
 )
 from aetv2_tf.report import PAPER_TABLES, ReportError, load_all, method_of, render_report
+from tests.folders import make_result
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def make_result(probe, test_error, *, feature="block2", dataset="cifar10", pretrained=None,
-                method=None, test_examples=10000, test_top1=None):
-    result = dict(
-        probe=probe, feature=feature, pretrained=pretrained, dataset=dataset,
-        train_examples=45000, val_examples=5000, test_examples=test_examples,
-        selected_epoch=None if probe == "knn" else 17, val_top1=80.0,
-        test_top1=100.0 - test_error if test_top1 is None else test_top1,
-        test_error=test_error, wall_time_s=12.5, flags={"probe": probe, "seed": 0},
-    )
-    if method:
-        result["method"] = method
-    return result
 
 
 def table_row(markdown: str, title_start: str, label: str, source: str) -> list[str]:

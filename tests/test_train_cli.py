@@ -201,7 +201,7 @@ def test_resume_continues_the_step_and_the_learning_rate(tmp_path, cifar10_dir):
         assert b["loss"][step] == pytest.approx(a["loss"][step], rel=2e-2, abs=1e-3)
 
 
-MIRRORED_SCRIPT = textwrap.dedent("""
+MIRRORED_LOSS = textwrap.dedent("""
     import numpy as np, keras, tensorflow as tf
     from aetv2_tf.program.distribute import configure_cpu_devices, get_strategy
     configure_cpu_devices(2)
@@ -224,7 +224,7 @@ MIRRORED_SCRIPT = textwrap.dedent("""
 
 
 def test_mirrored_on_two_cpu_devices_gives_the_default_loss(cifar10_dir):
-    proc = subprocess.run([sys.executable, "-c", MIRRORED_SCRIPT.format(data=str(cifar10_dir))],
+    proc = subprocess.run([sys.executable, "-c", MIRRORED_LOSS.format(data=str(cifar10_dir))],
                           capture_output=True, text=True, cwd=REPO, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (n1, default), (n2, mirrored) = eval(proc.stdout.strip().splitlines()[-1])

@@ -29,7 +29,7 @@ import os
 from aetv2_tf.errors import UsageError
 
 #: Activation values per image of each backbone at its input size (every layer's output, as
-#: `build_backbone` builds it: `tests/test_trust_limits.py` recounts them).
+#: `build_backbone` builds it: `tests/test_no_crash_and_no_false_success.py` recounts them).
 ACTIVATIONS = {"nin": 2_252_928, "alexnet": 2_132_272}
 BYTES_PER_VALUE = 4
 BASE_BYTES = 2**30

@@ -16,9 +16,9 @@ import argparse
 import pathlib
 import sys
 
-from benchmarks.make_devdata import travelling_bytes
 from experiments.campaign import leg as legs
 from experiments.campaign import pack
+from experiments.scale.make_devdata import travelling_bytes
 
 LIMIT = 64 * 2**20
 MARGIN = 2 * 2**20  # room for the results a session adds before the call

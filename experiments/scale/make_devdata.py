@@ -1,7 +1,7 @@
-"""A CIFAR-10 training subset small enough to travel to a lent GPU (benchmarks/gpu_scale.sh).
+"""A CIFAR-10 training subset small enough to travel to a lent GPU (experiments/scale/gpu_scale.sh).
 
-    python -m benchmarks.make_devdata                  # .devdata/cifar-10-batches-py, 5 x 3,800
-    python -m benchmarks.make_devdata --per_batch=2400 --test=2000   # gpu_screen.sh's subset
+    python -m experiments.scale.make_devdata          # .devdata/cifar-10-batches-py, 5 x 3,800
+    python -m experiments.scale.make_devdata --per_batch=2400 --test=2000  # gpu_budget_runs.sh's
 
 Writes data_batch_1..5 holding the FIRST `--per_batch` images of each official training batch
 (and, with `--test=N`, a test_batch of the first N test images), in the official python layout:

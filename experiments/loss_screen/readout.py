@@ -1,7 +1,8 @@
-"""How much of the transformation a frozen encoder's block-4 features hold (issue 31): a linear
-read-out of the quarter turn, the scale, the translation and the keystone. CPU, no training.
+"""How much of the transformation a frozen encoder's block-4 features hold (the loss screen): a
+linear read-out of the quarter turn, the scale, the translation and the keystone. CPU, no training.
 
-    python -m benchmarks.readout results/scale/aetv1_lr1e-4 results/scale/aetv2_recipe none
+    python -m experiments.loss_screen.readout results/scale/aetv1_lr1e-4 \
+        results/scale/aetv2_recipe none
 
 Each argument is a directory that ``--pretrained`` takes (a pretraining ``--model_dir`` or a
 `save_encoder` directory, read by `aetv2_tf.saving.load_encoder`), or ``none`` (a random-init

@@ -9,7 +9,6 @@ report's `main` and `trust.replace_export`. Every "nothing touched" is checked b
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pathlib
@@ -20,32 +19,12 @@ import pytest
 
 from aetv2_tf.program import rundir
 from aetv2_tf.program.rundir import UsageError
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
-ESSENTIAL = ("stage", "backbone", "dataset", "loss", "batch_size")
-
-
-def tree(root: pathlib.Path) -> dict[str, str]:
-    """{relative path: SHA-256} of every file under `root` (links by their target text)."""
-    out = {}
-    for path in sorted(root.rglob("*")):
-        rel = str(path.relative_to(root))
-        if path.is_symlink():
-            out[rel] = "link:" + os.readlink(path)
-        elif path.is_file():
-            out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
-        else:
-            out[rel] = "dir"
-    return out
-
-
-def _flags(**changes) -> dict:
-    return {"stage": "pretext", "backbone": "nin", "dataset": "cifar10", "loss": "geodesic",
-            "batch_size": 16, **changes}
+from tests.cli import REPO
+from tests.folders import ESSENTIAL, run_flags, tree
 
 
 def _prepare(model_dir: pathlib.Path, overwrite: bool = False) -> None:
-    rundir.prepare(str(model_dir), _flags(), "--batch_size=16\n", ESSENTIAL, overwrite)
+    rundir.prepare(str(model_dir), run_flags(), "--batch_size=16\n", ESSENTIAL, overwrite)
 
 
 def another_run(root: pathlib.Path) -> pathlib.Path:
@@ -104,7 +83,7 @@ def test_links_and_foreign_files_in_the_run_folders_are_refused(inside, tmp_path
     elsewhere = another_run(tmp_path / "elsewhere")
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
-    (run / "flags.json").write_text(json.dumps(_flags()))
+    (run / "flags.json").write_text(json.dumps(run_flags()))
     name = {"link_file": "ckpt-1.weights.h5", "link_folder": "old", "notes": "notes.txt"}[inside]
     if inside == "notes":
         (run / "checkpoints" / name).write_text("mine")

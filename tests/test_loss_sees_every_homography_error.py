@@ -19,9 +19,8 @@ import pytest
 
 from aetv2_tf import losses, recipes
 from aetv2_tf.data.sampler import parameter_std
-from benchmarks.loss_gradients import GROUPS, PX, compose_right, error_sets, gradients
-from tests.test_loss_variants import STD, loss_and_gradients, np_variant_loss
-from tests.test_losses import check_close, random_params
+from experiments.loss_screen.loss_gradients import GROUPS, PX, compose_right, error_sets, gradients
+from tests.numerics import STD, check_close, loss_and_gradients, np_variant_loss, random_params
 
 SEES = 0.02  # gradient on the concerned entries / whole gradient of a 1-px translation error
 LINEAR, PERSPECTIVE, TRANSLATION = GROUPS["linear"], GROUPS["perspective"], GROUPS["translation"]

@@ -18,20 +18,15 @@ import zlib
 import numpy as np
 import pytest
 import tensorflow as tf
-from test_image_files import _decodes
 
 from aetv2_tf.data.files import check_image_file
 from aetv2_tf.data.headers import MAX_IMAGE_PIXELS
 from aetv2_tf.data.pipelines import classification_dataset
 from aetv2_tf.data.sources import DataError, list_image_folder, load_cifar10
+from tests.folders import decodes, jpeg_bytes
 
 
 # ------------------------------------------------------------------------------------ headers
-def _jpeg(shape=(16, 24, 3)) -> bytes:
-    image = np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8)
-    return tf.io.encode_jpeg(image, quality=90).numpy()
-
-
 def _with_frame(jpeg: bytes, sof: int | None = None, precision: int | None = None,
                 size: tuple[int, int] | None = None) -> bytes:
     """``jpeg`` with its SOF0 frame header changed: marker, precision, (height, width)."""
@@ -46,7 +41,7 @@ def _with_frame(jpeg: bytes, sof: int | None = None, precision: int | None = Non
     return bytes(frame)
 
 
-def _png(width: int, height: int) -> bytes:
+def _png_declaring(width: int, height: int) -> bytes:
     """A small real PNG whose IHDR declares ``width`` x ``height``, with a valid CRC."""
     png = tf.io.encode_png(np.zeros((8, 8, 3), np.uint8)).numpy()
     body = b"IHDR" + struct.pack(">II", width, height) + png[24:29]
@@ -62,18 +57,18 @@ def _png(width: int, height: int) -> bytes:
     ("jpeg_lossless_sof3", lambda j: _with_frame(j, sof=0xC3), "lossless JPEG (SOF3)"),
     ("jpeg_hierarchical_sof5", lambda j: _with_frame(j, sof=0xC5), "hierarchical JPEG"),
     ("jpeg_dnl_height", lambda j: _with_frame(j, size=(0, 24)), "JPEG whose height is set"),
-    ("png_30000", lambda j: _png(30000, 30000), "PNG declares 30000 x 30000"),
-    ("png_bad_crc", lambda j: _png(8, 8)[:29] + b"\0\0\0\0" + _png(8, 8)[33:],
+    ("png_30000", lambda j: _png_declaring(30000, 30000), "PNG declares 30000 x 30000"),
+    ("png_bad_crc", lambda j: _png_declaring(8, 8)[:29] + b"\0\0\0\0" + _png_declaring(8, 8)[33:],
      "PNG whose IHDR chunk is damaged"),
 ])
 def test_undecodable_or_oversized_headers_are_named_not_decoded(tmp_path, name, make, reason):
     """Each header refused by `check_image_file` really fails TensorFlow's decoder (the old check
     passed them all, and training died at its first batch with an InvalidArgumentError)."""
     path = tmp_path / f"{name}.jpg"
-    path.write_bytes(make(_jpeg()))
+    path.write_bytes(make(jpeg_bytes()))
     found = check_image_file(str(path))
     assert found is not None and found.startswith(reason), found
-    assert not _decodes(path)
+    assert not decodes(path)
 
 
 def test_decodable_headers_pass(tmp_path):
@@ -83,8 +78,8 @@ def test_decodable_headers_pass(tmp_path):
     from PIL import Image
 
     image = np.random.default_rng(1).integers(0, 256, (16, 24, 3), dtype=np.uint8)
-    files = {"real.jpg": _jpeg(), "sof1.jpg": _with_frame(_jpeg(), sof=0xC1),
-             "real.png": _png(8, 8)}
+    files = {"real.jpg": jpeg_bytes(), "sof1.jpg": _with_frame(jpeg_bytes(), sof=0xC1),
+             "real.png": _png_declaring(8, 8)}
     for mode in ("L", "P", "RGB", "RGBA", "1"):
         path = tmp_path / f"{mode}.bmp"
         Image.fromarray(image).convert(mode).save(path, "BMP")
@@ -107,7 +102,7 @@ def test_decodable_headers_pass(tmp_path):
         if name in refused:
             assert found is not None and found.startswith(refused[name]), (name, found)
         else:
-            assert found is None and _decodes(tmp_path / name), (name, found)
+            assert found is None and decodes(tmp_path / name), (name, found)
     assert MAX_IMAGE_PIXELS == 89_478_485  # Pillow's; documented in aetv2_tf.data.headers
 
 
@@ -180,7 +175,7 @@ def test_gif_blocks_and_bmp_codings_are_checked(tmp_path, name, data, reason, fa
     found = check_image_file(str(path))
     assert found is not None and found.startswith(reason), found
     if fails_tf and "bomb" not in name and "area" not in name:  # bombs: never decoded here
-        assert not _decodes(path)
+        assert not decodes(path)
 
 
 def test_gif_and_bmp_forms_tensorflow_decodes_pass(tmp_path):
@@ -202,7 +197,7 @@ def test_gif_and_bmp_forms_tensorflow_decodes_pass(tmp_path):
     for name, data in files.items():
         (tmp_path / name).write_bytes(data)
         found = check_image_file(str(tmp_path / name))
-        assert found is None and _decodes(tmp_path / name), (name, found)
+        assert found is None and decodes(tmp_path / name), (name, found)
 
 
 def _with_bytes_before_dqt(jpeg: bytes, inserted: bytes) -> bytes:
@@ -218,28 +213,28 @@ def test_jpeg_fill_bytes_and_standalone_markers_between_segments_pass(tmp_path, 
     (libjpeg skips it as "extraneous bytes" and decodes); RSTn and TEM have no length. The old
     walker read FF 00 as a marker with a length and refused the file as truncated."""
     path = tmp_path / "f.jpg"
-    path.write_bytes(_with_bytes_before_dqt(_jpeg(), inserted))
+    path.write_bytes(_with_bytes_before_dqt(jpeg_bytes(), inserted))
     assert check_image_file(str(path)) is None
-    assert _decodes(path)
+    assert decodes(path)
 
 
 def test_a_jpeg_segment_running_past_the_end_is_truncated(tmp_path):
-    jpeg = _jpeg()
+    jpeg = jpeg_bytes()
     path = tmp_path / "f.jpg"
     path.write_bytes(jpeg[:2] + b"\xff\xe1\x40\x00" + jpeg[2:200] + b"\xff\xd9")  # 16 KB APP1
     found = check_image_file(str(path))
     assert found is not None and found.startswith(
         "truncated JPEG (segment FFE1 of 16,384 bytes at byte 2 runs past the end of the file, "
         "206 bytes)"), found
-    assert not _decodes(path)
+    assert not decodes(path)
 
 
 def test_a_folder_leaves_bombs_out_and_keeps_the_rest(tmp_path):
     for c in ("a", "b"):
         (tmp_path / c).mkdir()
-        (tmp_path / c / "ok.jpg").write_bytes(_jpeg())
-    (tmp_path / "a" / "bomb.png").write_bytes(_png(30000, 30000))
-    (tmp_path / "b" / "deep.jpg").write_bytes(_with_frame(_jpeg(), precision=12))
+        (tmp_path / c / "ok.jpg").write_bytes(jpeg_bytes())
+    (tmp_path / "a" / "bomb.png").write_bytes(_png_declaring(30000, 30000))
+    (tmp_path / "b" / "deep.jpg").write_bytes(_with_frame(jpeg_bytes(), precision=12))
     files = list_image_folder(tmp_path)
     assert sorted(os.path.basename(p) for p, _ in files.skipped) == ["bomb.png", "deep.jpg"]
     assert [os.path.basename(p) for p in files.paths] == ["ok.jpg", "ok.jpg"]
@@ -364,7 +359,7 @@ def _folder(root, classes=("a", "b"), per_class=1):
     for c in classes:
         (root / c).mkdir(parents=True)
         for i in range(per_class):
-            (root / c / f"{i}.jpg").write_bytes(_jpeg())
+            (root / c / f"{i}.jpg").write_bytes(jpeg_bytes())
     return root
 
 
@@ -415,7 +410,8 @@ def test_empty_and_single_class_folders_are_refused(tmp_path):
     (root / "b" / "notes.txt").write_text("no image")
     with pytest.raises(DataError, match="class folder b holds no image"):
         list_image_folder(root)
-    (root / "b" / "bomb.png").write_bytes(_png(30000, 30000))  # its only image is left out
+    # its only image is left out
+    (root / "b" / "bomb.png").write_bytes(_png_declaring(30000, 30000))
     with pytest.raises(DataError, match=r"no image of class folder\(s\) b can be decoded"):
         list_image_folder(root)
 

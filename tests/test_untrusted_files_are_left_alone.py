@@ -9,34 +9,18 @@ file under a folder).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pathlib
 
 import keras
 import pytest
-from cli import run_module
 
 from aetv2_tf.program import rundir
 from aetv2_tf.program.rundir import UsageError
 from aetv2_tf.trust import MANIFEST, ExportTargetError, verify_export
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
-
-
-def tree(root: pathlib.Path) -> dict[str, str]:
-    """{relative path: SHA-256} of every file under `root` (symlinks by their target text)."""
-    out = {}
-    for path in sorted(root.rglob("*")):
-        rel = str(path.relative_to(root))
-        if path.is_symlink():
-            out[rel] = "link:" + os.readlink(path)
-        elif path.is_file():
-            out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
-        else:
-            out[rel] = "dir"
-    return out
+from tests.cli import REPO, run_module
+from tests.folders import ESSENTIAL, run_flags, tree
 
 
 def user_folder(root: pathlib.Path) -> pathlib.Path:
@@ -159,14 +143,6 @@ def test_a_manifestless_export_with_a_user_file_deep_inside_is_not_replaced(tmp_
 
 
 # ------------------------------------------------------------------ 2. --overwrite
-def _run_flags(**changes) -> dict:
-    return {"stage": "pretext", "backbone": "nin", "dataset": "cifar10", "loss": "geodesic",
-            "batch_size": 16, **changes}
-
-
-ESSENTIAL = ("stage", "backbone", "dataset", "loss", "batch_size")
-
-
 def test_overwrite_refuses_a_folder_dataset_root(tmp_path):
     """A folder dataset's root that holds a flags.json: --overwrite with other flags is refused,
     naming an image, and the dataset's train/ and test/ are byte-identical."""
@@ -176,7 +152,7 @@ def test_overwrite_refuses_a_folder_dataset_root(tmp_path):
         (root / split / cls / "0001.png").write_bytes(os.urandom(500))
     before = tree(root)
     with pytest.raises(UsageError, match=r"did not write.*0001\.png.*Nothing was changed"):
-        rundir.prepare(str(root), _run_flags(batch_size=32), "--batch_size=32\n", ESSENTIAL,
+        rundir.prepare(str(root), run_flags(batch_size=32), "--batch_size=32\n", ESSENTIAL,
                        overwrite=True)
     assert tree(root) == before
 
@@ -189,7 +165,7 @@ def test_overwrite_moves_the_old_run_aside_and_deletes_nothing(tmp_path):
     (run / "train" / "events.out.tfevents.1.host").write_bytes(b"events")
     (run / "my_notes.txt").write_text("mine")
     before = tree(run)
-    rundir.prepare(str(run), _run_flags(batch_size=32), "--batch_size=32\n", ESSENTIAL,
+    rundir.prepare(str(run), run_flags(batch_size=32), "--batch_size=32\n", ESSENTIAL,
                    overwrite=True)
     aside = [p for p in run.iterdir() if p.name.startswith("overwritten-")]
     assert len(aside) == 1
@@ -207,9 +183,9 @@ def test_a_start_that_trained_nothing_does_not_block_the_corrected_command(tmp_p
     still refused."""
     run = tmp_path / "run"
     (run / "train").mkdir(parents=True)
-    (run / "flags.json").write_text(json.dumps(_run_flags()))
+    (run / "flags.json").write_text(json.dumps(run_flags()))
     (run / "train" / "events.out.tfevents.1.host").write_bytes(b"events")
-    rundir.prepare(str(run), _run_flags(batch_size=8), "--batch_size=8\n", ESSENTIAL,
+    rundir.prepare(str(run), run_flags(batch_size=8), "--batch_size=8\n", ESSENTIAL,
                    overwrite=False)
     assert json.loads((run / "flags.json").read_text())["batch_size"] == 8
     aside = next(p for p in run.iterdir() if p.name.startswith("overwritten-"))
@@ -217,7 +193,7 @@ def test_a_start_that_trained_nothing_does_not_block_the_corrected_command(tmp_p
 
     trained = fake_run(tmp_path / "trained")
     with pytest.raises(UsageError, match="different essential flags"):
-        rundir.prepare(str(trained), _run_flags(batch_size=8), "", ESSENTIAL, overwrite=False)
+        rundir.prepare(str(trained), run_flags(batch_size=8), "", ESSENTIAL, overwrite=False)
 
 
 @pytest.mark.parametrize("content", ["not json {", "[1, 2]", '{"stage": {"a": 1}}'])
@@ -229,7 +205,7 @@ def test_a_malformed_flags_json_is_refused_naming_the_file(content, tmp_path):
     (run / "flags.json").write_text(content)
     before = tree(run)
     with pytest.raises(UsageError, match=r"flags\.json.*(move it away|restore)"):
-        rundir.prepare(str(run), _run_flags(), "--stage=pretext\n", ESSENTIAL, overwrite=False)
+        rundir.prepare(str(run), run_flags(), "--stage=pretext\n", ESSENTIAL, overwrite=False)
     assert tree(run) == before
 
 

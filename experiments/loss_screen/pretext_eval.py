@@ -1,6 +1,6 @@
 """Held-out pretext diagnostics of a trained AET model: how well it decodes each quarter turn.
 
-    python -m benchmarks.pretext_eval runs/screen/<name> [--pairs=2048]
+    python -m experiments.loss_screen.pretext_eval runs/screen/<name> [--pairs=2048]
 
 Loads `<model_dir>/aet_model.keras`, makes `--pairs` (x, t(x)) pairs from the CIFAR-10 TEST
 images (no augmentation, a fixed seed: the same pairs for every model) and prints, per quarter

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# Issue 31's CPU screen: the AETv2 recipe and the three variants that see the whole homography,
+# The loss screen on the CPU: the AETv2 recipe and the three variants that see the whole homography,
 # at B1 (390 steps x 128 pairs) on configs/budget_aetv2.cfg (Adam 1e-3, 40 warm-up steps, cosine,
 # per-branch BatchNorm), two seeds, one training at a time; each run is scored by the authors' KNN
-# and the quarter-turn diagnostics (benchmarks.screen), then every encoder by the linear read-out
-# of the transformation (benchmarks.readout). AETv1 (the project's and the official target) are
+# and the quarter-turn diagnostics (experiments.loss_screen.screen), then every encoder by the linear read-out
+# of the transformation (experiments.loss_screen.readout). AETv1 (the project's and the official target) are
 # the rows v1_perbranch_s{0,1} / v1_official_s{0,1} of the same budget (configs/budget_aetv1.cfg,
 # same optimiser: only the loss differs); pass --with_aetv1 to retrain them here too.
 #
-#     nohup bash benchmarks/cpu_screen31.sh > runs/screen/screen31.log 2>&1 &
+#     nohup bash experiments/loss_screen/cpu_screen.sh > runs/screen/cpu_screen.log 2>&1 &
 #
-# Rows go to runs/screen/rows.md, the read-out to runs/screen/readout31.md.
+# Rows go to runs/screen/rows.md, the read-out to runs/screen/readout.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
@@ -27,7 +27,7 @@ for seed in $SEEDS; do
   if [[ "${1:-}" == "--with_aetv1" ]]; then
     for v1 in "v1_perbranch:" "v1_official:--mse_target=official"; do
       name=${v1%%:*}_s$seed; extra=${v1#*:}
-      $PY -m benchmarks.screen --name="$name" --flagfile=configs/budget_aetv1.cfg \
+      $PY -m experiments.loss_screen.screen --name="$name" --flagfile=configs/budget_aetv1.cfg \
         --steps="$STEPS" --train_flag=--warmup_steps=40 --train_flag=--seed="$seed" \
         ${extra:+--train_flag=$extra}
     done
@@ -35,7 +35,7 @@ for seed in $SEEDS; do
   for v in "${ORDER[@]}"; do
     args=()
     for f in ${VARIANT[$v]}; do args+=("--train_flag=$f"); done
-    $PY -m benchmarks.screen --name="${v}_s$seed" --flagfile=configs/budget_aetv2.cfg \
+    $PY -m experiments.loss_screen.screen --name="${v}_s$seed" --flagfile=configs/budget_aetv2.cfg \
       --steps="$STEPS" --train_flag=--warmup_steps=40 --train_flag=--seed="$seed" "${args[@]}"
     encoders+=("runs/screen/${v}_s$seed")
   done
@@ -43,4 +43,4 @@ done
 for seed in $SEEDS; do
   encoders+=("runs/screen/v1_perbranch_s$seed" "runs/screen/v1_official_s$seed")
 done
-$PY -m benchmarks.readout "${encoders[@]}" none --json | tee runs/screen/readout31.md
+$PY -m experiments.loss_screen.readout "${encoders[@]}" none --json | tee runs/screen/readout.md

@@ -25,7 +25,7 @@ from aetv2_tf.errors import UsageError
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _png() -> bytes:
+def _grey_png() -> bytes:
     from PIL import Image
 
     buffer = io.BytesIO()
@@ -48,10 +48,10 @@ def test_a_non_utf8_file_name_and_a_looping_class_link_are_named_before_anything
     root = tmp_path / "images"
     for name in ("a", "b"):
         (root / "train" / name).mkdir(parents=True)
-        (root / "train" / name / "1.png").write_bytes(_png())
+        (root / "train" / name / "1.png").write_bytes(_grey_png())
     bad = os.path.join(os.fsencode(root / "train" / "a"), b"caf\xe9.png")
     with open(bad, "wb") as f:
-        f.write(_png())
+        f.write(_grey_png())
     args = _quick("--dataset=folder", "--backbone=nin", f"--data_dir={root}", "--batch_size=2",
                   "--train_steps=1")
     code = program(*args, f"--model_dir={tmp_path / 'run1'}")

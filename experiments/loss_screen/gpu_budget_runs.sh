@@ -3,7 +3,7 @@
 # Needs, in the repository root: .whl/ (keras 3.15.1, namex, optree wheels for the machine's
 # Python) and .devdata/cifar-10-batches-py (a CIFAR-10 subset in the official python layout:
 # the first 2,400 images of each training batch = 12,000, and the first 2,000 test images).
-# Usage: bash benchmarks/gpu_screen.sh speed | NAME [extra flags...]
+# Usage: bash experiments/loss_screen/gpu_budget_runs.sh speed | NAME [extra flags...]
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit 1

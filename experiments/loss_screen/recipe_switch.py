@@ -1,9 +1,9 @@
-"""The README's Python block with another recipe (issue 32: "AETv1 by switching the recipe"):
+"""The README's Python block with another recipe ("AETv1 by switching the recipe"):
 pretrain a NIN for STEPS x 64 pairs with `as_recipe(NAME)` (warm-up STEPS // 10, optionally
 another learning rate), then the authors' KNN of block 2 on 5,000 vs 1,000 images beside a
 random init (unseeded: the random init differs per call).
 
-    python -m benchmarks.recipe_switch aetv1 150 1e-3     # NAME STEPS [LEARNING_RATE]
+    python -m experiments.loss_screen.recipe_switch aetv1 150 1e-3     # NAME STEPS [LEARNING_RATE]
 
 Prints one line: the arguments, the training wall time, both KNN top-1 scores, the KNN time.
 """

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue "Scale" on a lent GPU, in ONE device command of at most ~9 minutes (docs/reproduction.md,
+# The scale runs on a lent GPU, in ONE device command of at most ~9 minutes (docs/reproduction.md,
 # "At scale (GPU)"): Keras on JAX, batch 512, the SAME steps for each, one after the other:
 #   aetv2_recipe  configs/cifar10_aetv2.cfg (16x frame, no residual, Adam 1e-4, cosine, 1,000 warm-up)
 #   aetv1_lr1e-4  configs/cifar10_aetv1.cfg at Adam 1e-4 with the recipe's schedule (B3's best AETv1:
@@ -7,7 +7,7 @@
 #   aetv2_paper   configs/cifar10_aetv2_paper.cfg (Eq. 11 as written, Adam 1e-5), if time allows.
 # Needs, in the repository root (both ignored; name them in the run tool's carry): .whl/ (keras
 # 3.15.1, namex, optree wheels for the device's Python 3.12) and .devdata/cifar-10-batches-py
-# (`python -m benchmarks.make_devdata`: the first 3,800 images of each training batch = 19,000,
+# (`python -m experiments.scale.make_devdata`: the first 3,800 images of each training batch = 19,000,
 # 56 MiB; no test images: the encoders are scored on the CPU by the full KNN protocol).
 #
 # Steps: 8,000 x 512 = 4,096,000 pairs per method (82 CIFAR-10 epochs; 216 passes over the subset).
@@ -28,7 +28,7 @@
 # CPU test (tiny, ~40 s, 8 files; the exact commands: docs/reproduction.md): PY=.venv/bin/python
 #   WHL=<wheels for the CPU's Python> SITE=/tmp/scale_site RUNS=/tmp/scale_runs STEPS=6 SPE=3
 #   SUMMARY=3 BATCH=8 DEADLINE_S=3000 LIMIT_S=3000 ALEX_BATCH=2 ALEX_STEPS=2 OUT=/tmp/scale_out
-#   bash benchmarks/gpu_scale.sh
+#   bash experiments/scale/gpu_scale.sh
 set -u -o pipefail
 : "${OUT:?set OUT}"
 STEPS=${STEPS:-8000} SPE=${SPE:-10} BATCH=${BATCH:-512} SUMMARY=${SUMMARY:-200}
@@ -59,7 +59,7 @@ train() {  # NAME FLAGFILE [flags...]: one run, then its files to $OUT
   (cd "$RUNS" && tar -cf "$OUT/logs.tar" $(ls -d */train/log.csv */flags.cfg 2>/dev/null))
 }
 
-alexnet_rate() {  # issue "ImageNet input": the AlexNet 224 pair-step rate, if >= 90 s are left
+alexnet_rate() {  # the AlexNet 224 pair-step rate, if >= 90 s are left
   local left=$((T0 + LIMIT_S - $(date +%s)))
   if [ "$left" -lt 90 ]; then echo "== alexnet_step SKIPPED: $left s left"; return; fi
   echo "== alexnet_step at +$(( $(date +%s) - T0 )) s, $left s left"

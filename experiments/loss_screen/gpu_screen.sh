@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 31's GPU screen on a lent GPU, in ONE device command of about 9 minutes (docs/reproduction.md,
+# The loss screen on a lent GPU, in ONE device command of about 9 minutes (docs/reproduction.md,
 # "AETv2 that earns its name"): Keras on JAX, batch 512, the SAME steps and schedule for each
 # method (Adam 1e-4, cosine, WARMUP warm-up steps), interleaved so that a cut-off still leaves one
 # seed of each: seed 0 of every method in METHODS, then seed 2 of every method. METHODS (in order):
@@ -11,7 +11,7 @@
 #   sq4          configs/cifar10_aetv2_sq4.cfg (theta^2 at 4x, no residual: the control)
 # Needs, in the repository root (both ignored; name them in the run tool's carry): .whl/ (keras
 # 3.15.1, namex, optree wheels for the device's Python 3.12, as for gpu_scale.sh) and
-# .devdata/cifar-10-batches-py (`python -m benchmarks.make_devdata --per_batch=2000`: 10,000
+# .devdata/cifar-10-batches-py (`python -m experiments.scale.make_devdata --per_batch=2000`: 10,000
 # images, 29 MiB, so that it travels beside the tracked results/ (28 MiB) within the tool's 64 MiB;
 # make_devdata's last line prints the total).
 #
@@ -24,26 +24,27 @@
 # more run). A run after the first starts only if the time left before DEADLINE_S is >= 1.15 x the
 # longest run so far, and every run is cut (SIGTERM: no encoder, skipped) at LIMIT_S = 545 s,
 # inside the tool's 600 s: with the machine's start (1-2 min) and the transfers, ~11 minutes of a
-# 15-minute allowance. A later session runs the seed-2 runs that were skipped with e.g.
-# SEEDS=2 METHODS="hybrid sq4" (session 10 ran seed 0 of all five and seed 2 of aetv1,
+# 15-minute allowance. A later call runs the seed-2 runs that were skipped with e.g.
+# SEEDS=2 METHODS="hybrid sq4" (the recorded run: seed 0 of all five and seed 2 of aetv1,
 # sq4_unitres and recipe on an H100: docs/reproduction.md, "The GPU screen at 1.8 M pairs").
 #
-# Device call: run(command="OUT=$OUT bash benchmarks/gpu_screen31.sh", carry=[".whl", ".devdata"],
+# Device call: run(command="OUT=$OUT bash experiments/loss_screen/gpu_screen.sh", carry=[".whl", ".devdata"],
 # timeout_s=600). Back (at most 6 files, each <= 12 MiB, <= 60 MiB together; the tool takes 8 x 16
 # MiB, 64 MiB): $OUT/<method>.tar per method that finished a run, holding <method>_s<seed>/
 # {encoder.weights.h5, flags.json, flags.cfg, train/log.csv} (what --pretrained takes), and
-# $OUT/console.txt. Unpack: `mkdir -p results/screen31 && for f in <files_at>/*.tar; do tar xf "$f"
-# -C results/screen31; done; cp <files_at>/console.txt results/screen31/`; then score each
-# results/screen31/<name> on the CPU (docs/reproduction.md: the authors' KNN, benchmarks/readout.py).
+# $OUT/console.txt. Unpack: `mkdir -p results/loss_screen && for f in <files_at>/*.tar; do tar xf "$f"
+# -C results/loss_screen; done; cp <files_at>/console.txt results/loss_screen/`; then score each
+# results/loss_screen/<name> on the CPU (docs/reproduction.md: the authors' KNN,
+# experiments/loss_screen/readout.py).
 #
-# CPU test (tiny; tests/test_benchmarks.py::test_gpu_screen31_script_at_tiny_size): WHL=none (no
+# CPU test (tiny; tests/test_loss_screen.py, `screened`): WHL=none (no
 # install: the virtual environment has keras), PY=.venv/bin/python, DATA=<cifar-10-batches-py>,
 # EXTRA=--train_examples=64, STEPS=2 SPE=1 SUMMARY=1 WARMUP=1 BATCH=8, METHODS, SEEDS, RUNS, OUT.
 set -u -o pipefail
 : "${OUT:?set OUT}"
 STEPS=${STEPS:-3600} SPE=${SPE:-10} BATCH=${BATCH:-512} SUMMARY=${SUMMARY:-200}
 WARMUP=${WARMUP:-450} DEADLINE_S=${DEADLINE_S:-500} LIMIT_S=${LIMIT_S:-545} PY=${PY:-python3}
-WHL=${WHL:-.whl} SITE=${SITE:-/tmp/site} RUNS=${RUNS:-/tmp/screen31}
+WHL=${WHL:-.whl} SITE=${SITE:-/tmp/site} RUNS=${RUNS:-/tmp/loss_screen}
 D=${DATA:-.devdata/cifar-10-batches-py} EXTRA=${EXTRA:-}
 METHODS=${METHODS:-aetv1 recipe sq4_unitres hybrid sq4} SEEDS=${SEEDS:-0 2}
 T0=$(date +%s) longest=0

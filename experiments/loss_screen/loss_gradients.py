@@ -1,6 +1,7 @@
-"""Where each pretext loss puts its gradient (issue 31): CPU, no training, a few seconds.
+"""Where each pretext loss puts its gradient (the loss screen): CPU, no training, a few seconds.
 
-    python -m benchmarks.loss_gradients [--pairs=4096] [--lambdas=1,3,10,30] [--mse_weights=...]
+    python -m experiments.loss_screen.loss_gradients [--pairs=4096] [--lambdas=1,3,10,30] \
+        [--mse_weights=...]
 
 For homographies ``T`` drawn by the project's sampler (32x32, integer shifts, a fixed seed) and
 decoded homographies ``T_hat`` that are wrong in a known way, the gradient of each loss with
@@ -20,7 +21,7 @@ taken per pair and summarised:
 * geodesic part: for the hybrids, ``|g_geodesic| / (|g_geodesic| + |g_mse|)`` on the first set
   (mean norms); 1 for the purely geodesic losses, 0 for AETv1.
 
-Rows: AETv1 (the normalised parameter MSE), the recipe ``AETV2`` and the issue-31 variants
+Rows: AETv1 (the normalised parameter MSE), the recipe ``AETV2`` and the loss screen's variants
 (``AETV2_SQ4``, ``AETV2_SQ4_UNITRES``, ``AETV2_HYBRID``), plus sweeps of the unit-frame residual's
 ``lambda`` and the hybrid's MSE weight. Prints a markdown table.
 """

@@ -20,7 +20,7 @@ from aetv2_tf.errors import UsageError
 from aetv2_tf.saving import save_atomically
 
 
-def _images(n: int = 4) -> np.ndarray:
+def _uint8_batch(n: int = 4) -> np.ndarray:
     return np.random.default_rng(0).integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
 
 
@@ -53,7 +53,7 @@ def test_load_encoders_encoder_refuses_raw_pixels_as_the_library_does(tmp_path):
     keras.utils.set_random_seed(0)
     directory = aetv2_tf.save_encoder(aetv2_tf.build_backbone("nin"), str(tmp_path / "enc"))
     encoder = aetv2_tf.load_encoder(directory)
-    images = _images()
+    images = _uint8_batch()
     for given, found in ((images, "uint8 images"),
                          (images / np.float32(255), r"values in \[0, 1\]|none below 0"),
                          (images.astype("float32"), "none below 0")):

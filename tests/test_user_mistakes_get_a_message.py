@@ -27,7 +27,7 @@ from aetv2_tf.program import flag_support
 from aetv2_tf.program.flags import FLAGS, program_flags
 from aetv2_tf.program.rundir import UsageError
 from tests.cli import REPO, _env, train_args
-from tests.test_report import make_result
+from tests.folders import make_result
 
 
 @pytest.fixture

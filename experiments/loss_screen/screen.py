@@ -1,7 +1,7 @@
 """One row of the research table: pretrain a variant, score it with KNN, print the row.
 
-    python -m benchmarks.screen --name=v1_b1 --flagfile=configs/budget_aetv1.cfg --steps=390 \
-        --train_flag=--warmup_steps=40
+    python -m experiments.loss_screen.screen --name=v1_b1 --flagfile=configs/budget_aetv1.cfg \
+        --steps=390 --train_flag=--warmup_steps=40
 
 runs `python -m aetv2_tf.train --flagfile=F --model_dir=runs/screen/NAME --train_steps=STEPS
 [train flags]` and then the KNN probe (`configs/cifar10_probe_knn.cfg`: the published AETv1
@@ -10,7 +10,7 @@ code's KNN, k = 10, Euclidean, block 2 pooled 2x2 to 3,072 values, float32, 50,0
 `--flagfile=none` scores a random-init encoder instead (its `--train_flag`s go to the probe,
 e.g. `--train_flag=--seed=1` for another init). The markdown row
 (name, the exact pretraining command, steps x batch, wall times, final loss, the held-out
-accuracy of each quarter turn k = 0/1/2/3 (`benchmarks.pretext_eval`), KNN top-1) is
+accuracy of each quarter turn k = 0/1/2/3 (`experiments.loss_screen.pretext_eval`), KNN top-1) is
 printed and appended to `runs/screen/rows.md`; docs/reproduction.md collects those rows.
 """
 
@@ -69,8 +69,8 @@ def main() -> None:
         probe = knn(str(run_dir), knn_dir, args, log)
     rotations = "-"
     if args.flagfile != "none":
-        proc = subprocess.run([sys.executable, "-m", "benchmarks.pretext_eval", str(run_dir),
-                               f"--data_dir={args.data_dir}"], cwd=common.REPO,
+        proc = subprocess.run([sys.executable, "-m", "experiments.loss_screen.pretext_eval",
+                               str(run_dir), f"--data_dir={args.data_dir}"], cwd=common.REPO,
                               capture_output=True, text=True, check=True)
         held_out = json.loads(proc.stdout.strip().splitlines()[-1])
         rotations = " / ".join(f"{held_out[f'k{k}']['accuracy']:.2f}" for k in range(4))

@@ -1,0 +1,95 @@
+"""Image files and folders the tests write, and a folder's digest: random JPEG bytes, whether
+TensorFlow decodes a file, class folders of random images, `tree` for "nothing touched", and
+what a run folder holds: the flags of a minimal run (`run_flags`, `ESSENTIAL`) for
+`rundir.prepare`, a probe's results.json (`make_result`).
+
+Folders of CIFAR-10 images (the ILSVRC layout, bad files, a prepared tensorflow-datasets copy)
+are `benchmarks.make_folder`'s: the folder benchmarks (check_files, readers, imagenet_input) make
+them too, and the tests import them from there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+
+import numpy as np
+
+#: The essential flags of `run_flags`' runs: another value of one of them is another run.
+ESSENTIAL = ("stage", "backbone", "dataset", "loss", "batch_size")
+
+
+def jpeg_bytes(shape: tuple[int, int, int] = (16, 24, 3), seed: int = 0) -> bytes:
+    """A JPEG (quality 90) of seeded uniform noise of `shape` (height, width, 3)."""
+    import tensorflow as tf
+
+    image = np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8)
+    return tf.io.encode_jpeg(image, quality=90).numpy()
+
+
+def decodes(path) -> bool:
+    """Whether the training input's decoder (`aetv2_tf.data.files.decode_image_file`) reads
+    the file at `path`."""
+    import tensorflow as tf
+
+    from aetv2_tf.data.files import decode_image_file
+
+    try:
+        decode_image_file(str(path), 0)
+        return True
+    except tf.errors.InvalidArgumentError:
+        return False
+
+
+def write_image_folder(root: pathlib.Path, per_class: dict[str, int], seed: int = 0) -> None:
+    """root/<split>/<class>/<i>.{png,jpg}: random images of random sizes (2 classes), e.g.
+    ``per_class={"train": 6, "val": 3}``."""
+    import cv2
+
+    rng = np.random.default_rng(seed)
+    for split, count in per_class.items():
+        for name in ("beach", "forest"):
+            (root / split / name).mkdir(parents=True)
+            for i in range(count):
+                height, width = rng.integers(40, 120, size=2)
+                image = rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8)
+                assert cv2.imwrite(str(root / split / name / f"{i}.{('png', 'jpg')[i % 2]}"),
+                                   image)
+
+
+def tree(root: pathlib.Path) -> dict[str, str]:
+    """{relative path: SHA-256} of every file under `root` (links by their target text, folders
+    as "dir"): a folder's "nothing touched" checked byte for byte."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        if path.is_symlink():
+            out[rel] = "link:" + os.readlink(path)
+        elif path.is_file():
+            out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+        else:
+            out[rel] = "dir"
+    return out
+
+
+def run_flags(**changes) -> dict:
+    """The recorded flags (flags.json) of a minimal pretext run, with `changes`."""
+    return {"stage": "pretext", "backbone": "nin", "dataset": "cifar10", "loss": "geodesic",
+            "batch_size": 16, **changes}
+
+
+def make_result(probe, test_error, *, feature="block2", dataset="cifar10", pretrained=None,
+                method=None, test_examples=10000, test_top1=None) -> dict:
+    """A probe's results (what `aetv2_tf.probes.results.write_results` takes) of a full CIFAR-10
+    split, `test_error` % wrong."""
+    result = dict(
+        probe=probe, feature=feature, pretrained=pretrained, dataset=dataset,
+        train_examples=45000, val_examples=5000, test_examples=test_examples,
+        selected_epoch=None if probe == "knn" else 17, val_top1=80.0,
+        test_top1=100.0 - test_error if test_top1 is None else test_top1,
+        test_error=test_error, wall_time_s=12.5, flags={"probe": probe, "seed": 0},
+    )
+    if method:
+        result["method"] = method
+    return result
