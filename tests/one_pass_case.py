@@ -1,7 +1,8 @@
 """Per-branch Siamese BatchNorm in one encoder call against two calls, on the running backend.
 
 `python tests/one_pass_case.py ENCODER BATCH_NORM` (ENCODER "tiny" or "nin", BATCH_NORM "keras"
-or "fused") prints one JSON line; `compare` returns the same dict in this process. Two pretext
+or "fused") prints one JSON line; `compare_one_and_two_passes` returns the same dict in this
+process. Two pretext
 models of the AETv2 recipe (`Recipe.build_model`, pairs made inside the step) are built on
 identically initialised encoders, one with ``one_pass=False`` (two encoder calls, x then t(x)),
 one with ``one_pass=True`` (one call on the joint batch, per-half statistics), the second given
@@ -31,7 +32,7 @@ import sys
 import numpy as np
 
 
-def tiny_encoder(batch_norm: str):
+def tiny_bn_encoder(batch_norm: str):
     """``(16, 16, 3) -> (8, 8, 8)``: conv + BN + ReLU twice, the second strided."""
     import keras
 
@@ -46,7 +47,7 @@ def tiny_encoder(batch_norm: str):
 def encoder_of(name: str, batch_norm: str):
     from aetv2_tf.models import build_backbone
 
-    return tiny_encoder(batch_norm) if name == "tiny" else \
+    return tiny_bn_encoder(batch_norm) if name == "tiny" else \
         build_backbone("nin", (32, 32, 3), batch_norm=batch_norm)
 
 
@@ -70,7 +71,7 @@ def build_model_on(encoder, one_pass: bool | None):
     return model
 
 
-def loss_and_gradients(model, images):
+def model_loss_and_gradients(model, images):
     """``(loss, output, gradients, moving statistics after the forward pass)``, NumPy; the
     model's variables are left as they were."""
     import keras
@@ -109,7 +110,8 @@ def _relative(a: list, b: list) -> float:
                for x, y in pairs)
 
 
-def compare(name: str = "tiny", batch_norm: str = "keras", batch: int = 4) -> dict:
+def compare_one_and_two_passes(name: str = "tiny", batch_norm: str = "keras",
+                               batch: int = 4) -> dict:
     two, one = build(name, batch_norm, False), build(name, batch_norm, True)
     one.set_weights(two.get_weights())
     size = int(two.inputs[0].shape[1])
@@ -117,7 +119,7 @@ def compare(name: str = "tiny", batch_norm: str = "keras", batch: int = 4) -> di
     start = [np.asarray(v) for v in two.trainable_variables]
     statistics = [i for i, v in enumerate(two.non_trainable_variables) if "moving" in v.path]
     moving = [np.asarray(two.non_trainable_variables[i]) for i in statistics]
-    (l2, o2, g2, s2), (l1, o1, g1, s1) = (loss_and_gradients(m, images) for m in (two, one))
+    (l2, o2, g2, s2), (l1, o1, g1, s1) = (model_loss_and_gradients(m, images) for m in (two, one))
     s2, s1 = ([s[i] for i in statistics] for s in (s2, s1))
     got = dict(groups=[two.batch_groups, one.batch_groups], loss=abs(l2 - l1), loss_value=l2,
                output=float(np.max(np.abs(o2 - o1))), grad=_relative(g2, g1),
@@ -139,4 +141,4 @@ def _largest(a, b) -> float:
 
 
 if __name__ == "__main__":
-    print(json.dumps(compare(*sys.argv[1:3])))
+    print(json.dumps(compare_one_and_two_passes(*sys.argv[1:3])))

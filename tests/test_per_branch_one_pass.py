@@ -43,19 +43,20 @@ def check(got: dict) -> None:
 
 
 def test_one_pass_equals_two_passes_tensorflow_keras_batch_norm():
-    check(one_pass_case.compare("tiny", "keras"))
+    check(one_pass_case.compare_one_and_two_passes("tiny", "keras"))
 
 
 def test_one_pass_equals_two_passes_nin_tensorflow_fused():
     """The package's NIN with TensorFlow's default (fused) BatchNorm, 12 layers deep."""
-    check(one_pass_case.compare("nin", "fused"))
+    check(one_pass_case.compare_one_and_two_passes("nin", "fused"))
 
 
 def test_one_pass_equals_two_passes_jax():
     """Keras on JAX (`stateless_call` in `jax.jit`: each half's update is carried through the
     stateless scope in turn). XLA's cheaper CPU compilation: the same program for both."""
     code = BLOCK_TF + ("import json, sys; sys.path.insert(0, 'tests'); import one_pass_case; "
-                       "print('RESULT', json.dumps(one_pass_case.compare('tiny', 'keras')))")
+                       "print('RESULT', json.dumps("
+                       "one_pass_case.compare_one_and_two_passes('tiny', 'keras')))")
     env = _env({"KERAS_BACKEND": "jax", "XLA_FLAGS": "--xla_backend_optimization_level=0 "
                                                      "--xla_llvm_disable_expensive_passes=true"})
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
@@ -74,7 +75,7 @@ def test_the_groups_stay_inside_the_pretext_model():
         current_batch_statistics_groups,
     )
 
-    encoder = one_pass_case.tiny_encoder("keras")
+    encoder = one_pass_case.tiny_bn_encoder("keras")
     pretext = one_pass_case.build_model_on(encoder, one_pass=True)
     assert pretext.batch_groups == 2
     images = np.random.default_rng(1).integers(0, 256, (4, 16, 16, 3), np.uint8)
@@ -85,7 +86,7 @@ def test_the_groups_stay_inside_the_pretext_model():
         x = keras.layers.GlobalAveragePooling2D()(enc.output)
         return keras.Model(enc.input, keras.layers.Dense(3)(x))
 
-    twin = one_pass_case.tiny_encoder("keras")
+    twin = one_pass_case.tiny_bn_encoder("keras")
     twin.set_weights(encoder.get_weights())
     mine, theirs = classifier(encoder), classifier(twin)
     theirs.set_weights(mine.get_weights())
@@ -110,8 +111,8 @@ def test_weights_load_across_one_and_two_passes(tmp_path):
 
     from aetv2_tf.models.aet import build_aet_model
 
-    one = one_pass_case.build_model_on(one_pass_case.tiny_encoder("keras"), one_pass=True)
-    two = one_pass_case.build_model_on(one_pass_case.tiny_encoder("keras"), one_pass=False)
+    one = one_pass_case.build_model_on(one_pass_case.tiny_bn_encoder("keras"), one_pass=True)
+    two = one_pass_case.build_model_on(one_pass_case.tiny_bn_encoder("keras"), one_pass=False)
     assert [v.path for v in one.weights] == [v.path for v in two.weights]
     images = np.random.default_rng(3).integers(0, 256, (4, 16, 16, 3), np.uint8)
     one.train_on_batch(images)  # weights and moving statistics of its own
@@ -129,12 +130,12 @@ def test_weights_load_across_one_and_two_passes(tmp_path):
 
     a, b = variables(tmp_path / "one.weights.h5"), variables(tmp_path / "two.weights.h5")
     assert sorted(a) == sorted(b) and any("batch_normalization_1/" in k for k in a)
-    fresh = one_pass_case.build_model_on(one_pass_case.tiny_encoder("keras"), one_pass=True)
+    fresh = one_pass_case.build_model_on(one_pass_case.tiny_bn_encoder("keras"), one_pass=True)
     fresh.load_weights(tmp_path / "two.weights.h5")
     for x, y in zip(one.get_weights(), fresh.get_weights(), strict=True):
         np.testing.assert_array_equal(x, y)
-    joint = build_aet_model(one_pass_case.tiny_encoder("keras"), siamese_batch_norm="joint")
-    standalone = build_aet_model(one_pass_case.tiny_encoder("keras"), one_pass=True)
+    joint = build_aet_model(one_pass_case.tiny_bn_encoder("keras"), siamese_batch_norm="joint")
+    standalone = build_aet_model(one_pass_case.tiny_bn_encoder("keras"), one_pass=True)
     assert type(standalone).__name__ == "OnePassSiamese" and standalone.batch_groups == 2
     joint.save_weights(tmp_path / "joint.weights.h5")
     standalone.load_weights(tmp_path / "joint.weights.h5")
@@ -202,7 +203,7 @@ def test_defaults_and_refusals():
     from aetv2_tf.models.aet import build_aet_model
     from aetv2_tf.models.batch_groups import batch_statistics_groups, one_pass_blockers
 
-    encoder = one_pass_case.tiny_encoder("fused")
+    encoder = one_pass_case.tiny_bn_encoder("fused")
     assert build_aet_model(encoder).batch_groups == 1  # a CPU: the two calls of before
     assert one_pass_case.build_model_on(encoder, one_pass=None).batch_groups == 1
     assert one_pass_blockers(build_backbone("nin", (32, 32, 3))) == []

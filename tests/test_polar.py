@@ -27,7 +27,7 @@ from scipy.spatial.transform import Rotation
 
 from aetv2_tf import geometry, losses, polar
 from tests.cli import REPO, _env
-from tests.test_losses import adversarial_pairs
+from tests.numerics import adversarial_pairs
 
 
 def with_singular_values(s: np.ndarray, seed: int) -> np.ndarray:
@@ -154,7 +154,7 @@ def test_gradient_equals_the_svd_paths_and_finite_differences():
     assert error <= 1e-7
 
 
-def loss_and_gradient(loss, y_true, y_pred):
+def projection_loss_and_gradient(loss, y_true, y_pred):
     y_pred = tf.constant(y_pred)
     with tf.GradientTape() as tape:
         tape.watch(y_pred)
@@ -173,8 +173,9 @@ def test_geodesic_loss_through_newton_equals_the_svd_path(config):
     y_true[:, 6:] *= 0.1
     y_pred = np.float32(y_true + rng.standard_normal((64, 8)) * rng.choice([1e-4, 0.05, 0.5],
                                                                            (64, 1)))
-    svd = loss_and_gradient(losses.GeodesicLoss(**config), y_true, y_pred)
-    new = loss_and_gradient(losses.GeodesicLoss(**config, projection="newton"), y_true, y_pred)
+    svd = projection_loss_and_gradient(losses.GeodesicLoss(**config), y_true, y_pred)
+    new = projection_loss_and_gradient(losses.GeodesicLoss(**config, projection="newton"),
+                                       y_true, y_pred)
     print(f"[info] loss {svd[0]:.6f} vs {new[0]:.6f}; gradient "
           f"{np.abs(svd[1] - new[1]).max() / np.abs(svd[1]).max():.2e}")
     assert abs(svd[0] - new[0]) <= 1e-6 * max(1.0, abs(svd[0]))
@@ -195,8 +196,8 @@ def test_adversarial_pairs_give_the_svd_paths_loss():
     pairs = adversarial_pairs()
     y_true = np.stack([p[1] for p in pairs])
     y_pred = np.stack([p[2] for p in pairs])
-    svd = loss_and_gradient(losses.GeodesicLoss(), y_true, y_pred)
-    new = loss_and_gradient(losses.GeodesicLoss(projection="newton"), y_true, y_pred)
+    svd = projection_loss_and_gradient(losses.GeodesicLoss(), y_true, y_pred)
+    new = projection_loss_and_gradient(losses.GeodesicLoss(projection="newton"), y_true, y_pred)
     assert np.isfinite(new[0]) and np.all(np.isfinite(new[1]))
     assert svd[0] == new[0]
     np.testing.assert_array_equal(svd[1], new[1])

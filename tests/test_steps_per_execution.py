@@ -28,7 +28,7 @@ images = np.random.default_rng(0).integers(0, 256, (N * B, 16, 16, 3), np.uint8)
 
 def fresh():
     keras.utils.set_random_seed(0)
-    return one_pass_case.build_model_on(one_pass_case.tiny_encoder("keras"), None)
+    return one_pass_case.build_model_on(one_pass_case.tiny_bn_encoder("keras"), None)
 
 runs = {}
 for spe in (1, 2, N):
