@@ -95,6 +95,15 @@ def train_args(model_dir, data_dir, *args: str) -> list[str]:
             "--train_steps=8", *args]
 
 
+def finished_run_args(model_dir, data_dir) -> list[str]:
+    """The flags of conftest.py's `finished_run`: 6 AETv2 steps, checkpoints every 3, scalars
+    every 2, image pairs every 3, exported; its length given only by --train_steps after
+    quickstart.cfg's --train_seconds=150."""
+    return [a for a in train_args(model_dir, data_dir, "--train_steps=6",
+                                  "--checkpoint_every_steps=3", "--summary_every_steps=2",
+                                  "--image_summary_every_steps=3") if a != "--train_seconds=0"]
+
+
 def train(model_dir, data_dir, *args: str, **kwargs) -> subprocess.CompletedProcess:
     """A tiny pretext run on real CIFAR-10 (quickstart flags, small batch and slice)."""
     return run_module("aetv2_tf.train", *train_args(model_dir, data_dir, *args), **kwargs)

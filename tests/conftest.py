@@ -6,6 +6,7 @@ import pathlib
 import shutil
 import sys
 import tempfile
+import uuid
 
 import pytest
 
@@ -23,6 +24,9 @@ if _MADE_CACHE:  # (not `setdefault(..., mkdtemp())`: that made a folder in ever
     os.environ["TMPDIR"] = os.path.join(os.environ["AETV2_CACHE_DIR"], "tmp")
     os.makedirs(os.environ["TMPDIR"])
 CACHE = os.environ["AETV2_CACHE_DIR"]
+# This pytest session's name, the same in its xdist workers (which inherit it): what the session
+# shares through the cache folder (`finished_run`) is its own, even in a folder that was given.
+SESSION = os.environ.setdefault("AETV2_TEST_SESSION", uuid.uuid4().hex)
 # The Keras-on-JAX children compile the same steps again and again (the same tiny run resumed,
 # probed, on two devices): XLA's persistent compilation cache, shared by the session's processes,
 # compiles each once. A cached executable is the one XLA would compile (the CLI's outputs are
@@ -58,6 +62,28 @@ def cifar10_dir() -> pathlib.Path:
             f"CIFAR-10 not found at {path}; set AETV2_CIFAR10_DIR to the cifar-10-batches-py dir"
         )
     return path
+
+
+@pytest.fixture(scope="session")
+def finished_run(cifar10_dir) -> tuple[pathlib.Path, str]:
+    """(model_dir, its stdout): one finished tiny AETv2 run (`tests.cli.finished_run_args`),
+    trained once per pytest session by whichever worker asks first (the others wait on a lock
+    in the session's cache folder, then read it). Shared by several files: read it, never write
+    into it; a test that changes a run works on a copy (`shutil.copytree`)."""
+    import fcntl
+
+    from tests.cli import finished_run_args, run_module
+
+    shared = pathlib.Path(CACHE) / f"session-{SESSION}"
+    shared.mkdir(exist_ok=True)
+    model_dir, stdout = shared / "finished_run", shared / "finished_run.out"
+    with open(shared / "finished_run.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not stdout.exists():
+            shutil.rmtree(model_dir, ignore_errors=True)  # a run cut short by a failure
+            proc = run_module("aetv2_tf.train", *finished_run_args(model_dir, cifar10_dir))
+            stdout.write_text(proc.stdout)
+    return model_dir, stdout.read_text()
 
 
 @pytest.fixture

@@ -4,6 +4,8 @@ without it; TensorFlow in this process or as a CLI run)."""
 
 from __future__ import annotations
 
+import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -19,56 +21,66 @@ from tests.cli import (
     _env,
     read_scalars,
     run_jax,
-    train,
     train_args,
 )
 
+#: A fit whose third batch of four is non-finite, under --on_nonfinite=stop and =skip: one
+#: RESULT line each (the stop flag, the step, the skipped steps, the updates, stopped or not).
 SKIP_STEPS = """
 import numpy as np, keras
 from aetv2_tf import optim
 from aetv2_tf.program.callbacks import StepCounter, StopOnSkippedStep
-keras.utils.set_random_seed(0)
-model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-opt = optim.build_optimizer("sgd", 0.01)
-model.compile(optimizer=opt, loss="mse")
-x, y = np.ones((32, 2), np.float32), np.ones((32, 1), np.float32)
-x[16:24] = np.nan  # batch 3 of 4 is non-finite
-counter = StepCounter(0, 4)
-skips = StopOnSkippedStep(opt, counter, stop=STOP)
-model.fit(x, y, batch_size=8, epochs=1, shuffle=False, callbacks=[counter, skips], verbose=0)
-value = lambda v: int(keras.ops.convert_to_numpy(v.value))
-print("RESULT", counter(), value(opt.skipped_steps), value(opt.iterations), skips.stopped)
+for stop in (True, False):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    opt = optim.build_optimizer("sgd", 0.01)
+    model.compile(optimizer=opt, loss="mse")
+    x, y = np.ones((32, 2), np.float32), np.ones((32, 1), np.float32)
+    x[16:24] = np.nan  # batch 3 of 4 is non-finite
+    counter = StepCounter(0, 4)
+    skips = StopOnSkippedStep(opt, counter, stop=stop)
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, callbacks=[counter, skips],
+              verbose=0)
+    value = lambda v: int(keras.ops.convert_to_numpy(v.value))
+    print("RESULT", stop, counter(), value(opt.skipped_steps), value(opt.iterations),
+          skips.stopped)
 """
 
 
-def result_line(text: str) -> str:
-    return [line for line in text.splitlines() if line.startswith("RESULT")][-1]
+@pytest.fixture(scope="module")
+def skipped_steps() -> dict[str, subprocess.CompletedProcess]:
+    """`SKIP_STEPS` on each backend (one child process each): {backend: process}."""
+    tf_run = subprocess.run([sys.executable, "-c", SKIP_STEPS], cwd=REPO, capture_output=True,
+                            text=True, env=_env({"KERAS_BACKEND": "tensorflow"}), timeout=300)
+    return {"jax": run_jax(SKIP_STEPS), "tensorflow": tf_run}
 
 
 @pytest.mark.parametrize("stop", [True, False])
-def test_a_skipped_step_counts_the_same_on_both_backends(stop):
+def test_a_skipped_step_counts_the_same_on_both_backends(stop, skipped_steps):
     """The step is the batches consumed (a skipped batch counts), the optimizer's iterations the
     updates applied; --on_nonfinite=stop ends at the bad batch on JAX as on TensorFlow (before,
     JAX had no such stop and counted steps differently)."""
-    code = SKIP_STEPS.replace("STOP", str(stop))
-    expected = "RESULT 3 1 2 True" if stop else "RESULT 4 1 3 False"
-    jax = run_jax(code)
-    assert jax.returncode == 0, jax.stderr[-3000:]
-    assert result_line(jax.stdout) == expected
-    tf_run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                            text=True, env=_env({"KERAS_BACKEND": "tensorflow"}), timeout=300)
-    assert tf_run.returncode == 0, tf_run.stderr[-3000:]
-    assert result_line(tf_run.stdout) == expected
+    expected = "RESULT True 3 1 2 True" if stop else "RESULT False 4 1 3 False"
+    for backend, proc in skipped_steps.items():
+        assert proc.returncode == 0, (backend, proc.stderr[-3000:])
+        results = [line for line in proc.stdout.splitlines() if line.startswith("RESULT")]
+        assert [r for r in results if r.startswith(f"RESULT {stop} ")] == [expected], backend
 
 
 @pytest.fixture(scope="module")
-def tf_runs(tmp_path_factory, cifar10_dir):
-    """A finished TensorFlow run (2 steps) and one stopped after 1 of 2 steps."""
+def tf_runs(tmp_path_factory, finished_run):
+    """A finished TensorFlow run (conftest.py's `finished_run`, read only) as "done", and as
+    "cut" a copy of it as a run stopped before its end leaves it: its checkpoints, no final
+    encoder (`encoder.weights.h5`), model file or export."""
     tmp = tmp_path_factory.mktemp("tf_runs")
-    flags = ("--train_steps=2", "--export=false", "--checkpoint_every_steps=1")
-    train(tmp / "done", cifar10_dir, *flags)
-    train(tmp / "cut", cifar10_dir, *flags, "--stop_after_steps=1")
-    return tmp
+    cut = pathlib.Path(shutil.copytree(finished_run[0], tmp / "cut", symlinks=True))
+    for name in ("encoder.weights.h5", "aet_model.keras"):
+        for path in (cut / name, cut / f"{name}.sha256"):
+            path.unlink()
+    shutil.rmtree(cut / "export")
+    assert sorted(p.name for p in (cut / "checkpoints").glob("*.weights.h5")) == [
+        "ckpt-3.weights.h5", "ckpt-6.weights.h5"]
+    return {"done": finished_run[0], "cut": cut, "root": tmp}
 
 
 def jax_cli(*args: str) -> subprocess.CompletedProcess:
@@ -76,9 +88,9 @@ def jax_cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_jax_probes_a_finished_tensorflow_run(tf_runs, tmp_path, cifar10_dir):
-    assert (tf_runs / "done" / "encoder.weights.h5").is_file()
+    assert (tf_runs["done"] / "encoder.weights.h5").is_file()
     proc = jax_cli(*train_args(tmp_path / "knn", cifar10_dir, "--stage=probe", "--probe=knn",
-                               f"--pretrained={tf_runs / 'done'}", "--test_examples=32"))
+                               f"--pretrained={tf_runs['done']}", "--test_examples=32"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Done (probe): probe=knn" in proc.stdout
 
@@ -86,15 +98,15 @@ def test_jax_probes_a_finished_tensorflow_run(tf_runs, tmp_path, cifar10_dir):
 def test_jax_refuses_what_it_cannot_load_with_the_fix(tf_runs, tmp_path, cifar10_dir):
     cases = {
         "unfinished TensorFlow run": (
-            [f"--pretrained={tf_runs / 'cut'}", "--stage=probe", "--probe=knn"],
+            [f"--pretrained={tf_runs['cut']}", "--stage=probe", "--probe=knn"],
             "without encoder.weights.h5"),
-        "SavedModel": ([f"--pretrained={tf_runs / 'export'}", "--stage=probe"], None),
+        "SavedModel": ([f"--pretrained={tf_runs['root'] / 'export'}", "--stage=probe"], None),
         "missing data_dir": (["--data_dir=/nonexistent/cifar"], "does not exist"),
         "mixed_float16 on a CPU": (["--mixed_precision=mixed_float16"], "needs a GPU"),
         "explicit --export without TensorFlow": (["--export=true"], "--export=true is not "
                                                  "available with KERAS_BACKEND=jax"),
     }
-    saved_model = tf_runs / "export"  # a directory that looks like a SavedModel
+    saved_model = tf_runs["root"] / "export"  # a directory that looks like a SavedModel
     saved_model.mkdir(exist_ok=True)
     (saved_model / "saved_model.pb").write_bytes(b"")
     cases["SavedModel"] = (cases["SavedModel"][0], "is a TensorFlow SavedModel")

@@ -39,7 +39,8 @@ def inputs(cifar10_dir):
 
 @pytest.fixture(scope="module")
 def jax_child(inputs, tmp_path_factory):
-    """Starts the JAX checks in a child process at once, to overlap with the TF ones."""
+    """Starts the JAX checks in a child process (the tests that read them are `slow`: the fast
+    tier, `-m "not slow"`, runs the TensorFlow checks only)."""
     folder = tmp_path_factory.mktemp("jax")
     np.savez(folder / "in.npz", **inputs)
     env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu")
@@ -55,7 +56,7 @@ def jax_child(inputs, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def tf_results(inputs, jax_child, tmp_path_factory):
+def tf_results(inputs, tmp_path_factory):
     assert keras.backend.backend() == "tensorflow"
     return checks.run_all(inputs["images"], inputs["uint8_images"], inputs["t"],
                           str(tmp_path_factory.mktemp("tf")))

@@ -2,12 +2,13 @@
 
 Child processes run `python -m aetv2_tf.train` with `KERAS_BACKEND=jax` and
 `sys.modules["tensorflow"] = None` (any TensorFlow import fails): a 6-step pretext run on 256
-CIFAR-10 images, the same run interrupted after 3 steps and resumed, the same run on two CPU
-devices (`keras.distribution.DataParallel`, XLA's host-platform device count), a mixed_bfloat16
-run with an MSE warm-up (`--mse_decay_steps`), the KNN, 1-FC and conv probes of the run, the
-supervised stage, and the block-2 features of the encoder. This process (TensorFlow) then loads
-the run's encoder into the fused-BN NIN (`--pretrained=<jax run>`, `aetv2_tf.export`) and
-compares the features.
+CIFAR-10 images, the same run cut at step 5 with --steps_per_execution=3 and resumed, the same
+run on two CPU devices (`keras.distribution.DataParallel`, XLA's host-platform device count), a
+mixed_bfloat16 run with an MSE warm-up (`--mse_decay_steps`), the KNN, 1-FC and conv probes of
+the run, the supervised stage, and, in one child, the block-2 features of the encoder and an
+AlexNet AET model loaded from this process's weights. This process (TensorFlow) then loads the
+run's encoder into the fused-BN NIN (`--pretrained=<jax run>`, `aetv2_tf.export`) and compares
+the features, and the AlexNet's outputs with its own.
 """
 
 from __future__ import annotations
@@ -22,18 +23,29 @@ import pytest
 
 from tests.cli import BLOCK_TF, REPO, RUN_TRAIN, _env, finish_jax, start_jax, train_args
 
-FEATURES = BLOCK_TF + """
+#: The block-2 features of the JAX run's encoder on 8 test images (model_dir, data_dir, out),
+#: then an AlexNet AET model (Keras BN) with this process's weights: its features (inference)
+#: and decoded parameters (training-mode batch statistics) (weights, inputs, out).
+FEATURES_AND_ALEXNET = BLOCK_TF + """
 import json, pathlib, sys
 import numpy as np
 from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD
 from aetv2_tf.data.sources import load_cifar10
+from aetv2_tf.models import build_aet_model, build_alexnet
 from aetv2_tf.program.keras_checkpoints import load_encoder_weights
-model_dir, data_dir, out = sys.argv[1:]
+model_dir, data_dir, out, weights, inputs, alexnet_out = sys.argv[1:]
 saved = json.loads((pathlib.Path(model_dir) / "flags.json").read_text())
 encoder = load_encoder_weights(model_dir, saved, "keras")
 images = load_cifar10(data_dir, "test")[0][:8]
 x = ((images / 255.0 - np.array(CIFAR10_MEAN)) / np.array(CIFAR10_STD)).astype("float32")
 np.save(out, np.asarray(encoder(x, training=False)["block2"]))
+
+encoder = build_alexnet((64, 64, 3), batch_norm="keras")
+model = build_aet_model(encoder, feature="fc7")
+model.load_weights(weights)
+x = np.load(inputs)
+features = {k: np.asarray(v) for k, v in encoder(x, training=False).items()}
+np.savez(alexnet_out, params=np.asarray(model([x, x[::-1]], training=True)), **features)
 """
 
 
@@ -56,28 +68,40 @@ def head_args(model_dir, data_dir, config: str, *args: str) -> list[str]:
 TWO_CPUS = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
 
 
+def alexnet_model(tmp) -> tuple:
+    """A TensorFlow AlexNet AET model's weights (pool5 1x1: a small fc6) and 4 random inputs,
+    saved in `tmp` for the JAX child: (weights file, inputs file)."""
+    from aetv2_tf.models import build_aet_model, build_alexnet
+
+    model = build_aet_model(build_alexnet((64, 64, 3), batch_norm="keras"), feature="fc7")
+    x = np.random.default_rng(0).normal(size=(4, 64, 64, 3)).astype("float32")
+    np.save(tmp / "x.npy", x)
+    model.save_weights(tmp / "aet.weights.h5")
+    return tmp / "aet.weights.h5", tmp / "x.npy"
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, cifar10_dir):
-    """The JAX children, two at a time (2 cores): full run || first half, two devices ||
-    bfloat16, resume || a run cut at step 5 with --steps_per_execution=3, its resume || KNN,
-    1-FC probe || conv probe, supervised || features, then a 1-FC probe on two devices whose
-    splits are no multiple of the batch."""
+    """The JAX children, two at a time (2 cores): full run || a run cut at step 5 with
+    --steps_per_execution=3, two devices || bfloat16, its resume || KNN, 1-FC probe || conv
+    probe, supervised || a 1-FC probe on two devices whose splits are no multiple of the batch,
+    then the features of the full run's encoder and the AlexNet outputs (`alexnet_model`'s
+    weights)."""
     tmp = tmp_path_factory.mktemp("jax")
-    full, cut, spe = tmp / "full", tmp / "cut", tmp / "spe"
+    full, spe = tmp / "full", tmp / "spe"
+    weights, inputs = alexnet_model(tmp)
     common = ("--train_steps=6", "--checkpoint_every_steps=3", "--summary_every_steps=2",
               "--mixed_precision=none")
     probe_args = train_args(tmp / "knn", cifar10_dir, "--stage=probe", "--probe=knn",
                             f"--pretrained={full}", "--test_examples=64", "--mixed_precision=none")
     rounds = [
         {"full": (RUN_TRAIN, *train_args(full, cifar10_dir, *common)),
-         "cut1": (RUN_TRAIN, *train_args(cut, cifar10_dir, *common, "--stop_after_steps=3"))},
+         "spe1": (RUN_TRAIN, *train_args(spe, cifar10_dir, *common, "--steps_per_execution=3",
+                                         "--stop_after_steps=5"))},
         {"two": (RUN_TRAIN, *train_args(tmp / "two", cifar10_dir, *common), TWO_CPUS),
          "bf16": (RUN_TRAIN, *train_args(tmp / "bf16", cifar10_dir, *common,
                                          "--mixed_precision=mixed_bfloat16", "--mse_weight=1",
                                          "--mse_decay_steps=4"))},
-        {"cut2": (RUN_TRAIN, *train_args(cut, cifar10_dir, *common)),
-         "spe1": (RUN_TRAIN, *train_args(spe, cifar10_dir, *common, "--steps_per_execution=3",
-                                         "--stop_after_steps=5"))},
         {"spe2": (RUN_TRAIN, *train_args(spe, cifar10_dir, *common, "--steps_per_execution=3")),
          "knn": (RUN_TRAIN, *probe_args)},
         {"fc1": (RUN_TRAIN, *head_args(tmp / "fc1", cifar10_dir, "cifar10_probe_fc1",
@@ -86,10 +110,11 @@ def runs(tmp_path_factory, cifar10_dir):
                                         f"--pretrained={full}"))},
         {"supervised": (RUN_TRAIN, *head_args(tmp / "supervised", cifar10_dir,
                                               "cifar10_supervised")),
-         "features": (FEATURES, full, cifar10_dir, tmp / "jax_block2.npy")},
-        {"fc1_two": (RUN_TRAIN, *head_args(tmp / "fc1_two", cifar10_dir, "cifar10_probe_fc1",
+         "fc1_two": (RUN_TRAIN, *head_args(tmp / "fc1_two", cifar10_dir, "cifar10_probe_fc1",
                                            f"--pretrained={full}", "--batch_size=40"),
                      TWO_CPUS)},
+        {"features": (FEATURES_AND_ALEXNET, full, cifar10_dir, tmp / "jax_block2.npy", weights,
+                      inputs, tmp / "alexnet.npz")},
     ]
     out = {}
     for children in rounds:
@@ -155,14 +180,15 @@ def test_pretext_run_writes_checkpoints_logs_and_encoder(runs):
 
 def test_resumed_run_ends_with_the_same_weights(runs):
     """Bitwise: the resumed run restores weights, optimizer slots and step, the sampler's seed
-    state (HomographyPairs) and the data position, and XLA on a CPU is deterministic."""
+    state (HomographyPairs) and the data position, and XLA on a CPU is deterministic. The run
+    was cut inside an execution of --steps_per_execution=3 (the next test)."""
     _, out = runs
-    assert done_line(out["cut1"]).startswith("Stopped (pretext) at step 3 of 6: steps=3,")
-    assert "Done (" not in out["cut1"]
-    assert "Resumed from checkpoint" in out["cut2"] and "at step 3." in out["cut2"]
+    assert done_line(out["spe1"]).startswith("Stopped (pretext) at step 5 of 6: steps=5,")
+    assert "Done (" not in out["spe1"]
+    assert "Resumed from checkpoint" in out["spe2"] and "at step 5." in out["spe2"]
     digest = re.compile(r"trainable_digest=(\w+)")
-    assert "steps=6, start_step=3," in done_line(out["cut2"])
-    assert digest.search(done_line(out["cut2"])).group(1) == \
+    assert "steps=6, start_step=5," in done_line(out["spe2"])
+    assert digest.search(done_line(out["spe2"])).group(1) == \
         digest.search(done_line(out["full"])).group(1)
 
 
@@ -287,34 +313,17 @@ def test_tensorflow_loads_the_jax_encoder(runs, cifar10_dir):
     np.testing.assert_allclose(served["block2"].numpy(), expected, atol=1e-4, rtol=0)
 
 
-ALEXNET = BLOCK_TF + """
-import sys
-import numpy as np
-from aetv2_tf.models import build_aet_model, build_alexnet
-weights, inputs, out = sys.argv[1:]
-encoder = build_alexnet((64, 64, 3), batch_norm="keras")
-model = build_aet_model(encoder, feature="fc7")
-model.load_weights(weights)
-x = np.load(inputs)
-features = {k: np.asarray(v) for k, v in encoder(x, training=False).items()}
-np.savez(out, params=np.asarray(model([x, x[::-1]], training=True)), **features)
-"""
-
-
-def test_alexnet_under_jax(tmp_path):
+def test_alexnet_under_jax(runs):
     """AlexNet (Keras BN) and its AET model under JAX: the TensorFlow model's weights give the
     same features (inference) and decoded parameters (training-mode batch statistics)."""
     from aetv2_tf.models import build_aet_model, build_alexnet
 
-    encoder = build_alexnet((64, 64, 3), batch_norm="keras")  # pool5 1x1: a small fc6
+    tmp, _ = runs
+    encoder = build_alexnet((64, 64, 3), batch_norm="keras")
     model = build_aet_model(encoder, feature="fc7")
-    x = np.random.default_rng(0).normal(size=(4, 64, 64, 3)).astype("float32")
-    np.save(tmp_path / "x.npy", x)
-    model.save_weights(tmp_path / "aet.weights.h5")
-    proc = start_jax(ALEXNET, tmp_path / "aet.weights.h5", tmp_path / "x.npy", tmp_path / "jax.npz",
-                 log=tmp_path / "alexnet.log")
-    finish_jax(proc)
-    got = np.load(tmp_path / "jax.npz")
+    model.load_weights(tmp / "aet.weights.h5")  # what the child loaded
+    x = np.load(tmp / "x.npy")
+    got = np.load(tmp / "alexnet.npz")
     for name, value in encoder(x, training=False).items():
         np.testing.assert_allclose(got[name], value.numpy(), atol=1e-4, rtol=1e-4, err_msg=name)
     bias = model.get_layer("decoder").bias.numpy()  # the identity; the rest is the features'

@@ -250,7 +250,7 @@ def cifar_slice_for_knn(cifar10_dir):
 
     train_x, train_y = load_cifar10(cifar10_dir, "train")
     test_x, test_y = load_cifar10(cifar10_dir, "test")
-    return (train_x[:3000], train_y[:3000]), (test_x[:1000], test_y[:1000])
+    return (train_x[:1500], train_y[:1500]), (test_x[:500], test_y[:500])
 
 
 def test_feature_none_is_the_probe_feature_of_feature_extractor():

@@ -10,7 +10,7 @@ import pathlib
 import pytest
 
 from aetv2_tf.probes.results import RESULTS_FILENAME, read_results
-from tests.cli import PROBE_SLICE, run_module, train
+from tests.cli import PROBE_SLICE, run_module
 
 # Small real-CIFAR-10 slices (`PROBE_SLICE`): every probe run takes seconds.
 
@@ -22,11 +22,11 @@ def probe(model_dir: pathlib.Path, cifar10_dir, *args: str) -> dict:
     return read_results(model_dir / RESULTS_FILENAME)
 
 
-@pytest.fixture(scope="session")
-def pretrained(tmp_path_factory, cifar10_dir) -> pathlib.Path:
-    """A 4-step AETv2 pretraining run (model_dir with checkpoints and export/encoder)."""
-    model_dir = tmp_path_factory.mktemp("pretext") / "run"
-    train(model_dir, cifar10_dir, "--train_steps=4")
+@pytest.fixture(scope="module")
+def pretrained(finished_run) -> pathlib.Path:
+    """A finished 6-step AETv2 pretraining run (conftest.py's `finished_run`: model_dir with
+    checkpoints and export/encoder; read only)."""
+    model_dir, _ = finished_run
     assert (model_dir / "export" / "encoder" / "saved_model.pb").is_file()
     return model_dir
 

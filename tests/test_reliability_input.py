@@ -1,11 +1,14 @@
 """Bad input: `python -m aetv2_tf.train` stops at once with a clear error and writes nothing.
 
-Every case is a real command line in a subprocess (docs/reliability.md lists them). The expected
-outcome: a non-zero exit (1 for what absl rejects while parsing flags, 2 for what the program
-rejects), a message on stderr that names the problem (and its fix), no traceback, and no
-`--model_dir` at all: flags, data and the model_dir are checked before anything is written.
-The 18 command lines run two at a time in one module fixture, so the whole module takes about a
-minute on 2 cores.
+Every case is a real command line (docs/reliability.md lists them). The expected outcome: a
+non-zero exit (1 for what absl rejects while parsing flags, 2 for what the program rejects), a
+message on stderr that names the problem (and its fix), no traceback, and no `--model_dir` at
+all: flags, data and the model_dir are checked before anything is written. What absl refuses
+(and the two logical CPU devices, which only a fresh process can configure) runs as
+`python -m aetv2_tf.train` in a subprocess, two at a time in one module fixture; the program's
+own refusals run in this process (`program`, conftest.py: `aetv2_tf.train.main` with the parsed
+command line, which prints the same `error: ...` and exits 2), without a child's ~4 CPU-s of
+imports each.
 """
 
 from __future__ import annotations
@@ -122,50 +125,76 @@ def cases(tmp: pathlib.Path) -> dict[str, Case]:
     }
 
 
+#: The cases that run in a child process: absl's refusals while parsing (exit 1, before the
+#: program imports Keras), and two logical CPU devices (configured only before TensorFlow starts).
+IN_A_CHILD = {name for name, case in cases(pathlib.Path("TMP")).items() if case.exit_code == 1} \
+    | {"batch_not_divisible_by_replicas"}
+
+
 @pytest.fixture(scope="module")
-def outcomes(tmp_path_factory, cifar10_dir) -> dict[str, tuple]:
-    """Runs every case (two processes at a time): {name: (case, process, model_dir)}."""
+def bad_data(tmp_path_factory, cifar10_dir) -> pathlib.Path:
+    """The folder of `prepare_data`'s bad data directories (checked afterwards: the crafted
+    pickle never ran)."""
     tmp = tmp_path_factory.mktemp("bad_input")
     prepare_data(tmp, cifar10_dir)
-    bad = cases(tmp)
+    yield tmp
+    assert not (tmp / "PWNED").exists(), "the crafted pickle was executed"
+
+
+@pytest.fixture(scope="module")
+def outcomes(bad_data, cifar10_dir) -> dict[str, tuple]:
+    """Runs the `IN_A_CHILD` cases (two processes at a time): {name: (exit code, stderr)}."""
+    bad = cases(bad_data)
 
     def run(name: str) -> subprocess.CompletedProcess:
-        args = train_args(tmp / "runs" / name, cifar10_dir, "--train_steps=2", *bad[name].args)
+        args = train_args(bad_data / "runs" / name, cifar10_dir, "--train_steps=2",
+                          *bad[name].args)
         return run_module("aetv2_tf.train", *args, timeout=300, check=False)
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        procs = dict(zip(bad, pool.map(run, bad), strict=True))
-    assert not (tmp / "PWNED").exists(), "the crafted pickle was executed"
-    return {name: (bad[name], procs[name], tmp / "runs" / name) for name in bad}
+        procs = dict(zip(IN_A_CHILD, pool.map(run, IN_A_CHILD), strict=True))
+    return {name: (proc.returncode, proc.stderr) for name, proc in procs.items()}
 
 
 @pytest.mark.parametrize("name", list(cases(pathlib.Path("TMP"))))
-def test_bad_input_is_refused_before_anything_is_written(name, outcomes):
-    case, proc, model_dir = outcomes[name]
-    detail = f"exit {proc.returncode}\n{proc.stderr[-2500:]}"
-    assert proc.returncode == case.exit_code, detail
-    assert re.search(case.message, proc.stderr, re.S), detail
-    assert "Traceback" not in proc.stderr, detail
+def test_bad_input_is_refused_before_anything_is_written(name, bad_data, cifar10_dir, request,
+                                                         capsys):
+    case, model_dir = cases(bad_data)[name], bad_data / "runs" / name
+    if name in IN_A_CHILD:
+        code, stderr = request.getfixturevalue("outcomes")[name]
+    else:
+        program = request.getfixturevalue("program")
+        code = program(*train_args(model_dir, cifar10_dir, "--train_steps=2", *case.args))
+        stderr = capsys.readouterr().err
+    detail = f"exit {code}\n{stderr[-2500:]}"
+    assert code == case.exit_code, detail
+    assert re.search(case.message, stderr, re.S), detail
+    assert "Traceback" not in stderr, detail
     assert not model_dir.exists(), f"{model_dir} was created"
 
 
 # ----------------------------------------------------------------- a model_dir of another run
-def test_model_dir_of_another_run_is_refused_unless_overwrite(tmp_path, cifar10_dir):
-    """Other essential flags in an existing model_dir: refused, naming each differing flag and
-    leaving the run untouched; `--overwrite` then starts afresh there."""
-    model_dir, common = tmp_path / "run", ("--train_steps=2", "--export=false")
-    train(model_dir, cifar10_dir, *common)
+def test_model_dir_of_another_run_is_refused_unless_overwrite(tmp_path, cifar10_dir,
+                                                              finished_run, program, capsys):
+    """Other essential flags in an existing model_dir (a copy of conftest.py's finished run):
+    refused, naming each differing flag and leaving the run untouched; `--overwrite` then
+    starts afresh there. In-process (`program`: the command line without the interpreter
+    start)."""
+    model_dir = pathlib.Path(shutil.copytree(finished_run[0], tmp_path / "run", symlinks=True))
     before = {p.name: p.read_bytes() for p in model_dir.rglob("*") if p.is_file()}
     other = ("--batch_size=32", "--projection_weight=0.5")
-    proc = train(model_dir, cifar10_dir, *common, *other, check=False)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "holds a run with different essential flags" in proc.stderr
-    assert "--batch_size: saved 16, now 32" in proc.stderr
-    assert "--projection_weight: saved 10.0, now 0.5" in proc.stderr  # quickstart: 10
-    assert "--overwrite" in proc.stderr and "Traceback" not in proc.stderr
+    code = program(*train_args(model_dir, cifar10_dir, "--train_steps=2", "--export=false",
+                               *other))
+    err = capsys.readouterr().err
+    assert code == 2, err[-2000:]
+    assert "holds a run with different essential flags" in err
+    assert "--batch_size: saved 16, now 32" in err
+    assert "--projection_weight: saved 10.0, now 0.5" in err  # quickstart: 10
+    assert "--overwrite" in err and "Traceback" not in err
     assert {p.name: p.read_bytes() for p in model_dir.rglob("*") if p.is_file()} == before
 
-    train(model_dir, cifar10_dir, "--train_steps=1", "--export=false", *other, "--overwrite")
+    assert program(*train_args(model_dir, cifar10_dir, "--train_steps=1", "--export=false",
+                               *other, "--overwrite")) == 0
     assert json.loads((model_dir / "flags.json").read_text())["batch_size"] == 32
     assert sorted(p.name for p in (model_dir / "checkpoints").glob("*.weights.h5")) == [
         "ckpt-1.weights.h5"]
@@ -240,23 +269,28 @@ def test_a_failed_export_exits_4_on_every_backend(backend, tmp_path, cifar10_dir
     assert (model_dir / "encoder.weights.h5").is_file()
 
 
-def test_resuming_with_other_trajectory_flags_is_refused_unless_allowed(tmp_path, cifar10_dir):
+def test_resuming_with_other_trajectory_flags_is_refused_unless_allowed(tmp_path, cifar10_dir,
+                                                                        program, capsys):
     """A run trained to step 2, resumed with another learning rate and length: refused (exit 2,
     both flags listed, nothing changed); with --allow_flag_changes it trains on, the change is
-    appended to flags_history.jsonl with its step, and flags.json still holds the first record."""
+    appended to flags_history.jsonl with its step, and flags.json still holds the first record.
+    The first run is a command line; the others run in-process (`program`)."""
     model_dir = tmp_path / "run"
     base = ("--checkpoint_every_steps=2", "--export=false")
     train(model_dir, cifar10_dir, *base, "--stop_after_steps=2")
     first = (model_dir / "flags.json").read_bytes()
     changed = ("--learning_rate=0.01", "--train_steps=6")
-    proc = train(model_dir, cifar10_dir, *base, *changed, check=False)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "trained to step 2" in proc.stderr and "--learning_rate: 0.0003 until now, 0.01 " \
-        "asked" in proc.stderr and "--train_steps: 8 until now, 6 asked" in proc.stderr
+    code = program(*train_args(model_dir, cifar10_dir, *base, *changed))
+    err = capsys.readouterr().err
+    assert code == 2, err[-2000:]
+    assert "trained to step 2" in err and "--learning_rate: 0.0003 until now, 0.01 " \
+        "asked" in err and "--train_steps: 8 until now, 6 asked" in err
     assert (model_dir / "flags.json").read_bytes() == first
     assert not (model_dir / "flags_history.jsonl").exists()
-    proc = train(model_dir, cifar10_dir, *base, *changed, "--allow_flag_changes")
-    assert "Flags changed from step 2 on" in proc.stdout and "steps=6" in proc.stdout
+    assert program(*train_args(model_dir, cifar10_dir, *base, *changed,
+                               "--allow_flag_changes")) == 0
+    out = capsys.readouterr().out
+    assert "Flags changed from step 2 on" in out and "steps=6" in out
     history = [json.loads(line) for line in
                (model_dir / "flags_history.jsonl").read_text().splitlines()]
     assert history == [{"step": 2, "changed": {"learning_rate": [0.0003, 0.01],
@@ -264,7 +298,8 @@ def test_resuming_with_other_trajectory_flags_is_refused_unless_allowed(tmp_path
     assert (model_dir / "flags.json").read_bytes() == first
     assert "--learning_rate=0.01" in (model_dir / "flags.cfg").read_text()
     # the accepted values are now the run's: resuming with them needs nothing more
-    assert "Flags changed" not in train(model_dir, cifar10_dir, *base, *changed).stdout
+    assert program(*train_args(model_dir, cifar10_dir, *base, *changed)) == 0
+    assert "Flags changed" not in capsys.readouterr().out
 
 
 def test_flag_errors_answer_before_keras_is_imported():

@@ -62,7 +62,8 @@ def final_checkpoint(model_dir: pathlib.Path) -> dict[str, np.ndarray]:
 
 
 def assert_same_final_state(run: pathlib.Path, reference: pathlib.Path) -> None:
-    """The same final checkpoint, bitwise, and the same learning rate at every step."""
+    """The same final checkpoint, bitwise, the same learning rate at every step, and losses
+    that track the uninterrupted run's at every step (the same data stream and state)."""
     got, want = final_checkpoint(run), final_checkpoint(reference)
     assert sorted(got) == sorted(want)
     assert got[ITERATIONS] == STEPS
@@ -70,9 +71,13 @@ def assert_same_final_state(run: pathlib.Path, reference: pathlib.Path) -> None:
     assert len(slots) > 10, "no Adam slots in the checkpoint"
     differing = [key for key in want if not np.array_equal(got[key], want[key])]
     assert not differing, f"{len(differing)} of {len(want)} variables differ: {differing[:5]}"
-    lr, lr_want = (read_scalars(d / "train")["learning_rate"] for d in (run, reference))
+    scalars, scalars_want = (read_scalars(d / "train") for d in (run, reference))
+    lr, lr_want = scalars["learning_rate"], scalars_want["learning_rate"]
     assert sorted(lr) == list(range(1, STEPS + 1))
     assert lr == lr_want
+    assert sorted(scalars["loss"]) == list(range(1, STEPS + 1))
+    for step, loss in scalars_want["loss"].items():
+        assert scalars["loss"][step] == pytest.approx(loss, rel=2e-2, abs=1e-3), step
 
 
 def kill_when(proc, ready, timeout: float = 300) -> bool:
@@ -91,11 +96,14 @@ def kill_when(proc, ready, timeout: float = 300) -> bool:
 
 
 def resume(model_dir: pathlib.Path, cifar10_dir) -> int:
-    """Reruns the same command; returns the step it resumed from (0: started afresh)."""
+    """Reruns the same command; returns the step it resumed from (0: started afresh), which its
+    summary line gives as its start."""
     proc = train(model_dir, cifar10_dir, *COMMON)
     assert f"steps={STEPS}" in proc.stdout
     found = re.search(r"Resumed from checkpoint (\S+) at step (\d+)\.", proc.stdout)
-    return int(found.group(2)) if found else 0
+    step = int(found.group(2)) if found else 0
+    assert f"steps={STEPS}, start_step={step}," in proc.stdout, proc.stdout[-2000:]
+    return step
 
 
 def test_deterministic_runs_are_bitwise_identical(reference):
@@ -167,9 +175,11 @@ print("LEGACY", step, sorted(os.listdir(ckpt_dir)), weights_digest(encoder.weigh
 
 def test_a_run_with_tf_checkpoints_of_an_earlier_version_resumes_exactly(reference, tmp_path,
                                                                            cifar10_dir):
-    """A run cut at step 4 whose checkpoint is converted to the `tf.train.Checkpoint` format of
-    earlier versions (the same variables): rerunning the command resumes from it, then saves
-    Keras checkpoints, and ends bitwise where the uninterrupted run ends."""
+    """A run stopped at step 4 by `--stop_after_steps` (it says so, and that a rerun goes on),
+    its checkpoint converted to the `tf.train.Checkpoint` format of earlier versions (the same
+    variables): rerunning the command resumes from it at step 4, then saves Keras checkpoints,
+    and ends bitwise where the uninterrupted run ends, every learning rate the same. (Resuming
+    from the program's own checkpoints: the SIGKILL tests above.)"""
     import subprocess
     import sys
 
@@ -177,7 +187,10 @@ def test_a_run_with_tf_checkpoints_of_an_earlier_version_resumes_exactly(referen
 
     model_dir = tmp_path / "run"
     args = train_args(model_dir, cifar10_dir, *COMMON)
-    train(model_dir, cifar10_dir, *COMMON, "--stop_after_steps=4")
+    first = train(model_dir, cifar10_dir, *COMMON, "--stop_after_steps=4")
+    assert f"Stopped (pretext) at step 4 of {STEPS}: steps=4," in first.stdout, first.stdout
+    assert "The run is not finished: --stop_after_steps=4 ended this invocation at step 4 of " \
+        f"{STEPS}" in first.stdout and "Done (" not in first.stdout
     proc = subprocess.run([sys.executable, "-c", TO_LEGACY, *args], cwd=REPO, env=_env({}),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "LEGACY 4 ['checkpoint', 'ckpt-4.data-00000-of-00001', " \
@@ -189,35 +202,6 @@ def test_a_run_with_tf_checkpoints_of_an_earlier_version_resumes_exactly(referen
     assert weights_digest(encoder.weights) == proc.stdout.split()[-1]
     assert resume(model_dir, cifar10_dir) == 4
     assert_same_final_state(model_dir, reference[0])
-
-
-def test_sigterm_writes_a_final_checkpoint_and_exits_143(tmp_path, cifar10_dir):
-    """Preemption-style: the final checkpoint, then exit 128 + 15 and a last line that says the
-    run is not finished and how to resume (a finished run exits 0: every other CLI test)."""
-    sig = signal.SIGTERM
-    model_dir = tmp_path / "run"
-    proc = start_module("aetv2_tf.train", *train_args(
-        model_dir, cifar10_dir, "--train_steps=500", "--checkpoint_every_steps=3"),
-        log=tmp_path / "signalled")
-    started = model_dir / "checkpoints" / "ckpt-3.weights.h5"
-    deadline = time.monotonic() + 300
-    while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    proc.send_signal(sig)
-    out = finish(proc, timeout=120)
-    assert out.returncode == 128 + sig.value == 143, out.stderr[-3000:]
-    assert out.stdout.rstrip().splitlines()[-1].startswith(
-        "Stopped by SIGTERM at step "), out.stdout[-2000:]
-    assert "rerun the same command to resume (exit 143)" in out.stdout
-    done = re.search(r"Stopped \(pretext\) at step \d+ of \d+: steps=(\d+),.*interrupted_by=(\w+)",
-                     out.stdout)
-    assert done and done.group(2) == sig.name and "Done (" not in out.stdout, out.stdout[-2000:]
-    reached = int(done.group(1))
-    assert 3 <= reached < 500
-    assert listed_step(model_dir) == reached  # the final checkpoint is at the step reached
-    assert final_checkpoint(model_dir)[ITERATIONS] \
-        == reached
-    assert not (model_dir / "export").exists()  # an interrupted run is not exported
 
 
 def test_sigint_stops_after_the_step_with_a_final_checkpoint(tmp_path):
@@ -252,10 +236,12 @@ def test_sigint_stops_after_the_step_with_a_final_checkpoint(tmp_path):
     assert restored is before
 
 
-def test_one_process_per_model_dir_and_the_lock_dies_with_its_holder(tmp_path, cifar10_dir):
+def test_one_process_per_model_dir_and_the_lock_dies_with_its_holder(tmp_path, cifar10_dir,
+                                                                    program, capsys):
     """A second process on a model_dir in use exits 2 within seconds, naming the holder's pid and
     host, and changes nothing; once the holder is killed (SIGKILL: no cleanup of its own), the
-    OS has released the lock and the same command resumes."""
+    OS has released the lock and the same command resumes. (The holder is a command line; the
+    second and third are this process, `program`.)"""
     model_dir = tmp_path / "run"
     args = train_args(model_dir, cifar10_dir, "--train_steps=100000",
                       "--checkpoint_every_steps=100000")
@@ -268,18 +254,19 @@ def test_one_process_per_model_dir_and_the_lock_dies_with_its_holder(tmp_path, c
             time.sleep(0.5)
         flags_before = (model_dir / "flags.json").read_bytes()
         # even --overwrite with other essential flags (which would delete the run) is refused
-        second = train(model_dir, cifar10_dir, "--train_steps=100000",
-                       "--checkpoint_every_steps=100000", "--batch_size=32", "--overwrite",
-                       check=False)
-        assert second.returncode == 2, second.stderr[-2000:]
-        assert f"is in use by pid {first.pid} on host" in second.stderr
+        code = program(*train_args(model_dir, cifar10_dir, "--train_steps=100000",
+                                   "--checkpoint_every_steps=100000", "--batch_size=32",
+                                   "--overwrite"))
+        err = capsys.readouterr().err
+        assert code == 2, err[-2000:]
+        assert f"is in use by pid {first.pid} on host" in err
         assert first.poll() is None and (model_dir / "flags.json").read_bytes() == flags_before
     finally:
         first.kill()
         first.wait()
-    third = train(model_dir, cifar10_dir, "--train_steps=100000",
-                  "--checkpoint_every_steps=100000", "--stop_after_steps=1")
-    assert "Stopped (pretext) at step 1 of 100000: steps=1," in third.stdout
+    assert program(*train_args(model_dir, cifar10_dir, "--train_steps=100000",
+                               "--checkpoint_every_steps=100000", "--stop_after_steps=1")) == 0
+    assert "Stopped (pretext) at step 1 of 100000: steps=1," in capsys.readouterr().out
 
 
 def test_temporaries_of_a_live_process_are_never_removed(tmp_path):
@@ -441,20 +428,24 @@ runpy.run_module("aetv2_tf.train", run_name="__main__", alter_sys=True)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_a_second_signal_during_the_final_checkpoint_does_not_break_it(sig, tmp_path,
-                                                                       cifar10_dir):
-    """Ctrl-C (or SIGTERM) on the command line: exit 128 + N with the final checkpoint; the same
-    signal again while that checkpoint is written (injected) waits for it to be complete."""
+def test_a_signal_ends_with_a_final_checkpoint_even_when_sent_again_during_it(sig, tmp_path,
+                                                                              cifar10_dir):
+    """Ctrl-C or SIGTERM (preemption) on the command line: training stops after the current
+    step, a final checkpoint at that step, nothing exported, exit 128 + N and a last line that
+    says the run is not finished and how to resume (a finished run exits 0: every other CLI
+    test); the same signal again while that checkpoint is written (injected) waits for it to
+    be complete."""
     import subprocess
     import sys
 
     from tests.cli import REPO, _env
 
     model_dir = tmp_path / "run"
-    log = open(tmp_path / "out", "w+")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([sys.executable, "-c", SECOND_SIGNAL_IN_FINAL_SAVE, *train_args(
-        model_dir, cifar10_dir, "--train_steps=500", "--checkpoint_every_steps=3")], cwd=REPO,
-        env=_env({}), stdout=log, stderr=subprocess.STDOUT, text=True)
+    with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-c", SECOND_SIGNAL_IN_FINAL_SAVE,
+                                 *train_args(model_dir, cifar10_dir, "--train_steps=500",
+                                             "--checkpoint_every_steps=3")],
+                                cwd=REPO, env=_env({}), stdout=out, stderr=err, text=True)
     started = model_dir / "checkpoints" / "ckpt-3.weights.h5"
     deadline = time.monotonic() + 300
     while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -462,13 +453,19 @@ def test_a_second_signal_during_the_final_checkpoint_does_not_break_it(sig, tmp_
     time.sleep(0.3)  # into a later step: a checkpoint is still to be written after the signal
     proc.send_signal(sig)
     proc.wait(timeout=120)
-    log.seek(0)
-    out = log.read()
-    log.close()
-    assert proc.returncode == 128 + sig.value, out[-3000:]
+    stdout, stderr = (tmp_path / "out").read_text(), (tmp_path / "err").read_text()
+    out = stdout + stderr
+    code = 128 + sig.value
+    assert proc.returncode == code, out[-3000:]
     assert "while a checkpoint is written: stopping once it is complete" in out
+    assert stdout.rstrip().splitlines()[-1].startswith(f"Stopped by {sig.name} at step "), \
+        stdout[-2000:]
+    assert f"rerun the same command to resume (exit {code})" in stdout
     done = re.search(r"Stopped \(pretext\) at step \d+ of \d+: steps=(\d+),.*interrupted_by=(\w+)",
-                     out)
+                     stdout)
     assert done and done.group(2) == sig.name and "Done (" not in out, out[-2000:]
-    assert listed_step(model_dir) == int(done.group(1)) > 3
-    assert final_checkpoint(model_dir)[ITERATIONS] == int(done.group(1))
+    reached = int(done.group(1))
+    assert 3 < reached < 500
+    assert listed_step(model_dir) == reached  # the final checkpoint is at the step reached
+    assert final_checkpoint(model_dir)[ITERATIONS] == reached
+    assert not (model_dir / "export").exists()  # an interrupted run is not exported

@@ -5,35 +5,30 @@ from __future__ import annotations
 import json
 import math
 import os
+import pathlib
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from tests.cli import REPO, read_scalars, run_module, train, train_args
-
-
-def run_args(model_dir, data_dir) -> list[str]:
-    """The flags of `run_dir`'s run."""
-    return [a for a in train_args(model_dir, data_dir, "--train_steps=6",
-                                  "--checkpoint_every_steps=3", "--summary_every_steps=2",
-                                  "--image_summary_every_steps=3") if a != "--train_seconds=0"]
+from tests.cli import REPO, finished_run_args, read_scalars, run_module, train, train_args
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, cifar10_dir):
-    """One 6-step AETv2 run: checkpoints every 3 steps, scalars every 2, images every 3; its
-    length given only by --train_steps after quickstart.cfg's --train_seconds=150."""
-    model_dir = tmp_path_factory.mktemp("pretext")
-    return model_dir, run_module("aetv2_tf.train", *run_args(model_dir, cifar10_dir))
+def run_dir(finished_run):
+    """One 6-step AETv2 run (conftest.py's `finished_run`, shared by other files: read only):
+    checkpoints every 3 steps, scalars every 2, images every 3; its length given only by
+    --train_steps after quickstart.cfg's --train_seconds=150. (model_dir, its stdout)."""
+    return finished_run
 
 
 def test_run_finishes_with_a_finite_loss_and_a_summary_line(run_dir):
-    _, proc = run_dir
-    line = [x for x in proc.stdout.splitlines() if x.startswith("Done (pretext)")]
-    assert line, proc.stdout
+    _, stdout = run_dir
+    line = [x for x in stdout.splitlines() if x.startswith("Done (pretext)")]
+    assert line, stdout
     loss = float(re.search(r"\bloss=([-+0-9.e]+|nan|inf)", line[0]).group(1))
     assert math.isfinite(loss) and loss > 0
     assert "steps=6" in line[0]
@@ -129,14 +124,14 @@ def test_the_keras_file_reloads_with_only_import_aetv2_tf(run_dir, backend):
 
 
 def test_a_finished_run_rerun_says_complete_and_does_nothing_else(run_dir, cifar10_dir, program,
-                                                                  capsys):
-    """The command of a finished run, again (in-process): "Complete", where its outputs are,
-    exit 0; nothing trained (no resume, no new checkpoint or TensorBoard file), exported or
-    scored (the export's files untouched)."""
-    model_dir, _ = run_dir
+                                                                  capsys, tmp_path):
+    """The command of a finished run, again (in-process, on a copy of the run): "Complete",
+    where its outputs are, exit 0; nothing trained (no resume, no new checkpoint or
+    TensorBoard file), exported or scored (the export's files untouched)."""
+    model_dir = pathlib.Path(shutil.copytree(run_dir[0], tmp_path / "run", symlinks=True))
     before = {p: p.stat().st_mtime_ns for p in model_dir.rglob("*") if p.is_file()
               and p.name not in ("flags.cfg", ".lock")}
-    assert program(*run_args(model_dir, cifar10_dir)) == 0
+    assert program(*finished_run_args(model_dir, cifar10_dir)) == 0
     out = capsys.readouterr().out
     assert f"Complete: the run in {model_dir} finished all its 6 steps before; nothing was " \
         "trained, exported or scored now." in out, out
@@ -177,28 +172,6 @@ def test_export_command_reexports_from_the_newest_checkpoint(run_dir, tmp_path):
     assert (out / "saved_model.pb").is_file(), proc.stdout
     # as quiet as train: no TensorFlow start-up lines (oneDNN, absl::InitializeLog), no INFO
     assert proc.stdout == f"Exported the encoder to {out}\n" and proc.stderr == "", proc.stderr
-
-
-def test_resume_continues_the_step_and_the_learning_rate(tmp_path, cifar10_dir):
-    """Run 4 of 8 steps, stop, rerun: steps 5..8 and every learning rate match a straight run."""
-    common = ("--train_steps=8", "--summary_every_steps=1", "--checkpoint_every_steps=2",
-              "--image_summary_every_steps=1000", "--export=false")
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    train(straight, cifar10_dir, *common)
-    first = train(resumed, cifar10_dir, *common, "--stop_after_steps=4")
-    assert "Stopped (pretext) at step 4 of 8: steps=4," in first.stdout, first.stdout
-    assert "The run is not finished: --stop_after_steps=4 ended this invocation at step 4 of " \
-        "8" in first.stdout and "Done (" not in first.stdout
-    second = train(resumed, cifar10_dir, *common)
-    assert "Resumed from checkpoint" in second.stdout and "at step 4." in second.stdout
-    assert "start_step=4" in second.stdout and "steps=8" in second.stdout
-    a, b = read_scalars(straight / "train"), read_scalars(resumed / "train")
-    assert sorted(b["learning_rate"]) == list(range(1, 9))
-    for step in range(1, 9):
-        assert b["learning_rate"][step] == pytest.approx(a["learning_rate"][step], rel=1e-6)
-    # Same data stream and same state: the resumed losses track the straight run's.
-    for step in range(5, 9):
-        assert b["loss"][step] == pytest.approx(a["loss"][step], rel=2e-2, abs=1e-3)
 
 
 MIRRORED_LOSS = textwrap.dedent("""
