@@ -115,6 +115,7 @@ def test_the_official_model_starts_at_the_identity():
                         param_scale=[1.0] * 8)
 
 
+@pytest.mark.slow
 def test_the_official_config_trains_on_the_command_line(tmp_path, cifar10_dir):
     """configs/cifar10_aetv1_official.cfg end to end (a few steps): the official targets, the
     per-branch BatchNorm, a finite loss, the flags recorded."""

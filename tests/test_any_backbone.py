@@ -84,6 +84,7 @@ def test_a_sequential_cnn_pretrains_saves_loads_and_gives_features(tmp_path):
     assert rotations.get_layer("rotnet").get_layer("rotation_logits").kernel.shape == (8, 4)
 
 
+@pytest.mark.slow
 def test_mobilenet_v3_small_pretrains_on_an_inner_block_saves_and_loads(tmp_path):
     encoder = keras.applications.MobileNetV3Small(
         input_shape=(32, 32, 3), include_top=False, weights=None, include_preprocessing=False)
@@ -255,6 +256,7 @@ print("RESULT ok")
 """
 
 
+@pytest.mark.slow
 def test_a_custom_encoder_crosses_backends(tmp_path):
     encoder = _sequential()
     encoder.get_layer("bn1").moving_mean.assign(np.linspace(-1, 1, 8).astype("float32"))

@@ -55,6 +55,7 @@ def skipped_steps() -> dict[str, subprocess.CompletedProcess]:
     return {"jax": run_jax(SKIP_STEPS), "tensorflow": tf_run}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stop", [True, False])
 def test_a_skipped_step_counts_the_same_on_both_backends(stop, skipped_steps):
     """The step is the batches consumed (a skipped batch counts), the optimizer's iterations the
@@ -87,6 +88,7 @@ def jax_cli(*args: str) -> subprocess.CompletedProcess:
     return run_jax(RUN_TRAIN.removeprefix(BLOCK_TF), *args)
 
 
+@pytest.mark.slow
 def test_jax_probes_a_finished_tensorflow_run(tf_runs, tmp_path, cifar10_dir):
     assert (tf_runs["done"] / "encoder.weights.h5").is_file()
     proc = jax_cli(*train_args(tmp_path / "knn", cifar10_dir, "--stage=probe", "--probe=knn",
@@ -95,6 +97,7 @@ def test_jax_probes_a_finished_tensorflow_run(tf_runs, tmp_path, cifar10_dir):
     assert "Done (probe): probe=knn" in proc.stdout
 
 
+@pytest.mark.slow
 def test_jax_refuses_what_it_cannot_load_with_the_fix(tf_runs, tmp_path, cifar10_dir):
     cases = {
         "unfinished TensorFlow run": (
@@ -225,6 +228,7 @@ def test_labelled_batches_visit_every_image_once_per_epoch():
     np.testing.assert_array_equal(y, labels[x[:, 0, 0, 0]])
 
 
+@pytest.mark.slow
 def test_rotnet_pretraining_under_jax_and_its_encoder_under_tensorflow(tmp_path, cifar10_dir):
     """RotNet runs under JAX (4 images x 4 turns a step), checkpoints, resumes exactly, and its
     encoder loads under TensorFlow for the probes."""
@@ -247,6 +251,7 @@ def test_rotnet_pretraining_under_jax_and_its_encoder_under_tensorflow(tmp_path,
     assert encoder.checkpoint.endswith("encoder.weights.h5")
 
 
+@pytest.mark.slow
 def test_sigterm_under_jax_checkpoints_and_exits_143(tmp_path, cifar10_dir):
     """The signal contract of docs/reliability.md on the JAX adapter too: the final checkpoint
     at the step reached, exit 128 + 15, the last line says how to resume."""
@@ -275,6 +280,7 @@ def test_sigterm_under_jax_checkpoints_and_exits_143(tmp_path, cifar10_dir):
     assert 2 <= reached < 500 and not (model_dir / "encoder.weights.h5").exists()
 
 
+@pytest.mark.slow
 def test_image_pairs_in_tensorboard_under_jax(tmp_path, cifar10_dir):
     """Where TensorFlow is importable, a JAX run draws the TensorBoard image pairs too (they
     were silently missing before), at step 0 and every --image_summary_every_steps."""
@@ -289,6 +295,7 @@ def test_image_pairs_in_tensorboard_under_jax(tmp_path, cifar10_dir):
     assert sorted(tags["pairs"]) == [0, 2, 4] and sorted(tags["loss"]) == [2, 4]
 
 
+@pytest.mark.slow
 def test_folder_dataset_probes_under_jax_through_tf_data(tmp_path):
     """Under JAX where TensorFlow is importable, the probe stage reads an image-folder dataset
     with tf.data (AlexNet, 224 px, linear head with adaptive max pooling, and a KNN); the

@@ -30,6 +30,10 @@ from tests.numerics import (
     random_params,
 )
 
+# The fast tier (`-m "not slow"`) leaves this file out: every test reads the Keras-on-JAX
+# child's results.
+pytestmark = pytest.mark.slow
+
 ALL_VARIANTS = {"paper": {}, **VARIANTS}
 
 CHILD = """

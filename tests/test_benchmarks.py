@@ -85,6 +85,7 @@ def test_helpers():
     assert done_summary("noise\n" + line) == dict(steps="3", wall_time_s="1.5", loss="2.5")
 
 
+@pytest.mark.slow
 def test_step_module(tmp_path, benchmarks_md_untouched):
     """Both backends, and TensorFlow with oneDNN off, in one run: the JAX and the `/eigen`
     configurations are timed by worker processes of their kind."""
@@ -108,6 +109,7 @@ def test_step_module(tmp_path, benchmarks_md_untouched):
     assert "TensorFlow kernels: oneDNN on in this process" in text
 
 
+@pytest.mark.slow
 def test_pipeline_module(cifar10_dir, benchmarks_md_untouched):
     proc = run_module("benchmarks.pipeline", f"--data_dir={cifar10_dir}", "--batch_size=8",
                       "--batches=2", "--repeats=1", "--step_rate=50", "--train_examples=256",
@@ -116,6 +118,7 @@ def test_pipeline_module(cifar10_dir, benchmarks_md_untouched):
     assert "Appended" not in proc.stdout
 
 
+@pytest.mark.slow
 def test_warp_module(cifar10_dir, benchmarks_md_untouched):
     proc = run_module("benchmarks.warp", f"--data_dir={cifar10_dir}", "--batch_size=8",
                       "--batches=2", "--repeats=1", "--no_record", timeout=300)
@@ -125,6 +128,7 @@ def test_warp_module(cifar10_dir, benchmarks_md_untouched):
     assert float(rows[1].split("|")[2]) > 0 and "Appended" not in proc.stdout
 
 
+@pytest.mark.slow
 def test_budget_module(tmp_path, cifar10_dir, benchmarks_md_untouched):
     proc = run_module("benchmarks.budget", "--steps=1", "--batch_size=8", "--methods=AETv2,random",
                       f"--work_dir={tmp_path}", f"--data_dir={cifar10_dir}",
@@ -135,6 +139,7 @@ def test_budget_module(tmp_path, cifar10_dir, benchmarks_md_untouched):
     assert results["test_examples"] == 50 and results["train_examples"] == 100
 
 
+@pytest.mark.slow
 def test_alexnet_step_module(benchmarks_md_untouched):
     """The AlexNet 224 pair step (on the device under JAX; here the TensorFlow backend) runs and
     reports a positive median rate; a step count that `steps_per_execution` does not divide is
@@ -153,6 +158,7 @@ def test_alexnet_step_module(benchmarks_md_untouched):
     assert bad.returncode == 2 and "--steps=5 must be a multiple" in bad.stderr
 
 
+@pytest.mark.slow
 def test_check_files_module(tmp_path):
     proc = run_module("benchmarks.check_files", f"--root={tmp_path / 'folder'}",
                       "--per_class=2", timeout=300)
@@ -160,6 +166,7 @@ def test_check_files_module(tmp_path):
     assert len(rows) == 4 and all(float(r.split("|")[2].split()[0]) > 0 for r in rows), rows
 
 
+@pytest.mark.slow
 def test_readers_module(tmp_path):
     proc = run_module("benchmarks.readers", f"--root={tmp_path / 'folder'}", "--per_class=4",
                       "--batch_size=4", "--batches=2", timeout=300)
@@ -168,6 +175,7 @@ def test_readers_module(tmp_path):
     assert len(rows) >= 3 and all(float(r[3]) > 0 for r in rows), proc.stdout
 
 
+@pytest.mark.slow
 def test_imagenet_input_module(tmp_path, benchmarks_md_untouched):
     proc = run_module("benchmarks.imagenet_input", f"--root={tmp_path / 'folder'}",
                       "--per_class=2", "--batch=4", "--batches=1", "--repeats=1", "--rest=0",
@@ -178,6 +186,7 @@ def test_imagenet_input_module(tmp_path, benchmarks_md_untouched):
             "before: host pair", "Pillow reader, 1 thread"} <= set(rows), proc.stdout
 
 
+@pytest.mark.slow
 def test_siamese_bn_speed_module():
     """The two BatchNorm modes timed side by side: one table row with a positive ratio."""
     proc = run_module("benchmarks.siamese_bn_speed", "--batch=8", "--batches=2", "--repeats=1",

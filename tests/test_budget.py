@@ -70,6 +70,7 @@ def test_a_budget_too_small_for_the_quick_knn_says_what_would_suffice(configured
     assert "Note:" not in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_a_budgeted_cli_run_records_its_size_and_resumes_with_it(tmp_path, cifar10_dir,
                                                                   program, capsys):
     """The command line sizes the run and records it; the same command again (in-process,

@@ -80,6 +80,7 @@ def run_leg(out, results, work, pack_dir, *args):
                       env={"KERAS_BACKEND": "jax"}, timeout=900)
 
 
+@pytest.mark.slow
 def test_legs_resume_each_run_from_its_checkpoint_and_land_in_the_ledger(tiny_pack, tmp_path):
     results, work = tmp_path / "results", tmp_path / "work"
     run_leg(tmp_path / "out1", results, work, tiny_pack)

@@ -209,10 +209,12 @@ def test_sampler_continuous_shift_and_generator_seed():
 
 
 # -------------------------------------------------------------------------------- (d) JAX
+@pytest.mark.slow
 def test_jax_child_imports_no_tensorflow(jax_results):
     assert not bool(jax_results["tensorflow_imported"])
 
 
+@pytest.mark.slow
 def test_jax_warp_matches_tensorflow_backend(inputs, tf_results, jax_results):
     eager = np.abs(jax_results["warp_eager"] - tf_results["warp_eager"]).max()
     compiled = np.abs(jax_results["warp_jit"] - tf_results["warp_eager"]).max()
@@ -222,6 +224,7 @@ def test_jax_warp_matches_tensorflow_backend(inputs, tf_results, jax_results):
     assert eager < 1e-5 and compiled < 1e-5 and interior < 1e-4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["tensorflow", "jax"])
 def test_warp_pairs_in_the_step_equal_the_host_pairs(backend, inputs, tf_results, jax_results):
     """`--warp=device`: the pair made inside the compiled step (`WarpPairs`, XLA on both
@@ -240,12 +243,14 @@ def test_warp_pairs_in_the_step_equal_the_host_pairs(backend, inputs, tf_results
         assert err < 1e-4, name
 
 
+@pytest.mark.slow
 def test_jax_quarter_turns_exact(jax_results):
     np.testing.assert_array_equal(jax_results["rot90_eager"], 0.0)
     np.testing.assert_array_equal(jax_results["rot90_jit"], 0.0)
     assert jax_results["rot90_sampled_t_err"] == 0.0 and jax_results["rot90_sampled"] == 0.0
 
 
+@pytest.mark.slow
 def test_jax_sampler(jax_results):
     _check_sampler(jax_results, "JAX")
 
@@ -273,10 +278,12 @@ def test_pairs_in_model_fit_tensorflow(tf_results):
     _check_fit(tf_results, "TF")
 
 
+@pytest.mark.slow
 def test_pairs_in_model_fit_jax(jax_results):
     _check_fit(jax_results, "JAX")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["tensorflow", "jax"])
 def test_loss_reads_the_traced_step_counter(backend, tf_results, jax_results):
     """--mse_decay_steps on any backend: the jitted step's loss sees steps 0, 1, 2, 3 (weights

@@ -224,6 +224,7 @@ OWN_IMAGES_PROBE = ("--flagfile=configs/cifar10_probe_knn.cfg", "--dataset=folde
                     "--data_dir={root}", "--pretrained={run}", "--model_dir={run}_knn")
 
 
+@pytest.mark.slow
 def test_the_readme_commands_pretrain_on_own_images_and_probe_them_with_labels(
         tmp_path, cifar10_dir, program, capsys):
     """A few hundred images of assorted sizes: without labels in ONE folder

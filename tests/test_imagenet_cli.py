@@ -16,6 +16,9 @@ from aetv2_tf.probes.results import RESULTS_FILENAME, read_results
 from benchmarks.make_folder import CORRUPT_FILES, prepare_tiny_tfds, write_cifar10_folder
 from tests.cli import run_module
 
+# The fast tier (`-m "not slow"`) leaves this file out: AlexNet training and probe programs.
+pytestmark = pytest.mark.slow
+
 TINY_PROBE = ("--epochs=2", "--lr_drop_epochs=1", "--batch_size=4", "--val_examples=4",
               "--verbose=0")
 

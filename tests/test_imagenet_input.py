@@ -118,6 +118,7 @@ def test_data_service_serves_the_same_pairs(photos, data_service):
             np.testing.assert_array_equal(want, got)
 
 
+@pytest.mark.slow
 def test_cli_pairs_on_the_device_and_from_a_data_service(tmp_path, data_service):
     """The program with `--warp=device` trains the same steps as with the host warp (the
     same loss to float rounding), and with `--data_service` the very same weights."""
@@ -132,6 +133,7 @@ def test_cli_pairs_on_the_device_and_from_a_data_service(tmp_path, data_service)
     assert float(done["device"]["loss"]) == pytest.approx(float(done["host"]["loss"]), rel=1e-3)
 
 
+@pytest.mark.slow
 def test_a_data_service_that_does_not_answer_is_refused(tmp_path):
     import socket
 

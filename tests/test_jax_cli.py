@@ -23,6 +23,10 @@ import pytest
 
 from tests.cli import BLOCK_TF, REPO, RUN_TRAIN, _env, finish_jax, start_jax, train_args
 
+# The fast tier (`-m "not slow"`) leaves this file out: every test reads the Keras-on-JAX
+# training children (or starts one).
+pytestmark = pytest.mark.slow
+
 #: The block-2 features of the JAX run's encoder on 8 test images (model_dir, data_dir, out),
 #: then an AlexNet AET model (Keras BN) with this process's weights: its features (inference)
 #: and decoded parameters (training-mode batch statistics) (weights, inputs, out).

@@ -214,6 +214,7 @@ def test_extract_features_pools_and_keeps_order():
         make_feature_fn(encoder)(images)
 
 
+@pytest.mark.slow
 def test_matches_scikit_learn_on_real_block2_features(cifar_slice_for_knn):
     """The default protocol against scikit-learn's KNeighborsClassifier (the published AETv1
     code's classifier: k = 10, uniform weights, Euclidean) on the same 3,072-value features of

@@ -201,6 +201,7 @@ FUSED_BN_MIRRORED = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_mirrored_strategy_matches_keras_bn():
     """Two logical CPUs must be configured before TF starts: run in a fresh interpreter."""
     repo = str(pathlib.Path(__file__).resolve().parents[1])

@@ -17,6 +17,9 @@ from aetv2_tf.metrics import pretext_metrics
 from aetv2_tf.models import build_aet_model
 from aetv2_tf.models.layers import conv_bn_relu
 
+# The fast tier (`-m "not slow"`) leaves this file out: 800 training steps in this process.
+pytestmark = pytest.mark.slow
+
 
 def small_encoder() -> keras.Model:
     inputs = keras.Input((32, 32, 3))

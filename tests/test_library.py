@@ -24,6 +24,7 @@ from aetv2_tf.program.flags import FLAGS, program_flags
 from tests.cli import REPO, run_module
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["tensorflow", "jax"])
 def test_readme_python_block_runs(backend, tmp_path, cifar10_dir):
     """The README's block, its own code in a fresh directory on each backend, through
@@ -133,6 +134,7 @@ def hooked_cli(tmp_path, name: str, *args: str, backend: str = "tensorflow") -> 
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["tensorflow", "jax"])
 def test_both_programs_build_through_the_recipe(tmp_path, cifar10_dir, backend):
     """Both adapters build their pretext model with `Recipe.build_model` (which decides the
@@ -160,6 +162,7 @@ def test_both_programs_build_through_the_recipe(tmp_path, cifar10_dir, backend):
     assert seen["calls"]["knn_accuracy"] == 1 and seen["calls"]["pooled_features"] >= 2
 
 
+@pytest.mark.slow
 def test_an_encoder_trained_in_python_is_probed_by_the_cli(tmp_path, cifar10_dir):
     images, _ = aetv2_tf.load_cifar10(str(cifar10_dir), "train")
     encoder = aetv2_tf.build_backbone("nin")

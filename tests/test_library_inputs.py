@@ -257,6 +257,7 @@ JAX_REFUSALS = {
 }
 
 
+@pytest.mark.slow
 def test_jax_refuses_the_same_inputs(tmp_path):
     """Under KERAS_BACKEND=jax, TensorFlow blocked: the whole refusal table (float [0, 1] and
     [0, 255] images, NCHW, a wrong size, labels to a self-supervised fit, one-hot labels, an

@@ -16,6 +16,7 @@ import pytest
 from tests.cli import REPO, run_module
 
 
+@pytest.mark.slow
 def test_loss_gradients_module():
     """The gradient table of the losses: the angle in the 16x frame alone puts no gradient on
     perspective, AETv1 and the default AETv2 (its unit-frame residual) a fifth or more."""
@@ -66,6 +67,7 @@ def screened(tmp_path_factory, cifar10_dir) -> dict:
     return dict(out=out, runs=runs, script=script, readout=readout)
 
 
+@pytest.mark.slow
 def test_the_gpu_screen_trains_the_first_run_and_skips_the_rest_past_its_deadline(screened):
     """The first run trains and comes back as <method>.tar; with DEADLINE_S=1 every later run is
     skipped, in the interleaved order (seed 0 of each method, then seed 2)."""
@@ -85,6 +87,7 @@ def test_the_gpu_screen_trains_the_first_run_and_skips_the_rest_past_its_deadlin
             flags["loss_frame_scale"], flags["warmup_steps"]) == ("jax", 0.3, 2, 0, 4.0, 1)
 
 
+@pytest.mark.slow
 def test_the_readout_reads_a_screened_encoder_and_a_random_init(screened):
     proc, run = screened["readout"], screened["runs"] / "hybrid_s0"
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]

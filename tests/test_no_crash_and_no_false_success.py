@@ -105,6 +105,7 @@ def test_a_batch_over_the_machines_memory_is_refused_and_normal_configs_pass(
 
 
 # ------------------------------------------------------------------- a divergence, the words
+@pytest.mark.slow
 def test_a_loss_that_grows_past_the_factor_stops_with_exit_7_keeping_the_last_good_checkpoint(
         tmp_path, cifar10_dir, program, capsys):
     """As the audit ran it: `--learning_rate=1e6` (here resumed from a good checkpoint with

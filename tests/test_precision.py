@@ -49,6 +49,7 @@ def test_auto_on_a_cpu_follows_the_probe_and_caches_it(tmp_path, rates, expected
     assert saved[precision.machine_key()]["rates"] == rates
 
 
+@pytest.mark.slow
 def test_onednn_is_asked_for_unless_the_user_chose():
     """TensorFlow turns its oneDNN kernels on by default only on CPUs with AVX512_VNNI,
     AVX512_BF16, AVX_VNNI or AMX; `import aetv2_tf` asks for them on every CPU (1.6x on AVX2,
@@ -142,6 +143,7 @@ def test_explicit_choices_pass_through(name, expected):
     assert precision.choose_precision(name).policy == expected
 
 
+@pytest.mark.slow
 def test_mixed_bfloat16_trains_like_float32(tmp_path, cifar10_dir):
     runs = {}
     for policy in ("none", "mixed_bfloat16"):

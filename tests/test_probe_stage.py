@@ -43,6 +43,7 @@ def knn_saved_model(pretrained, runs, cifar10_dir) -> dict:
                  f"--pretrained={pretrained / 'export' / 'encoder'}")
 
 
+@pytest.mark.slow
 def test_knn_from_saved_model(knn_saved_model, pretrained):
     r = knn_saved_model
     assert (r["probe"], r["feature"], r["dataset"], r["method"]) == ("knn", "block2", "cifar10",
@@ -60,6 +61,7 @@ def test_knn_from_saved_model(knn_saved_model, pretrained):
     assert r["flags"]["probe"] == "knn" and r["wall_time_s"] > 0
 
 
+@pytest.mark.slow
 def test_knn_from_model_dir_equals_saved_model(knn_saved_model, pretrained, runs, cifar10_dir):
     # The checkpoint and the SavedModel hold the same encoder, and the SavedModel is fed the exact
     # uint8 pixels: identical float32 features (the SavedModel computes in float32; under
@@ -72,6 +74,7 @@ def test_knn_from_model_dir_equals_saved_model(knn_saved_model, pretrained, runs
     assert r["test_top1"] == knn_saved_model["test_top1"]
 
 
+@pytest.mark.slow
 def test_knn_random_init(runs, cifar10_dir):
     r = probe(runs / "knn_random", cifar10_dir, "--probe=knn", "--pretrained=none",
               "--knn_metric=cosine", "--knn_pool=global", "--knn_ties=nearest", "--knn_k=5")
@@ -81,6 +84,7 @@ def test_knn_random_init(runs, cifar10_dir):
     assert 0.0 <= r["test_top1"] <= 100.0
 
 
+@pytest.mark.slow
 def test_knn_of_a_preset_by_name(runs, cifar10_dir):
     """`--pretrained=<preset name>` probes the preset's run directory in results/scale."""
     from aetv2_tf.pretrained import PRESETS
@@ -90,6 +94,7 @@ def test_knn_of_a_preset_by_name(runs, cifar10_dir):
     assert 0.0 <= r["test_top1"] <= 100.0
 
 
+@pytest.mark.slow
 def test_fc2_probe_and_report(knn_saved_model, pretrained, runs, cifar10_dir):
     model_dir = runs / "fc2_saved_model"
     r = probe(model_dir, cifar10_dir, "--probe=fc2", f"--pretrained={pretrained}/export/encoder",
@@ -155,6 +160,7 @@ def test_bad_pretrained_is_refused(case, tmp_path):
     assert expected in str(refused.value) and str(pretrained) in str(refused.value)
 
 
+@pytest.mark.slow
 def test_a_bad_pretrained_on_the_command_line_exits_2_and_writes_nothing(tmp_path, cifar10_dir):
     """The refusal above end to end (one case; `input[pretrained_missing]` in
     test_reliability_input.py is another): exit 2, the message, no traceback, no results."""

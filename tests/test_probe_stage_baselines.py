@@ -21,6 +21,7 @@ PROBE_CONFIGS = ("cifar10_probe_knn", "cifar10_probe_fc1", "cifar10_probe_fc2",
                  "imagenet_alexnet_nonlinear_aetv1", "places205_alexnet_linear_aetv1")
 
 
+@pytest.mark.slow
 def test_supervised_stage(tmp_path, cifar10_dir):
     model_dir = tmp_path / "supervised"
     proc = run_module("aetv2_tf.train", "--flagfile=configs/cifar10_supervised.cfg",
@@ -34,6 +35,7 @@ def test_supervised_stage(tmp_path, cifar10_dir):
     assert r["selected_epoch"] == 1 and 0.0 <= r["test_top1"] <= 100.0
 
 
+@pytest.mark.slow
 def test_rotnet_pretraining_then_probe(tmp_path, cifar10_dir):
     pretext = tmp_path / "rotnet"
     proc = run_module("aetv2_tf.train", "--flagfile=configs/cifar10_rotnet.cfg",
@@ -48,6 +50,7 @@ def test_rotnet_pretraining_then_probe(tmp_path, cifar10_dir):
     assert (r["method"], r["pretrained_kind"]) == ("RotNet", "model_dir")
 
 
+@pytest.mark.slow
 def test_folder_dataset_alexnet_probe(tmp_path):
     data = tmp_path / "places"
     write_image_folder(data, {"train": 6, "val": 3})

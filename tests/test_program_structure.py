@@ -186,6 +186,7 @@ def test_no_import_cycle_in_the_package_the_benchmarks_or_the_experiments():
     assert portable not in graph["aetv2_tf.program.common"]
 
 
+@pytest.mark.slow
 def test_every_module_imports_alone():
     """Each module imported with no other project module loaded before it (one process; the
     project's modules are dropped from sys.modules between imports, the libraries stay)."""

@@ -36,6 +36,7 @@ def _fit_loss(model: keras.Model, images: np.ndarray) -> float:
     return float(model.fit(images, batch_size=64, epochs=1, verbose=0).history["loss"][-1])
 
 
+@pytest.mark.slow
 def test_aetv1_through_the_recipe_trains_where_the_unscaled_decoder_diverges(cifar10_dir):
     images = aetv2_tf.load_cifar10(str(cifar10_dir), "train")[0][:256]
     steps = training_steps(len(images), batch_size=64)

@@ -13,6 +13,9 @@ import pytest
 
 import aetv2_tf
 
+# The fast tier (`-m "not slow"`) leaves this file out: a fresh Python process per case.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):

@@ -156,7 +156,9 @@ def outcomes(bad_data, cifar10_dir) -> dict[str, tuple]:
     return {name: (proc.returncode, proc.stderr) for name, proc in procs.items()}
 
 
-@pytest.mark.parametrize("name", list(cases(pathlib.Path("TMP"))))
+@pytest.mark.parametrize("name", [
+    pytest.param(name, marks=pytest.mark.slow) if name in IN_A_CHILD else name
+    for name in cases(pathlib.Path("TMP"))])
 def test_bad_input_is_refused_before_anything_is_written(name, bad_data, cifar10_dir, request,
                                                          capsys):
     case, model_dir = cases(bad_data)[name], bad_data / "runs" / name
@@ -174,6 +176,7 @@ def test_bad_input_is_refused_before_anything_is_written(name, bad_data, cifar10
 
 
 # ----------------------------------------------------------------- a model_dir of another run
+@pytest.mark.slow
 def test_model_dir_of_another_run_is_refused_unless_overwrite(tmp_path, cifar10_dir,
                                                               finished_run, program, capsys):
     """Other essential flags in an existing model_dir (a copy of conftest.py's finished run):
@@ -255,6 +258,7 @@ def test_the_disk_check_is_sized_from_the_model(tmp_path, monkeypatch, configure
         pretext.check_disk(config, model, encoder)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["tensorflow", "jax"])
 def test_a_failed_export_exits_4_on_every_backend(backend, tmp_path, cifar10_dir):
     """The SavedModel cannot be written (a file stands where its folder goes): the training and
@@ -269,6 +273,7 @@ def test_a_failed_export_exits_4_on_every_backend(backend, tmp_path, cifar10_dir
     assert (model_dir / "encoder.weights.h5").is_file()
 
 
+@pytest.mark.slow
 def test_resuming_with_other_trajectory_flags_is_refused_unless_allowed(tmp_path, cifar10_dir,
                                                                         program, capsys):
     """A run trained to step 2, resumed with another learning rate and length: refused (exit 2,

@@ -106,6 +106,7 @@ def resume(model_dir: pathlib.Path, cifar10_dir) -> int:
     return step
 
 
+@pytest.mark.slow
 def test_deterministic_runs_are_bitwise_identical(reference):
     first, second, _ = reference
     assert_same_final_state(second, first)
@@ -113,6 +114,7 @@ def test_deterministic_runs_are_bitwise_identical(reference):
     assert sorted(losses[0]) == list(range(1, STEPS + 1)) and losses[0] == losses[1]
 
 
+@pytest.mark.slow
 def test_sigkill_during_a_checkpoint_write_resumes_from_the_last_complete_one(
         reference, tmp_path, cifar10_dir):
     """Killed the moment the temporary file of ckpt-4 appears (or ckpt-4 itself): ckpt-4 is
@@ -130,6 +132,7 @@ def test_sigkill_during_a_checkpoint_write_resumes_from_the_last_complete_one(
     assert_same_final_state(model_dir, reference[0])
 
 
+@pytest.mark.slow
 def test_sigkill_at_a_random_moment_resumes_exactly(reference, tmp_path, cifar10_dir):
     """Killed after a random delay (start-up, training, or a checkpoint write): the rerun
     resumes from the newest complete checkpoint, if any, and ends exactly as the reference."""
@@ -173,6 +176,7 @@ print("LEGACY", step, sorted(os.listdir(ckpt_dir)), weights_digest(encoder.weigh
 """.replace("STEPS", str(STEPS))
 
 
+@pytest.mark.slow
 def test_a_run_with_tf_checkpoints_of_an_earlier_version_resumes_exactly(reference, tmp_path,
                                                                            cifar10_dir):
     """A run stopped at step 4 by `--stop_after_steps` (it says so, and that a rerun goes on),
@@ -236,6 +240,7 @@ def test_sigint_stops_after_the_step_with_a_final_checkpoint(tmp_path):
     assert restored is before
 
 
+@pytest.mark.slow
 def test_one_process_per_model_dir_and_the_lock_dies_with_its_holder(tmp_path, cifar10_dir,
                                                                     program, capsys):
     """A second process on a model_dir in use exits 2 within seconds, naming the holder's pid and
@@ -376,6 +381,7 @@ runpy.run_module("aetv2_tf.train", run_name="__main__", alter_sys=True)
 """
 
 
+@pytest.mark.slow
 def test_a_full_disk_then_a_damaged_checkpoint_and_the_run_resumes_exactly(
         tmp_path, cifar10_dir, reference):
     """Two faults of one run, each met as the program meets it. The disk fills while ckpt-6 is
@@ -427,6 +433,7 @@ runpy.run_module("aetv2_tf.train", run_name="__main__", alter_sys=True)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_ends_with_a_final_checkpoint_even_when_sent_again_during_it(sig, tmp_path,
                                                                               cifar10_dir):

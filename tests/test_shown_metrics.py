@@ -121,6 +121,7 @@ class _StopAt(keras.callbacks.Callback):
             self.model.stop_training = True
 
 
+@pytest.mark.slow
 def test_the_progress_bar_shows_the_loss_first_and_stops_where_training_stopped(images, capsys):
     """Keras sorts its logs by name and draws a stopped epoch to its end; the program's bar
     shows the loss first and ends at the step reached (2/5), full only at the run's end; a

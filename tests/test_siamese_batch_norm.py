@@ -12,6 +12,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["tensorflow", "jax"])
 def test_per_branch_equals_two_encoder_calls_x_first(backend):
     env = dict(os.environ, KERAS_BACKEND=backend)

@@ -16,6 +16,10 @@ import pytest
 
 from tests.cli import REPO, finished_run_args, read_scalars, run_module, train, train_args
 
+# The fast tier (`-m "not slow"`) leaves this file out: the training program's runs, in a
+# child or in-process.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def run_dir(finished_run):
