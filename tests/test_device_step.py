@@ -9,7 +9,11 @@ import importlib.util
 import json
 import os
 
+import pytest
+
 from tests.cli import run_module
+
+pytestmark = pytest.mark.slow
 
 PIECES = ("pairs", "encoder_two_pass", "encoder_one_pass", "loss_svd", "loss_newton",
           "optimizer", "step_in_loop", "step_resident", "step_dispatched")

@@ -28,6 +28,8 @@ import pytest
 from tests import one_pass_case
 from tests.cli import REPO, _env
 
+pytestmark = pytest.mark.slow
+
 BLOCK_TF = "import sys; sys.modules['tensorflow'] = None; "
 
 

@@ -227,6 +227,7 @@ for i in (0, 2):
 """
 
 
+@pytest.mark.slow
 def test_newton_under_jax_jit():
     """Keras on JAX, inside `jax.jit` (`lax.cond` picks the branch): the same loss and
     gradient as the SVD path, in range and for a batch that falls back."""

@@ -17,7 +17,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.cli import REPO, _env
+
+pytestmark = pytest.mark.slow
 
 CASE = """
 import sys; sys.modules['tensorflow'] = None; sys.path.insert(0, 'tests')
