@@ -30,13 +30,14 @@ Writes ``console.txt`` (everything printed) and ``device_step.json`` (every numb
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import pathlib
 import subprocess
 import sys
 import time
+
+from benchmarks.device_model import FLAGFILE, build, run_config  # noqa: F401 (the parts')
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 #: The Keras steps timed: how per-branch BatchNorm is computed and how P is projected.
@@ -45,37 +46,6 @@ VARIANTS = {"two_pass": (False, "svd"), "one_pass": (True, "svd"),
 #: Each part's time limit in seconds on a device (``--tiny``: `TINY_LIMITS`).
 LIMITS = {"keras": 200, "breakdown": 130, "torch": 110}
 TINY_LIMITS = {"keras": 300, "breakdown": 300, "torch": 120}
-FLAGFILE = "configs/cifar10_aetv2.cfg"
-
-
-def run_config(batch: int, spe: int):
-    """The `RunConfig` of the default AETv2 (`FLAGFILE`) at ``batch``, read as
-    ``python -m aetv2_tf.train`` reads its flags."""
-    from aetv2_tf.program.config import from_flags
-    from aetv2_tf.program.flags import FLAGS
-
-    argv = ["device_step", f"--flagfile={REPO / FLAGFILE}", f"--batch_size={batch}",
-            f"--steps_per_execution={spe}", "--model_dir=/tmp/device_step_run",
-            "--train_steps=100000", "--mixed_precision=mixed_bfloat16"]
-    FLAGS(argv)
-    return from_flags(FLAGS, argv)
-
-
-def build(config, one_pass: bool, projection: str, policy: str = "mixed_bfloat16"):
-    """``(encoder, model)``: `pretext.build_model` of ``config`` (the same initial weights
-    every call) with per-branch BatchNorm computed ``one_pass`` and P projected by
-    ``projection``, under the dtype ``policy``."""
-    import keras
-
-    from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD
-    from aetv2_tf.program import pretext
-
-    keras.mixed_precision.set_global_policy(policy)
-    config = dataclasses.replace(config, recipe=config.recipe.replace(projection=projection))
-    encoder, model, _, _ = pretext.build_model(
-        config, config.train.train_steps, inputs="images", mean=CIFAR10_MEAN, std=CIFAR10_STD,
-        augment=config.data.augment, one_pass=one_pass)
-    return encoder, model
 
 
 def loss_and_gradients(model, images) -> tuple:

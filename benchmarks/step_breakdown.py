@@ -75,7 +75,7 @@ def breakdown_part(args, deadline: float) -> dict:
     import numpy as np
 
     from aetv2_tf.models.batch_groups import batch_statistics_groups
-    from benchmarks.device_step import build, run_config
+    from benchmarks.device_model import build, run_config
 
     config = run_config(args.batch, args.spe)
     encoder, model = build(config, True, "svd")

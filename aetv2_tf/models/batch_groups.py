@@ -140,19 +140,7 @@ def one_pass_blockers(encoder: keras.layers.Layer) -> list[str]:
 
 
 def on_gpu() -> bool:
-    """Whether the Keras backend computes on a GPU (JAX's default backend, a TensorFlow GPU,
-    or CUDA under PyTorch)."""
-    backend = keras.backend.backend()
-    if backend == "jax":
-        import jax
-
-        return jax.default_backend() in ("gpu", "cuda", "rocm")
-    if backend == "tensorflow":
-        import tensorflow as tf
-
-        return bool(tf.config.list_logical_devices("GPU"))
-    if backend == "torch":
-        import torch
-
-        return bool(torch.cuda.is_available())
-    return False
+    """Whether the Keras backend computes on a GPU: a device of `keras.distribution.list_devices`
+    (JAX's, TensorFlow's or PyTorch's, in that backend's words) is a GPU."""
+    devices = keras.distribution.list_devices()
+    return any(str(d).split(":")[0].lower() in ("gpu", "cuda", "rocm") for d in devices)
