@@ -1,7 +1,8 @@
 """Image files and folders the tests write, and a folder's digest: random JPEG bytes, whether
 TensorFlow decodes a file, class folders of random images, `tree` for "nothing touched", and
 what a run folder holds: the flags of a minimal run (`run_flags`, `ESSENTIAL`) for
-`rundir.prepare`, a probe's results.json (`make_result`).
+`rundir.prepare`, a probe's results.json (`make_result`); a file damaged as a crash or a bad
+disk leaves it (`damage_file`).
 
 Folders of CIFAR-10 images (the ILSVRC layout, bad files, a prepared tensorflow-datasets copy)
 are `benchmarks.make_folder`'s: the folder benchmarks (check_files, readers, imagenet_input) make
@@ -93,3 +94,17 @@ def make_result(probe, test_error, *, feature="block2", dataset="cifar10", pretr
     if method:
         result["method"] = method
     return result
+
+
+def damage_file(path: pathlib.Path, how: str) -> None:
+    """Damages the file at `path` as a crash or a bad disk would: "truncated" (cut in half) or
+    "overwritten" (4 KiB of zeros in the middle, the same size); a `how` ending in "no_checksum"
+    also deletes its `.sha256` (or: a file of a version before the checksums)."""
+    data = path.read_bytes()
+    if how.startswith("truncated"):
+        path.write_bytes(data[: len(data) // 2])
+    else:
+        middle = len(data) // 2
+        path.write_bytes(data[:middle] + bytes(4096) + data[middle + 4096:])
+    if how.endswith("no_checksum"):
+        pathlib.Path(f"{path}.sha256").unlink()

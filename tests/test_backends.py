@@ -89,17 +89,32 @@ def spec():
 
 
 @pytest.fixture(scope="module")
-def jax_result(spec):
+def jax_child(spec, tmp_path_factory):
+    """The JAX child, started on `spec`; `jax_result` reads its answer. Started by `tf_result`
+    too, so that the two backends' evaluations overlap."""
+    spec_file = tmp_path_factory.mktemp("backends") / "spec.json"
+    spec_file.write_text(to_json(spec))
     env = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(REPO)], input=to_json(spec),
-                          capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    line = [x for x in proc.stdout.splitlines() if x.startswith("@@JSON@@")][-1]
+    with open(spec_file) as stdin:
+        proc = subprocess.Popen([sys.executable, "-c", CHILD, str(REPO)], stdin=stdin,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=env, cwd=REPO)
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def jax_result(jax_child):
+    stdout, stderr = jax_child.communicate(timeout=600)
+    assert jax_child.returncode == 0, stderr[-4000:]
+    line = [x for x in stdout.splitlines() if x.startswith("@@JSON@@")][-1]
     return json.loads(line[len("@@JSON@@"):])
 
 
 @pytest.fixture(scope="module")
-def tf_result(spec):
+def tf_result(spec, jax_child):
     return json.loads(json.dumps(backend_cases.run(json.loads(to_json(spec)), "tensorflow")))
 
 

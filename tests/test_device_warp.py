@@ -39,8 +39,8 @@ def inputs(cifar10_dir):
 
 @pytest.fixture(scope="module")
 def jax_child(inputs, tmp_path_factory):
-    """Starts the JAX checks in a child process (the tests that read them are `slow`: the fast
-    tier, `-m "not slow"`, runs the TensorFlow checks only)."""
+    """Starts the JAX checks in a child process (`tf_results` starts it first, to overlap with
+    the TensorFlow checks, when a selected test reads them: not in the fast tier)."""
     folder = tmp_path_factory.mktemp("jax")
     np.savez(folder / "in.npz", **inputs)
     env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu")
@@ -56,7 +56,10 @@ def jax_child(inputs, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def tf_results(inputs, tmp_path_factory):
+def tf_results(inputs, tmp_path_factory, request):
+    if any("jax_results" in getattr(item, "fixturenames", ()) for item in request.session.items
+           if getattr(item, "module", None) is request.module):
+        request.getfixturevalue("jax_child")  # started now, read by `jax_results`
     assert keras.backend.backend() == "tensorflow"
     return checks.run_all(inputs["images"], inputs["uint8_images"], inputs["t"],
                           str(tmp_path_factory.mktemp("tf")))

@@ -9,6 +9,8 @@
   (every variable of the final `ckpt-<step>.weights.h5`), and the same learning rate at every
   step; so does a run of an earlier version, whose checkpoints are `tf.train.Checkpoint` files.
 - Two `--deterministic` runs give bitwise-identical checkpoints and losses.
+
+How a damaged checkpoint is read, in-process: test_damaged_checkpoints_are_set_aside.py.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import pytest
 from aetv2_tf.program.callbacks import CheckpointEvery, StopOnSignal
 from aetv2_tf.program.keras_checkpoints import KerasCheckpoints
 from tests.cli import finish, listed_step, read_scalars, start_module, train, train_args
+from tests.folders import damage_file
 
 STEPS = 8
 ITERATIONS = "optimizer/inner_optimizer/vars/0"  # the step (Keras's first optimizer variable)
@@ -274,101 +277,6 @@ def test_one_process_per_model_dir_and_the_lock_dies_with_its_holder(tmp_path, c
     assert "Stopped (pretext) at step 1 of 100000: steps=1," in capsys.readouterr().out
 
 
-def test_temporaries_of_a_live_process_are_never_removed(tmp_path):
-    """`save_atomically` removes the temporaries that dead processes left, not a live one's."""
-    import subprocess
-
-    from aetv2_tf.program.keras_checkpoints import save_atomically
-
-    live = subprocess.Popen(["sleep", "60"])
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    try:
-        for pid in (live.pid, dead.pid):
-            (tmp_path / f".tmp{pid}-ckpt-4.weights.h5").write_bytes(b"partial")
-        save_atomically(lambda path: pathlib.Path(path).write_bytes(b"whole"),
-                        str(tmp_path / "ckpt-6.weights.h5"))
-    finally:
-        live.kill()
-        live.wait()
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        f".tmp{live.pid}-ckpt-4.weights.h5", "ckpt-6.weights.h5", "ckpt-6.weights.h5.sha256"]
-
-
-def _damage(path: pathlib.Path, how: str) -> None:
-    data = path.read_bytes()
-    if how.startswith("truncated"):
-        path.write_bytes(data[: len(data) // 2])
-    else:  # 4 KiB overwritten in the middle, the same size
-        middle = len(data) // 2
-        path.write_bytes(data[:middle] + bytes(4096) + data[middle + 4096:])
-    if how.endswith("no_checksum"):  # its digest deleted (or a file of a version before them)
-        pathlib.Path(f"{path}.sha256").unlink()
-
-
-@pytest.mark.parametrize("how", ["truncated", "overwritten", "truncated_no_checksum",
-                                 "overwritten_no_checksum"])
-def test_restore_sets_a_damaged_checkpoint_aside_and_loads_the_one_before(tmp_path, how,
-                                                                          capsys):
-    """`restore_checkpoint` (what `--model_dir` resumes from, on every backend): the newest
-    checkpoint cut in half, or 4 KiB of it overwritten, with or without its checksum (a
-    missing digest is a damaged checkpoint: before, an overwritten one whose `.sha256` was
-    deleted loaded and the run resumed from it), is renamed `*.bad` with its checksum, said
-    so, and the one before is loaded (its weights, its step); with every checkpoint damaged it
-    raises (the program's exit 2) and keeps them all. End to end, one case: the full-disk test
-    below."""
-    import keras
-
-    from aetv2_tf.program.keras_checkpoints import KerasCheckpoints, restore_checkpoint
-
-    def model(seed: int) -> keras.Model:
-        keras.utils.set_random_seed(seed)
-        return keras.Sequential([keras.Input((4,)), keras.layers.Dense(512), keras.layers.Dense(3)])
-
-    store, directory = KerasCheckpoints(str(tmp_path), keep=2), tmp_path
-    two, four = model(2), model(4)
-    store.save(two, 2)
-    store.save(four, 4)
-    newest = directory / "ckpt-4.weights.h5"
-    _damage(newest, how)
-    restored = model(0)
-    assert restore_checkpoint(restored, str(directory)) == 2
-    out = capsys.readouterr().out
-    assert f"Set aside {newest} as {newest}.bad: " in out
-    assert ("has no ckpt-4.weights.h5.sha256" in out) == how.endswith("no_checksum"), out
-    for got, want in zip(restored.get_weights(), two.get_weights(), strict=True):
-        np.testing.assert_array_equal(got, want)
-    assert (directory / "ckpt-4.weights.h5.bad").is_file() and not newest.exists()
-    assert (directory / "ckpt-4.weights.h5.bad.sha256").is_file() != how.endswith("no_checksum")
-    _damage(directory / "ckpt-2.weights.h5", how)
-    with pytest.raises(FileNotFoundError, match="no intact checkpoint is left"):
-        restore_checkpoint(model(0), str(directory))
-    assert sorted(p.name for p in directory.glob("*.bad")) == [
-        "ckpt-2.weights.h5.bad", "ckpt-4.weights.h5.bad"]
-
-
-def test_readers_skip_a_file_whose_checksum_does_not_match(tmp_path):
-    """The probes' and the export's reader (`encoder_source`) passes over a damaged
-    `encoder.weights.h5` to the newest intact checkpoint, and over a checkpoint whose digest
-    is missing, renaming nothing."""
-    from aetv2_tf.program.keras_checkpoints import encoder_source, save_atomically
-
-    def write(path, data):
-        save_atomically(lambda tmp: pathlib.Path(tmp).write_bytes(data), str(path))
-
-    (tmp_path / "checkpoints").mkdir()
-    write(tmp_path / "encoder.weights.h5", b"encoder")
-    write(tmp_path / "checkpoints" / "ckpt-2.weights.h5", b"two")
-    write(tmp_path / "checkpoints" / "ckpt-4.weights.h5", b"four")
-    assert encoder_source(str(tmp_path)) == str(tmp_path / "encoder.weights.h5")
-    (tmp_path / "encoder.weights.h5").write_bytes(b"encodeR")
-    (tmp_path / "checkpoints" / "ckpt-4.weights.h5").write_bytes(b"fouR")
-    assert encoder_source(str(tmp_path)) == str(tmp_path / "checkpoints" / "ckpt-2.weights.h5")
-    assert (tmp_path / "encoder.weights.h5").is_file()
-    (tmp_path / "checkpoints" / "ckpt-2.weights.h5.sha256").unlink()
-    assert encoder_source(str(tmp_path)) is None
-
-
 DISK_FULL_AT_FSYNC = """
 import errno, os, runpy, sys
 real = os.fsync
@@ -390,7 +298,7 @@ def test_a_full_disk_then_a_damaged_checkpoint_and_the_run_resumes_exactly(
     it): the rerun renames it `*.bad` (nothing deleted), says so, resumes from ckpt-2 and ends
     bitwise like the uninterrupted run. The other kinds of damage, and every checkpoint
     damaged, are `restore_checkpoint`'s (the one reader of both backends' programs): the
-    parametrized test above."""
+    parametrized test of test_damaged_checkpoints_are_set_aside.py."""
     import subprocess
     import sys
 
@@ -410,7 +318,7 @@ def test_a_full_disk_then_a_damaged_checkpoint_and_the_run_resumes_exactly(
         "ckpt-4.weights.h5.sha256"]
     assert damage(str(newest)) is None and damage(str(newest).replace("-4.", "-2.")) is None
 
-    _damage(newest, "overwritten")
+    damage_file(newest, "overwritten")
     proc = train(model_dir, cifar10_dir, *COMMON)
     assert f"Set aside {newest} as {newest}.bad: " in proc.stdout
     assert "Resumed from checkpoint" in proc.stdout and "at step 2." in proc.stdout
