@@ -52,6 +52,15 @@ def checkpoint_digest(model_dir) -> str:
     return weights_digest(model.trainable_weights)
 
 
+def tails(outs) -> str:
+    """Each worker's exit code and the end of its stderr without TensorFlow's INFO/WARNING log
+    lines (the traceback, the error), for a failed assertion's message."""
+    return "\n\n".join(
+        f"worker {index}: exit {out.returncode}\n" + "\n".join(
+            line for line in out.stderr.splitlines() if not re.match(r"[IW]\d{4} ", line))[-3000:]
+        for index, out in enumerate(outs))
+
+
 def start_two(args: list[str], log) -> list:
     """`aetv2_tf.train args` as worker 0 (chief) and 1 of a localhost cluster, started."""
     cluster = {"worker": [f"localhost:{port}" for port in free_ports(2)]}
@@ -151,7 +160,7 @@ def test_sigterm_to_one_worker_stops_every_worker_at_the_same_step(tmp_path, cif
     _wait_for(model_dir / "checkpoints" / "ckpt-3.weights.h5", procs)
     procs[1].send_signal(signal.SIGTERM)
     outs = finish_all(procs)
-    assert [out.returncode for out in outs] == [143, 143], [o.stderr[-2000:] for o in outs]
+    assert [out.returncode for out in outs] == [143, 143], tails(outs)
     steps = {int(re.search(r"Stopped \(pretext\) at step \d+ of \d+: steps=(\d+),",
                            out.stdout).group(1)) for out in outs}
     # >= 3: the signal is sent once ckpt-3 exists, and the workers may agree on it right after

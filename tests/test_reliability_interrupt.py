@@ -243,6 +243,41 @@ def test_sigint_stops_after_the_step_with_a_final_checkpoint(tmp_path):
     assert restored is before
 
 
+def test_workers_stop_on_the_agreed_sums_only(tmp_path):
+    """Several workers (`StopOnSignal(agree)`): a signal that arrives while `agree` waits for
+    the other workers, after this worker's count was sent, stops nobody at this step (the
+    others were told 0: a worker that stopped alone would leave them in the next step's
+    collectives); it is sent after the next step, and all stop then. A signal another worker
+    received stops this one too."""
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.stop_training, sent = False, []
+
+    def agree_while_signalled(sigint, sigterm):  # the signal lands during the collective
+        sent.append((sigint, sigterm))
+        if len(sent) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return sigint, sigterm
+
+    previous = signal.getsignal(signal.SIGTERM)
+    stop = StopOnSignal(agree_while_signalled)
+    stop.set_model(model)
+    stop.on_train_begin()
+    try:
+        stop.on_train_batch_end(0)
+        assert stop.received == "SIGTERM" and not model.stop_training
+        stop.on_train_batch_end(1)
+        assert sent == [(0, 0), (0, 1)] and model.stop_training
+    finally:
+        stop.on_train_end()
+    assert signal.getsignal(signal.SIGTERM) is previous
+
+    model.stop_training = False
+    other = StopOnSignal(lambda sigint, sigterm: (sigint, sigterm + 1))
+    other.set_model(model)
+    other.on_train_batch_end(0)
+    assert other.received == "SIGTERM" and model.stop_training
+
+
 @pytest.mark.slow
 def test_one_process_per_model_dir_and_the_lock_dies_with_its_holder(tmp_path, cifar10_dir,
                                                                     program, capsys):

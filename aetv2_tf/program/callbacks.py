@@ -173,7 +173,8 @@ class StopOnSignal(keras.callbacks.Callback):
     written). A second signal kills at once with the previous behaviour (an impatient Ctrl-C
     twice), except while a checkpoint is being written: then the run stops once it is complete.
     `agree` (several workers: `distribute.signal_agreement`) sums every worker's received
-    signals after each step, so that all stop after the same step when one is signalled.
+    signals after each step, so that all stop after the same step when one is signalled: only
+    the sums decide, never a signal that arrived after this worker's count was sent.
     """
 
     def __init__(self, agree=None):
@@ -203,15 +204,22 @@ class StopOnSignal(keras.callbacks.Callback):
             self._previous[sig] = signal.signal(sig, self._handler)
 
     def on_train_batch_end(self, batch, logs=None):
-        if self.agree is not None:
-            sigint, sigterm = self.agree(int(self.received == "SIGINT"),
-                                         int(self.received == "SIGTERM"))
-            if (sigint or sigterm) and self.received is None:
-                self.received = "SIGTERM" if sigterm else "SIGINT"
-                logging.warning("Another worker received %s: stopping after this step and "
-                                "writing a checkpoint.", self.received)
-        if self.received:
-            self.model.stop_training = True
+        if self.agree is None:
+            if self.received:
+                self.model.stop_training = True
+            return
+        # Several workers: only the agreed sums decide. The handler may run while `agree` waits
+        # for the other workers, after this worker's count was sent: that signal is sent after
+        # the next step, and every worker stops then.
+        sent = self.received
+        sigint, sigterm = self.agree(int(sent == "SIGINT"), int(sent == "SIGTERM"))
+        if not (sigint or sigterm):
+            return
+        if self.received is None:
+            self.received = "SIGTERM" if sigterm else "SIGINT"
+            logging.warning("Another worker received %s: stopping after this step and "
+                            "writing a checkpoint.", self.received)
+        self.model.stop_training = True
 
     def on_train_end(self, logs=None):
         for sig, prev in self._previous.items():
