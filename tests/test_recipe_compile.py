@@ -33,15 +33,15 @@ def _layer(model: keras.Model, name: str):
 
 
 def _fit_loss(model: keras.Model, images: np.ndarray) -> float:
-    return float(model.fit(images, batch_size=64, epochs=1, verbose=0).history["loss"][-1])
+    return float(model.fit(images, batch_size=32, epochs=1, verbose=0).history["loss"][-1])
 
 
 @pytest.mark.slow
 def test_aetv1_through_the_recipe_trains_where_the_unscaled_decoder_diverges(cifar10_dir):
-    images = aetv2_tf.load_cifar10(str(cifar10_dir), "train")[0][:256]
-    steps = training_steps(len(images), batch_size=64)
+    images = aetv2_tf.load_cifar10(str(cifar10_dir), "train")[0][:128]
+    steps = training_steps(len(images), batch_size=32)
     assert steps == 4
-    # The README's earlier path: no decoder scale, so SGD at 0.1 diverges (5e20 measured).
+    # The README's earlier path: no decoder scale, so SGD at 0.1 diverges (2e20 measured).
     keras.utils.set_random_seed(0)
     old = aetv2_tf.build_pairs_model(aetv2_tf.build_backbone("nin"), seed=0)
     _, optimizer = AETV1.build_optimizer(old, steps=steps)
