@@ -17,7 +17,7 @@ from aetv2_tf.metrics import pretext_metrics
 from aetv2_tf.models import build_aet_model
 from aetv2_tf.models.layers import conv_bn_relu
 
-# The fast tier (`-m "not slow"`) leaves this file out: 800 training steps in this process.
+# The fast tier (`-m "not slow"`) leaves this file out: 500 training steps in this process.
 pytestmark = pytest.mark.slow
 
 
@@ -40,11 +40,13 @@ def test_short_training_beats_step_zero_and_chance(cifar10_dir):
     (x, tx), params = next(iter(pretext_dataset(images[40000:41024], 1024, seed=5,
                                                 augment=False, training=False)))
     before = model.evaluate((x, tx), params, verbose=0, return_dict=True)
-    model.fit(pretext_dataset(images[:8192], 64, seed=1), steps_per_epoch=100, epochs=8,
+    model.fit(pretext_dataset(images[:8192], 64, seed=1), steps_per_epoch=100, epochs=5,
               verbose=0)
     after = model.evaluate((x, tx), params, verbose=0, return_dict=True)
-    print(f"\nstep 0: {before}\nstep 800: {after}")
+    print(f"\nstep 0: {before}\nstep 500: {after}")
     # Chance for the quarter turn is 25% (std 1.35% over 1024 pairs): 29% is 3 std above it.
+    # Measured (2 CPU cores): 24.3% and 90.9 degrees at step 0; 28.9% at step 300, then 31.8%
+    # to 33.5% from step 350 to 800 (31.8% and 77.5 degrees at step 500).
     assert before["rotation_accuracy"] < 0.29 <= after["rotation_accuracy"]
     assert after["angle_deg"] < before["angle_deg"] - 4.0
     assert after["loss"] < before["loss"]
