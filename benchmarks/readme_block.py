@@ -9,9 +9,10 @@ KNN points under TensorFlow; this benchmark runs the block unchanged (only the d
 (exit 1 if it is not met) and appends the numbers, with the block's wall and CPU time, to
 docs/timings.md (the one source of the times the documentation states).
 
-`--tiny` runs the same code on 8 steps and 960 vs 288 images (the margin is not checked: 8
-steps teach nothing): what the test suite runs on both backends (tests/test_library.py), so that
-the block keeps running as written without the suite paying for the 150 steps.
+`--tiny` runs the same code on 4 steps of 32 pairs and 640 vs 192 images (the margin is not
+checked: 4 steps teach nothing): what the test suite runs on both backends
+(tests/test_library.py), so that the block keeps running as written without the suite paying for
+the 150 steps.
 """
 
 from __future__ import annotations
@@ -47,16 +48,16 @@ def readme_python_block(readme: pathlib.Path = common.REPO / "README.md") -> str
 
 
 def prepare(code: str, data_dir: str, tiny: bool) -> str:
-    """The block with its data path replaced; `tiny`: 8 steps on 960 vs 288 images."""
+    """The block with its data path replaced; `tiny`: 4 steps of 32 on 640 vs 192 images."""
     if README_DATA not in code or README_STEPS not in code:
         raise ValueError(f"the README's block no longer reads {README_DATA!r} or sets "
                          f"{README_STEPS!r}: update benchmarks/readme_block.py with it")
     code = code.replace(README_DATA, data_dir)
     if tiny:  # sizes that the batches divide: no partial batch to trace (or compile) again
-        code = code.replace(README_STEPS, "STEPS, BATCH = 8, 64")
-        code = code.replace("test_images[:1000]", "test_images[:288]")
-        code = code.replace("test_labels[:1000]", "test_labels[:288]").replace("[:5000]", "[:960]")
-        if code.count("[:960]") != 4 or code.count("[:288]") != 4:
+        code = code.replace(README_STEPS, "STEPS, BATCH = 4, 32")
+        code = code.replace("test_images[:1000]", "test_images[:192]")
+        code = code.replace("test_labels[:1000]", "test_labels[:192]").replace("[:5000]", "[:640]")
+        if code.count("[:640]") != 4 or code.count("[:192]") != 4:
             raise ValueError("the README's block slices its images differently: update "
                              "benchmarks/readme_block.py's --tiny")
     return code
@@ -95,7 +96,7 @@ def main() -> None:
     p.add_argument("--work_dir", type=pathlib.Path, default=None,
                    help="Where the block runs (its runs/python/); default: a temporary folder.")
     p.add_argument("--tiny", action="store_true",
-                   help="8 steps on 960 vs 288 images; no margin check (the tests).")
+                   help="4 steps of 32 on 640 vs 192 images; no margin check (the tests).")
     p.add_argument("--min_margin", type=float, default=MIN_MARGIN,
                    help="KNN points the pretrained encoder must gain over the random init "
                         "(TensorFlow, not --tiny).")

@@ -28,10 +28,11 @@ from tests.cli import REPO, run_module
 @pytest.mark.parametrize("backend", ["tensorflow", "jax"])
 def test_readme_python_block_runs(backend, tmp_path, cifar10_dir):
     """The README's block, its own code in a fresh directory on each backend, through
-    `benchmarks.readme_block --tiny` (8 steps on 960 vs 288 images; only the data path and
-    the sizes changed): it pretrains, saves, reloads, prints its KNN beside a random init's and
-    fine-tunes a classifier. The KNN margin the README states needs the block's 150 steps
-    (4 CPU-minutes): `python -m benchmarks.readme_block` checks it, BENCHMARKS.md has its runs."""
+    `benchmarks.readme_block --tiny` (4 steps of 32 pairs, KNN and fine-tuning on 640 vs 192
+    images; only the data path and the sizes changed): it pretrains, saves, reloads, prints its
+    KNN beside a random init's and fine-tunes a classifier. The KNN margin the README states
+    needs the block's 150 steps (4 CPU-minutes): `python -m benchmarks.readme_block` checks it,
+    BENCHMARKS.md has its runs."""
     proc = run_module("benchmarks.readme_block", "--tiny", f"--backend={backend}",
                       f"--data_dir={cifar10_dir}", f"--work_dir={tmp_path}", "--no_record",
                       timeout=900)
@@ -56,7 +57,7 @@ def test_readme_block_is_the_one_the_benchmark_runs(tmp_path):
     assert readme_block.prepare(code, "/data", tiny=False) == code.replace(
         readme_block.README_DATA, "/data")
     tiny = readme_block.prepare(code, "/data", tiny=True)
-    assert "STEPS, BATCH = 8, 64" in tiny and "images[:5000]" not in tiny
+    assert "STEPS, BATCH = 4, 32" in tiny and "images[:5000]" not in tiny
     with pytest.raises(ValueError, match="STEPS, BATCH = 150, 64"):
         readme_block.prepare(code.replace("150, 64", "200, 64"), "/data", tiny=False)
     readme = tmp_path / "README.md"
