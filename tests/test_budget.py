@@ -75,14 +75,14 @@ def test_a_budgeted_cli_run_records_its_size_and_resumes_with_it(tmp_path, cifar
                                                                   program, capsys):
     """The command line sizes the run and records it; the same command again (in-process,
     `program`) reads the record and finds the run complete."""
-    run = train(tmp_path / "run", cifar10_dir, "--train_seconds=4", "--export=false",
+    run = train(tmp_path / "run", cifar10_dir, "--train_seconds=1", "--export=false",
                 "--checkpoint_every_steps=1000")
     line = re.search(r"--train_steps=(\d+) of 16 pairs", run.stdout)
     assert line, run.stdout[-2000:]
     recorded = json.loads((tmp_path / "run" / "budget.json").read_text())
     assert recorded["train_steps"] == int(line.group(1)) >= 1
     assert f"Done (pretext): steps={recorded['train_steps']}," in run.stdout
-    assert program(*train_args(tmp_path / "run", cifar10_dir, "--train_seconds=4",
+    assert program(*train_args(tmp_path / "run", cifar10_dir, "--train_seconds=1",
                                "--export=false")) == 0
     again = capsys.readouterr().out
     assert "Time budget" not in again  # the recorded size, no new measurement

@@ -154,59 +154,54 @@ def test_sigkill_at_a_random_moment_resumes_exactly(reference, tmp_path, cifar10
     assert_same_final_state(model_dir, reference[0])
 
 
-TO_LEGACY = """
-import os, sys
-import tensorflow as tf
-from aetv2_tf.program.config import from_flags
-from aetv2_tf.program.flags import FLAGS
-from aetv2_tf.program.keras_checkpoints import list_checkpoints, load_model_part
-from aetv2_tf.program.adapter_tensorflow import TensorFlowPretext
-argv = ["train", *sys.argv[1:]]
-FLAGS(argv)
-config = from_flags(FLAGS, argv)
-adapter = TensorFlowPretext(config, tf.distribute.get_strategy(), True, None)
-encoder, model, schedule, optimizer = adapter.build(STEPS)
-ckpt_dir = os.path.join(config.outputs.model_dir, "checkpoints")
-step, path = list_checkpoints(ckpt_dir)[-1]
-load_model_part(model, path)
-for _, old in list_checkpoints(ckpt_dir):  # an earlier version's run: no checksums either
-    os.remove(old)
-    os.remove(old + ".sha256")
-tf.train.CheckpointManager(tf.train.Checkpoint(model=model, optimizer=optimizer), ckpt_dir,
-                           max_to_keep=3).save(checkpoint_number=step)
-from aetv2_tf.program.callbacks import weights_digest
-print("LEGACY", step, sorted(os.listdir(ckpt_dir)), weights_digest(encoder.weights))
-""".replace("STEPS", str(STEPS))
+def to_legacy(config) -> tuple[int, list[str], str]:
+    """Converts the newest checkpoint of `config`'s run to an earlier version's format, in this
+    process: the model and optimizer built as the program builds them, the checkpoint loaded,
+    every Keras checkpoint (and checksum) removed and a `tf.train.Checkpoint` of the same
+    variables saved at its step. Returns (step, the checkpoint folder's files, the encoder's
+    `weights_digest`)."""
+    import tensorflow as tf
+
+    from aetv2_tf.program.adapter_tensorflow import TensorFlowPretext
+    from aetv2_tf.program.callbacks import weights_digest
+    from aetv2_tf.program.keras_checkpoints import list_checkpoints, load_model_part
+
+    adapter = TensorFlowPretext(config, tf.distribute.get_strategy(), True, None)
+    encoder, model, _, optimizer = adapter.build(STEPS)
+    ckpt_dir = os.path.join(config.outputs.model_dir, "checkpoints")
+    step, path = list_checkpoints(ckpt_dir)[-1]
+    load_model_part(model, path)
+    for _, old in list_checkpoints(ckpt_dir):  # an earlier version's run: no checksums either
+        os.remove(old)
+        os.remove(old + ".sha256")
+    tf.train.CheckpointManager(tf.train.Checkpoint(model=model, optimizer=optimizer), ckpt_dir,
+                               max_to_keep=3).save(checkpoint_number=step)
+    return step, sorted(os.listdir(ckpt_dir)), weights_digest(encoder.weights)
 
 
 @pytest.mark.slow
 def test_a_run_with_tf_checkpoints_of_an_earlier_version_resumes_exactly(reference, tmp_path,
-                                                                           cifar10_dir):
+                                                                           cifar10_dir,
+                                                                           configured):
     """A run stopped at step 4 by `--stop_after_steps` (it says so, and that a rerun goes on),
     its checkpoint converted to the `tf.train.Checkpoint` format of earlier versions (the same
-    variables): rerunning the command resumes from it at step 4, then saves Keras checkpoints,
-    and ends bitwise where the uninterrupted run ends, every learning rate the same. (Resuming
-    from the program's own checkpoints: the SIGKILL tests above.)"""
-    import subprocess
-    import sys
-
-    from tests.cli import REPO, _env
-
+    variables; `to_legacy`, in this process): rerunning the command resumes from it at step 4,
+    then saves Keras checkpoints, and ends bitwise where the uninterrupted run ends, every
+    learning rate the same. (Resuming from the program's own checkpoints: the SIGKILL tests
+    above.)"""
     model_dir = tmp_path / "run"
     args = train_args(model_dir, cifar10_dir, *COMMON)
     first = train(model_dir, cifar10_dir, *COMMON, "--stop_after_steps=4")
     assert f"Stopped (pretext) at step 4 of {STEPS}: steps=4," in first.stdout, first.stdout
     assert "The run is not finished: --stop_after_steps=4 ended this invocation at step 4 of " \
         f"{STEPS}" in first.stdout and "Done (" not in first.stdout
-    proc = subprocess.run([sys.executable, "-c", TO_LEGACY, *args], cwd=REPO, env=_env({}),
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and "LEGACY 4 ['checkpoint', 'ckpt-4.data-00000-of-00001', " \
-        "'ckpt-4.index']" in proc.stdout, proc.stderr[-3000:]
+    step, files, digest = to_legacy(configured(*args))
+    assert (step, files) == (4, ["checkpoint", "ckpt-4.data-00000-of-00001", "ckpt-4.index"])
     from aetv2_tf.export import restore_encoder
     from aetv2_tf.program.callbacks import weights_digest
 
     encoder, _ = restore_encoder(str(model_dir))  # what the probes and the export read
-    assert weights_digest(encoder.weights) == proc.stdout.split()[-1]
+    assert weights_digest(encoder.weights) == digest
     assert resume(model_dir, cifar10_dir) == 4
     assert_same_final_state(model_dir, reference[0])
 

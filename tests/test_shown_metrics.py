@@ -145,6 +145,7 @@ def test_the_progress_bar_shows_the_loss_first_and_stops_where_training_stopped(
     keras.utils.set_random_seed(0)
     model = recipes.AETV2.build_model(build_backbone("nin"), seed=0)
     recipes.AETV2.compile(model, steps=10_000)
+    model.run_eagerly = True  # the same logs, without tracing a train step for one step
     model.fit(x[:8], batch_size=8, epochs=1, verbose=2)
     line = capsys.readouterr().out.strip().splitlines()[-1]
     order = [line.index(f" {n}: ") for n in ("loss", "angle_term", "residual_term",
