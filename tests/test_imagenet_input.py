@@ -119,11 +119,13 @@ def test_data_service_serves_the_same_pairs(photos, data_service):
 
 
 @pytest.mark.slow
-def test_cli_pairs_on_the_device_and_from_a_data_service(tmp_path, data_service):
+def test_cli_pairs_on_the_device_and_from_a_data_service(tmp_path, data_service, cifar10_dir):
     """The program with `--warp=device` trains the same steps as with the host warp (the
-    same loss to float rounding), and with `--data_service` the very same weights."""
+    same loss to float rounding), and with `--data_service` the very same weights (256 CIFAR-10
+    training images: the service need not be sent the whole training set)."""
     common = ("--flagfile=configs/quickstart.cfg", "--train_seconds=0", "--train_steps=3",
-              "--quick_knn_train=0", "--export=false", "--batch_size=16", "--verbose=0")
+              "--quick_knn_train=0", "--export=false", "--batch_size=16", "--verbose=0",
+              f"--data_dir={cifar10_dir}", "--train_examples=256")
     done = {}
     for name, extra in (("host", ("--warp=host",)), ("device", ("--warp=device",)),
                         ("service", ("--warp=host", f"--data_service={data_service}"))):

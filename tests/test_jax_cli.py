@@ -72,6 +72,17 @@ def head_args(model_dir, data_dir, config: str, *args: str) -> list[str]:
 TWO_CPUS = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
 
 
+@pytest.fixture(scope="module")
+def compile_cache(tmp_path_factory) -> dict:
+    """The environment of a JAX persistent compilation cache shared by this module's children
+    (every compilation kept): a program that another child compiled already (the same
+    computation and options: the cache's key) is loaded, not compiled again. It saves about
+    half of a repeated pretext run's CPU time and changes nothing it computes."""
+    return {"JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("xla_cache")),
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+
+
 def alexnet_model(tmp) -> tuple:
     """A TensorFlow AlexNet AET model's weights (pool5 1x1: a small fc6) and 4 random inputs,
     saved in `tmp` for the JAX child: (weights file, inputs file)."""
@@ -85,11 +96,12 @@ def alexnet_model(tmp) -> tuple:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, cifar10_dir):
-    """The JAX children, two at a time (2 cores): full run || a run cut at step 5 with
-    --steps_per_execution=3, two devices || bfloat16, its resume || KNN, a 1-FC probe on two
-    devices whose splits are no multiple of the batch || conv probe, supervised || the
-    features of the full run's encoder and the AlexNet outputs (`alexnet_model`'s weights)."""
+def runs(tmp_path_factory, cifar10_dir, compile_cache):
+    """The JAX children, two at a time (2 cores), ordered so that a child finds what an earlier
+    one compiled in `compile_cache`: full run || supervised, a run cut at step 5 with
+    --steps_per_execution=3 || conv probe, its resume || KNN, bfloat16 || a 1-FC probe on two
+    devices whose splits are no multiple of the batch, two devices || the features of the full
+    run's encoder and the AlexNet outputs (`alexnet_model`'s weights)."""
     tmp = tmp_path_factory.mktemp("jax")
     full, spe = tmp / "full", tmp / "spe"
     weights, inputs = alexnet_model(tmp)
@@ -99,20 +111,20 @@ def runs(tmp_path_factory, cifar10_dir):
                             f"--pretrained={full}", "--test_examples=64", "--mixed_precision=none")
     rounds = [
         {"full": (RUN_TRAIN, *train_args(full, cifar10_dir, *common)),
-         "spe1": (RUN_TRAIN, *train_args(spe, cifar10_dir, *common, "--steps_per_execution=3",
-                                         "--stop_after_steps=5"))},
-        {"two": (RUN_TRAIN, *train_args(tmp / "two", cifar10_dir, *common), TWO_CPUS),
-         "bf16": (RUN_TRAIN, *train_args(tmp / "bf16", cifar10_dir, *common,
-                                         "--mixed_precision=mixed_bfloat16", "--mse_weight=1",
-                                         "--mse_decay_steps=4"))},
-        {"spe2": (RUN_TRAIN, *train_args(spe, cifar10_dir, *common, "--steps_per_execution=3")),
-         "knn": (RUN_TRAIN, *probe_args)},
-        {"fc1": (RUN_TRAIN, *head_args(tmp / "fc1", cifar10_dir, "cifar10_probe_fc1",
-                                       f"--pretrained={full}", "--batch_size=40"), TWO_CPUS),
+         "supervised": (RUN_TRAIN, *head_args(tmp / "supervised", cifar10_dir,
+                                              "cifar10_supervised"))},
+        {"spe1": (RUN_TRAIN, *train_args(spe, cifar10_dir, *common, "--steps_per_execution=3",
+                                         "--stop_after_steps=5")),
          "conv": (RUN_TRAIN, *head_args(tmp / "conv", cifar10_dir, "cifar10_probe_conv",
                                         f"--pretrained={full}"))},
-        {"supervised": (RUN_TRAIN, *head_args(tmp / "supervised", cifar10_dir,
-                                              "cifar10_supervised")),
+        {"spe2": (RUN_TRAIN, *train_args(spe, cifar10_dir, *common, "--steps_per_execution=3")),
+         "knn": (RUN_TRAIN, *probe_args)},
+        {"bf16": (RUN_TRAIN, *train_args(tmp / "bf16", cifar10_dir, *common,
+                                         "--mixed_precision=mixed_bfloat16", "--mse_weight=1",
+                                         "--mse_decay_steps=4")),
+         "fc1": (RUN_TRAIN, *head_args(tmp / "fc1", cifar10_dir, "cifar10_probe_fc1",
+                                       f"--pretrained={full}", "--batch_size=40"), TWO_CPUS)},
+        {"two": (RUN_TRAIN, *train_args(tmp / "two", cifar10_dir, *common), TWO_CPUS),
          "features": (FEATURES_AND_ALEXNET, full, cifar10_dir, tmp / "jax_block2.npy", weights,
                       inputs, tmp / "alexnet.npz")},
     ]
@@ -120,8 +132,9 @@ def runs(tmp_path_factory, cifar10_dir):
     for children in rounds:
         procs = {}
         for name, (code, *args) in children.items():
-            env = args.pop() if isinstance(args[-1], dict) else None
-            procs[name] = start_jax(code, *args, log=tmp / f"{name}.log", env=env)
+            env = args.pop() if isinstance(args[-1], dict) else {}
+            procs[name] = start_jax(code, *args, log=tmp / f"{name}.log",
+                                    env={**compile_cache, **env})
         out.update({name: finish_jax(proc) for name, proc in procs.items()})
     return tmp, out
 
@@ -334,7 +347,7 @@ def test_alexnet_under_jax(runs):
     np.testing.assert_allclose(got["params"] - bias, moved, atol=1e-5, rtol=1e-3)
 
 
-def test_alexnet_pretraining_on_a_folder_without_tensorflow(tmp_path, cifar10_dir):
+def test_alexnet_pretraining_on_a_folder_without_tensorflow(tmp_path, cifar10_dir, compile_cache):
     """ImageNet-style class folders (with bad files) under JAX, TensorFlow blocked: the files
     checked and decoded by Pillow threads (`data.stream.FileBatches`), AlexNet at 224, the
     pairs warped on the device; the encoder is written."""
@@ -345,7 +358,7 @@ def test_alexnet_pretraining_on_a_folder_without_tensorflow(tmp_path, cifar10_di
     proc = start_jax(RUN_TRAIN, "--flagfile=configs/imagenet_alexnet_aetv2.cfg", "--dataset=folder",
                  f"--data_dir={folder}", f"--model_dir={tmp_path / 'run'}", "--batch_size=4",
                  "--train_steps=2", "--export=false", "--verbose=0", "--keep_checkpoints=1",
-                 log=tmp_path / "log")
+                 log=tmp_path / "log", env=compile_cache)
     out = finish_jax(proc)
     assert "Skipped 3 undecodable image(s)" in out and "jax OneDevice" in out
     assert re.search(r"Done \(pretext\): steps=2,.*loss=\d", out), out[-2000:]
