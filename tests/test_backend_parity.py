@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from aetv2_tf import geometry
 from tests.cli import (
+    BLOCK_TF,
     REPO,
     RUN_TRAIN,
     _env,
@@ -83,30 +84,12 @@ def tf_runs(tmp_path_factory, finished_run):
     return {"done": finished_run[0], "cut": cut, "root": tmp}
 
 
-@pytest.fixture(scope="module")
-def jax_env(tmp_path_factory) -> dict:
-    """The environment of this module's JAX children: KERAS_BACKEND=jax and a JAX persistent
-    compilation cache that they share (every compilation kept): a program that an earlier child
-    compiled already (the same computation and options: the cache's key) is loaded, not compiled
-    again. It changes nothing a child computes."""
-    return _env({"KERAS_BACKEND": "jax",
-                 "JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("xla_cache")),
-                 "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-                 "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"})
-
-
-@pytest.fixture(scope="module")
-def jax_cli(jax_env):
-    """`jax_cli(*flags)`: the training program under Keras on JAX with TensorFlow blocked, run to
-    its end; returns the completed process (its exit code unchecked)."""
-    def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-c", RUN_TRAIN, *map(str, args)], cwd=REPO,
-                              capture_output=True, text=True, env=jax_env, timeout=300)
-    return run
+def jax_cli(*args: str) -> subprocess.CompletedProcess:
+    return run_jax(RUN_TRAIN.removeprefix(BLOCK_TF), *args)
 
 
 @pytest.mark.slow
-def test_jax_probes_a_finished_tensorflow_run(tf_runs, tmp_path, cifar10_dir, jax_cli):
+def test_jax_probes_a_finished_tensorflow_run(tf_runs, tmp_path, cifar10_dir):
     assert (tf_runs["done"] / "encoder.weights.h5").is_file()
     proc = jax_cli(*train_args(tmp_path / "knn", cifar10_dir, "--stage=probe", "--probe=knn",
                                f"--pretrained={tf_runs['done']}", "--test_examples=32"))
@@ -115,7 +98,7 @@ def test_jax_probes_a_finished_tensorflow_run(tf_runs, tmp_path, cifar10_dir, ja
 
 
 @pytest.mark.slow
-def test_jax_refuses_what_it_cannot_load_with_the_fix(tf_runs, tmp_path, cifar10_dir, jax_cli):
+def test_jax_refuses_what_it_cannot_load_with_the_fix(tf_runs, tmp_path, cifar10_dir):
     cases = {
         "unfinished TensorFlow run": (
             [f"--pretrained={tf_runs['cut']}", "--stage=probe", "--probe=knn"],
@@ -246,8 +229,7 @@ def test_labelled_batches_visit_every_image_once_per_epoch():
 
 
 @pytest.mark.slow
-def test_rotnet_pretraining_under_jax_and_its_encoder_under_tensorflow(tmp_path, cifar10_dir,
-                                                                       jax_cli):
+def test_rotnet_pretraining_under_jax_and_its_encoder_under_tensorflow(tmp_path, cifar10_dir):
     """RotNet runs under JAX (4 images x 4 turns a step), checkpoints, resumes exactly, and its
     encoder loads under TensorFlow for the probes."""
     from aetv2_tf.probes.encoders import load_frozen_encoder
@@ -270,7 +252,7 @@ def test_rotnet_pretraining_under_jax_and_its_encoder_under_tensorflow(tmp_path,
 
 
 @pytest.mark.slow
-def test_sigterm_under_jax_checkpoints_and_exits_143(tmp_path, cifar10_dir, jax_env):
+def test_sigterm_under_jax_checkpoints_and_exits_143(tmp_path, cifar10_dir):
     """The signal contract of docs/reliability.md on the JAX adapter too: the final checkpoint
     at the step reached, exit 128 + 15, the last line says how to resume."""
     import signal
@@ -281,7 +263,7 @@ def test_sigterm_under_jax_checkpoints_and_exits_143(tmp_path, cifar10_dir, jax_
     proc = subprocess.Popen(
         [sys.executable, "-c", RUN_TRAIN, *train_args(model_dir, cifar10_dir, "--train_steps=500",
                                                       "--checkpoint_every_steps=2")],
-        cwd=REPO, env=jax_env, stdout=log, stderr=subprocess.STDOUT)
+        cwd=REPO, env=_env({"KERAS_BACKEND": "jax"}), stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 300
     first = model_dir / "checkpoints" / "ckpt-2.weights.h5"
     while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -299,14 +281,14 @@ def test_sigterm_under_jax_checkpoints_and_exits_143(tmp_path, cifar10_dir, jax_
 
 
 @pytest.mark.slow
-def test_image_pairs_in_tensorboard_under_jax(tmp_path, cifar10_dir, jax_env):
+def test_image_pairs_in_tensorboard_under_jax(tmp_path, cifar10_dir):
     """Where TensorFlow is importable, a JAX run draws the TensorBoard image pairs too (they
     were silently missing before), at step 0 and every --image_summary_every_steps."""
     run = subprocess.run(
         [sys.executable, "-m", "aetv2_tf.train",
          *train_args(tmp_path / "run", cifar10_dir, "--train_steps=4", "--summary_every_steps=2",
                      "--image_summary_every_steps=2", "--export=false")],
-        cwd=REPO, capture_output=True, text=True, env=jax_env, timeout=300)
+        cwd=REPO, capture_output=True, text=True, env=_env({"KERAS_BACKEND": "jax"}), timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "| jax OneDevice" in run.stdout
     tags = read_scalars(tmp_path / "run" / "train")
@@ -314,7 +296,7 @@ def test_image_pairs_in_tensorboard_under_jax(tmp_path, cifar10_dir, jax_env):
 
 
 @pytest.mark.slow
-def test_folder_dataset_probes_under_jax_through_tf_data(tmp_path, jax_env):
+def test_folder_dataset_probes_under_jax_through_tf_data(tmp_path):
     """Under JAX where TensorFlow is importable, the probe stage reads an image-folder dataset
     with tf.data (AlexNet, 224 px, linear head with adaptive max pooling, and a KNN); the
     pretext stage refuses tensorflow-datasets with the fix (folders it reads itself:
@@ -330,7 +312,7 @@ def test_folder_dataset_probes_under_jax_through_tf_data(tmp_path, jax_env):
                         ("knn", ("--probe=knn", "--knn_k=3"))):
         proc = subprocess.run([sys.executable, "-m", "aetv2_tf.train", *common, *extra,
                                f"--model_dir={tmp_path / name}"], cwd=REPO, capture_output=True,
-                              text=True, env=jax_env, timeout=300)
+                              text=True, env=_env({"KERAS_BACKEND": "jax"}), timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
         r = read_results(tmp_path / name / "results.json")
         assert (r["backend"], r["dataset"], r["probe"], r["num_classes"]) == (
@@ -338,6 +320,6 @@ def test_folder_dataset_probes_under_jax_through_tf_data(tmp_path, jax_env):
         assert r["test_examples"] == 6 and 0 <= r["test_top1"] <= 100
     proc = subprocess.run([sys.executable, "-m", "aetv2_tf.train", *train_args(
         tmp_path / "pretext", data, "--dataset=imagenet2012", "--backbone=alexnet")], cwd=REPO,
-        capture_output=True, text=True, env=jax_env, timeout=300)
+        capture_output=True, text=True, env=_env({"KERAS_BACKEND": "jax"}), timeout=300)
     assert proc.returncode == 2 and "--dataset=imagenet2012 is not available" in proc.stderr
     assert "or --dataset=folder" in proc.stderr
