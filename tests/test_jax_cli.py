@@ -72,17 +72,6 @@ def head_args(model_dir, data_dir, config: str, *args: str) -> list[str]:
 TWO_CPUS = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
 
 
-@pytest.fixture(scope="module")
-def compile_cache(tmp_path_factory) -> dict:
-    """The environment of a JAX persistent compilation cache shared by this module's children
-    (every compilation kept): a program that another child compiled already (the same
-    computation and options: the cache's key) is loaded, not compiled again. It saves about
-    half of a repeated pretext run's CPU time and changes nothing it computes."""
-    return {"JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("xla_cache")),
-            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
-
-
 def alexnet_model(tmp) -> tuple:
     """A TensorFlow AlexNet AET model's weights (pool5 1x1: a small fc6) and 4 random inputs,
     saved in `tmp` for the JAX child: (weights file, inputs file)."""
@@ -96,12 +85,12 @@ def alexnet_model(tmp) -> tuple:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, cifar10_dir, compile_cache):
+def runs(tmp_path_factory, cifar10_dir):
     """The JAX children, two at a time (2 cores), ordered so that a child finds what an earlier
-    one compiled in `compile_cache`: full run || supervised, a run cut at step 5 with
-    --steps_per_execution=3 || conv probe, its resume || KNN, bfloat16 || a 1-FC probe on two
-    devices whose splits are no multiple of the batch, two devices || the features of the full
-    run's encoder and the AlexNet outputs (`alexnet_model`'s weights)."""
+    one compiled in the session's XLA compilation cache (conftest.py): full run || supervised,
+    a run cut at step 5 with --steps_per_execution=3 || conv probe, its resume || KNN, bfloat16
+    || a 1-FC probe on two devices whose splits are no multiple of the batch, two devices || the
+    features of the full run's encoder and the AlexNet outputs (`alexnet_model`'s weights)."""
     tmp = tmp_path_factory.mktemp("jax")
     full, spe = tmp / "full", tmp / "spe"
     weights, inputs = alexnet_model(tmp)
@@ -132,9 +121,8 @@ def runs(tmp_path_factory, cifar10_dir, compile_cache):
     for children in rounds:
         procs = {}
         for name, (code, *args) in children.items():
-            env = args.pop() if isinstance(args[-1], dict) else {}
-            procs[name] = start_jax(code, *args, log=tmp / f"{name}.log",
-                                    env={**compile_cache, **env})
+            env = args.pop() if isinstance(args[-1], dict) else None
+            procs[name] = start_jax(code, *args, log=tmp / f"{name}.log", env=env)
         out.update({name: finish_jax(proc) for name, proc in procs.items()})
     return tmp, out
 
@@ -347,7 +335,7 @@ def test_alexnet_under_jax(runs):
     np.testing.assert_allclose(got["params"] - bias, moved, atol=1e-5, rtol=1e-3)
 
 
-def test_alexnet_pretraining_on_a_folder_without_tensorflow(tmp_path, cifar10_dir, compile_cache):
+def test_alexnet_pretraining_on_a_folder_without_tensorflow(tmp_path, cifar10_dir):
     """ImageNet-style class folders (with bad files) under JAX, TensorFlow blocked: the files
     checked and decoded by Pillow threads (`data.stream.FileBatches`), AlexNet at 224, the
     pairs warped on the device; the encoder is written."""
@@ -358,7 +346,7 @@ def test_alexnet_pretraining_on_a_folder_without_tensorflow(tmp_path, cifar10_di
     proc = start_jax(RUN_TRAIN, "--flagfile=configs/imagenet_alexnet_aetv2.cfg", "--dataset=folder",
                  f"--data_dir={folder}", f"--model_dir={tmp_path / 'run'}", "--batch_size=4",
                  "--train_steps=2", "--export=false", "--verbose=0", "--keep_checkpoints=1",
-                 log=tmp_path / "log", env=compile_cache)
+                 log=tmp_path / "log")
     out = finish_jax(proc)
     assert "Skipped 3 undecodable image(s)" in out and "jax OneDevice" in out
     assert re.search(r"Done \(pretext\): steps=2,.*loss=\d", out), out[-2000:]
