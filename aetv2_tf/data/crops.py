@@ -29,6 +29,7 @@ def crops(ds: tf.data.Dataset, element_seed: tf.Tensor, shuffle_seed: int, *, im
     else:
         keys = tf.data.Dataset.range(2**62)
 
+    @tf.autograph.experimental.do_not_convert
     def per_element(key, element):
         image, label = element
         s = tf.random.experimental.stateless_fold_in(element_seed, key)

@@ -49,6 +49,9 @@ from aetv2_tf.data.homographies import sample_homographies, warp
 from aetv2_tf.geometry import matrix_to_params
 
 AUTOTUNE = tf.data.AUTOTUNE
+# Every function given to `Dataset.map` / `flat_map` here is traced as written
+# (`tf.autograph.experimental.do_not_convert`): none has Python control flow on tensors, and
+# autograph's source conversion cost each process about a CPU-second at start-up.
 _DATASET_SHUFFLE_BUFFER = 1024  # elements: crops of variable-size images (`crops`)
 _SALT_SHUFFLE, _SALT_ELEMENT, _SALT_BATCH = 1, 2, 3
 
@@ -99,6 +102,7 @@ def _epoch_batches(n: int, batch_size: int, seed, start_step: int) -> tf.data.Da
     shuffle_seed = _stream_seed(seed, _SALT_SHUFFLE)
     first = start_step // per_epoch
 
+    @tf.autograph.experimental.do_not_convert
     def epoch(e):
         order = tf.argsort(tf.random.stateless_uniform(
             [n], tf.random.experimental.stateless_fold_in(shuffle_seed, e)))
@@ -128,10 +132,12 @@ def _file_batches(files: ImageFiles, batch_size: int, seed, *, augment: bool, im
         raise ValueError(f"{batch_size} images a step do not split over {workers} workers")
     b = batch_size // workers
 
+    @tf.autograph.experimental.do_not_convert
     def elements(i, idx):
         first = worker * b
         return i * batch_size + first + tf.range(b, dtype=tf.int64), idx[first:first + b]
 
+    @tf.autograph.experimental.do_not_convert
     def load(g, k):
         s = tf.random.experimental.stateless_fold_in(element_seed, g)
         contents = tf.io.read_file(tf.gather(paths, k))
@@ -167,11 +173,13 @@ def _batches(images, labels, batch_size: int, seed, *, training: bool, augment: 
         if training:  # the whole (class-sorted) list, before decoding: no buffer of images
             ds = ds.shuffle(len(images.paths), seed=_shuffle_seed(seed),
                             reshuffle_each_iteration=True)
-        images = ds.map(decode_image_file, num_parallel_calls=AUTOTUNE)
+        images = ds.map(tf.autograph.experimental.do_not_convert(decode_image_file),
+                        num_parallel_calls=AUTOTUNE)
     if isinstance(images, tf.data.Dataset):
         if labels is not None:
             raise ValueError("pass labels inside the dataset, not separately")
-        ds = images.map(_image_label, num_parallel_calls=AUTOTUNE)
+        ds = images.map(tf.autograph.experimental.do_not_convert(_image_label),
+                        num_parallel_calls=AUTOTUNE)
         buffer = shuffle_buffer or _DATASET_SHUFFLE_BUFFER
         fixed = list(ds.element_spec[0].shape) == [image_size, image_size, 3]
         if not fixed:  # variable size: resize and crop each image, shuffle the crops, batch
@@ -185,7 +193,8 @@ def _batches(images, labels, batch_size: int, seed, *, training: bool, augment: 
         if repeat:
             ds = ds.repeat()
         ds = ds.batch(batch_size, drop_remainder=drop_remainder)
-        ds = ds.map(lambda x, y: (to_float(x), y), num_parallel_calls=AUTOTUNE)
+        ds = ds.map(tf.autograph.experimental.do_not_convert(lambda x, y: (to_float(x), y)),
+                    num_parallel_calls=AUTOTUNE)
     else:
         images = np.asarray(images)
         if images.ndim != 4 or images.shape[1:] != (image_size, image_size, 3):
@@ -208,12 +217,14 @@ def _batches(images, labels, batch_size: int, seed, *, training: bool, augment: 
             if repeat:
                 ds = ds.repeat()
             ds = ds.batch(batch_size, drop_remainder=drop_remainder)
-        ds = ds.map(lambda idx: (to_float(tf.gather(images_t, idx)), tf.gather(labels_t, idx)),
-                    num_parallel_calls=AUTOTUNE)
+        ds = ds.map(tf.autograph.experimental.do_not_convert(
+            lambda idx: (to_float(tf.gather(images_t, idx)), tf.gather(labels_t, idx))),
+            num_parallel_calls=AUTOTUNE)
     ds = ds.enumerate(start_step)
     if augment:
         aug_seed = _stream_seed(seed, _SALT_ELEMENT)
 
+        @tf.autograph.experimental.do_not_convert
         def augment_batch(i, batch):
             x, y = batch
             s = tf.random.experimental.stateless_fold_in(aug_seed, i)
@@ -288,6 +299,7 @@ def pretext_dataset(
     batch_seed = _stream_seed(seed, _SALT_BATCH)
     rows = shard[0] * (batch_size // shard[1])  # this shard's first row of the global batch
 
+    @tf.autograph.experimental.do_not_convert
     def make_pairs(i, batch):
         x = batch[0]
         s = tf.random.experimental.stateless_fold_in(batch_seed, i)
@@ -335,8 +347,8 @@ def classification_dataset(
                   augment=training and augment,
                   image_size=image_size, repeat=repeat, drop_remainder=drop_remainder,
                   shuffle_buffer=shuffle_buffer)
-    ds = ds.map(lambda i, batch: (normalize(batch[0], mean, std), batch[1]),
-                num_parallel_calls=AUTOTUNE)
+    ds = ds.map(tf.autograph.experimental.do_not_convert(
+        lambda i, batch: (normalize(batch[0], mean, std), batch[1])), num_parallel_calls=AUTOTUNE)
     return _options(ds.prefetch(AUTOTUNE))
 
 
@@ -364,6 +376,7 @@ def rotation_dataset(
                   augment=augment, image_size=image_size, repeat=True, drop_remainder=True,
                   shuffle_buffer=None, start_step=start_step, shard=shard)
 
+    @tf.autograph.experimental.do_not_convert
     def rotations(i, batch):
         x = normalize(batch[0], mean, std)
         rotated = tf.concat([tf.image.rot90(x, k) for k in range(4)], axis=0)

@@ -326,7 +326,8 @@ def load_image_folder(root, split: str | None = None) -> tf.data.Dataset:
 
     files = list_image_folder(root, split)
     ds = tf.data.Dataset.from_tensor_slices((files.paths, files.labels))
-    return ds.map(decode_image_file, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return ds.map(tf.autograph.experimental.do_not_convert(decode_image_file),
+                  num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
 # ---------------------------------------------------------------------------- one entry point

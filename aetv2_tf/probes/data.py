@@ -165,4 +165,5 @@ def decode_folder(paths: np.ndarray, labels: np.ndarray,
     ds = tf.data.Dataset.from_tensor_slices((paths, labels.astype(np.int64)))
     if shuffle_seed is not None:
         ds = ds.shuffle(len(paths), seed=shuffle_seed, reshuffle_each_iteration=True)
-    return ds.map(decode_image_file, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return ds.map(tf.autograph.experimental.do_not_convert(decode_image_file),
+                  num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
