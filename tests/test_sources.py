@@ -50,6 +50,25 @@ def test_cifar10_train_and_test_in_official_order(cifar10_dir):
     assert x.flags["C_CONTIGUOUS"]
 
 
+def test_cifar10_limit_reads_only_the_files_it_needs(cifar10_dir, tmp_path):
+    """`limit`: the first images in the official order, from only the files that hold them (a
+    folder with data_batch_1 and 2 intact and 3..5 empty still gives the first 10,001)."""
+    x, y = load_cifar10(cifar10_dir, "train")
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    for name in ("data_batch_1", "data_batch_2"):
+        (folder / name).write_bytes((cifar10_dir / name).read_bytes())
+    for name in ("data_batch_3", "data_batch_4", "data_batch_5"):
+        (folder / name).write_bytes(b"")
+    for limit in (5, 10_000, 10_001):
+        xl, yl = load_cifar10(folder, "train", limit=limit)
+        assert xl.shape == (limit, 32, 32, 3) and xl.flags["C_CONTIGUOUS"]
+        np.testing.assert_array_equal(xl, x[:limit])
+        np.testing.assert_array_equal(yl, y[:limit])
+    with pytest.raises(DataError, match="data_batch_3"):
+        load_cifar10(folder, "train", limit=20_001)
+
+
 def test_cifar10_layout_detection(cifar10_dir, tmp_path):
     assert is_cifar10_dir(cifar10_dir) and is_cifar10_dir(cifar10_dir.parent)
     assert not is_cifar10_dir(tmp_path) and not is_cifar10_dir(None)

@@ -123,12 +123,14 @@ def is_cifar10_dir(data_dir) -> bool:
                for p in (path, path / CIFAR10_DIRNAME))
 
 
-def load_cifar10(data_dir, split: str = "train") -> tuple[np.ndarray, np.ndarray]:
+def load_cifar10(data_dir, split: str = "train",
+                 limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """CIFAR-10 from the official python layout, in the official order.
 
     Args:
       data_dir: the ``cifar-10-batches-py`` directory or its parent.
       split: ``"train"`` (data_batch_1..5, 50000 images) or ``"test"`` (test_batch, 10000).
+      limit: only the first ``limit`` images (and only the files that hold them are read).
 
     Returns ``(images, labels)``: images (N, 32, 32, 3) uint8 RGB (HWC), labels (N,) int64 in 0..9.
     Raises DataError (naming the file and the fix) for a missing directory or file, a truncated,
@@ -143,13 +145,16 @@ def load_cifar10(data_dir, split: str = "train") -> tuple[np.ndarray, np.ndarray
         raise DataError(f"CIFAR-10 directory {root} lacks {', '.join(missing)}; {_CIFAR10_HELP}")
     images, labels = [], []
     for path in paths:
+        if limit and sum(map(len, labels)) >= limit:
+            break
         batch = _unpickle(path)
         if b"data" not in batch or b"labels" not in batch:
             raise DataError(f"{path}: no b'data'/b'labels' entries; {_CIFAR10_HELP}")
         data, label = _batch_arrays(path, batch[b"data"], batch[b"labels"])
         images.append(data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
         labels.append(label.astype(np.int64))
-    return np.ascontiguousarray(np.concatenate(images)), np.concatenate(labels)
+    images, labels = np.ascontiguousarray(np.concatenate(images)), np.concatenate(labels)
+    return (images[:limit], labels[:limit]) if limit else (images, labels)
 
 
 # ------------------------------------------------------------------------ tensorflow-datasets
@@ -336,12 +341,14 @@ _TFDS_NAMES = {"imagenet2012": "imagenet2012", "imagenet": "imagenet2012",
 
 
 def load_source(dataset: str, data_dir=None, split: str = "train", download: bool = False,
-                shuffle_seed: int | None = None, min_classes: int = 2):
+                shuffle_seed: int | None = None, min_classes: int = 2,
+                limit: int | None = None):
     """Load a dataset by name.
 
     * ``"cifar10"``: the python layout if ``data_dir`` holds it, else tensorflow-datasets in
       ``data_dir`` (a fast DataError offline); returns numpy ``(images (N, 32, 32, 3) uint8,
-      labels (N,) int64)`` either way.
+      labels (N,) int64)`` either way; ``limit``: the python layout reads only the files that
+      hold its first ``limit`` images, and returns those (other sources ignore it).
     * ``"imagenet2012"``, ``"places365_small"``: tensorflow-datasets (prepared from the manual
       archives); returns a ``tf.data.Dataset`` of (image uint8 (h, w, 3), label int64), its
       files read in the order of ``shuffle_seed`` (`load_tfds`).
@@ -352,7 +359,7 @@ def load_source(dataset: str, data_dir=None, split: str = "train", download: boo
     name = dataset.lower()
     if name == "cifar10":
         if is_cifar10_dir(data_dir):
-            return load_cifar10(data_dir, split)
+            return load_cifar10(data_dir, split, limit)
         if data_dir is not None and "://" not in os.fspath(data_dir) \
                 and not os.path.isdir(os.fspath(data_dir)):
             raise DataError(f"--data_dir={data_dir} does not exist; {_CIFAR10_HELP}")

@@ -80,8 +80,10 @@ def load_probe_data(
         return _folder(data_dir, val_examples, train_examples, test_examples, seed)
     if dataset in ("imagenet2012", "places365_small"):
         return _tfds(dataset, data_dir, val_examples, train_examples, test_examples, download)
-    images, labels = load_source(dataset, data_dir, "train", download=download)
-    test, test_labels = load_source(dataset, data_dir, TEST_SPLITS[dataset], download=download)
+    images, labels = load_source(dataset, data_dir, "train", download=download,
+                                 limit=train_examples or None)
+    test, test_labels = load_source(dataset, data_dir, TEST_SPLITS[dataset], download=download,
+                                    limit=test_examples or None)
     if train_examples:
         images, labels = images[:train_examples], labels[:train_examples]
     if test_examples:

@@ -23,9 +23,9 @@ def load_train_images(config: RunConfig, split: str = "train"):
     from aetv2_tf.data.sources import load_source
 
     data, seed = config.data, config.train.seed
-    source = load_source(data.dataset, data.data_dir, split, download=data.download,
-                         shuffle_seed=seed, min_classes=1)
     examples = data.train_examples if split == "train" else 0
+    source = load_source(data.dataset, data.data_dir, split, download=data.download,
+                         shuffle_seed=seed, min_classes=1, limit=examples or None)
     if isinstance(source, ImageFiles):
         if examples:
             source = source.subset(examples, seed)
