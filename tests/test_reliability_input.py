@@ -62,12 +62,14 @@ def prepare_data(tmp: pathlib.Path, cifar10_dir: pathlib.Path) -> None:
     """The bad data directories (and a regular file) that `cases` points to."""
     (tmp / "empty").mkdir()
     (tmp / "a_file").write_text("not a directory")
-    half = (cifar10_dir / "data_batch_3").read_bytes()
-    batch_dir(tmp / "truncated", cifar10_dir, "data_batch_3", half[: len(half) // 2])
+    # The damage is in data_batch_1, the file that every run reads (a slice of the first N
+    # images, --train_examples, reads only the files that hold them).
+    half = (cifar10_dir / "data_batch_1").read_bytes()
+    batch_dir(tmp / "truncated", cifar10_dir, "data_batch_1", half[: len(half) // 2])
     batch_dir(tmp / "crafted", cifar10_dir, "data_batch_1", EXPLOIT % str(tmp / "PWNED").encode())
-    batch_dir(tmp / "shape", cifar10_dir, "data_batch_2",
+    batch_dir(tmp / "shape", cifar10_dir, "data_batch_1",
               bad_array_batch(np.zeros((16, 2048), np.uint8)))
-    batch_dir(tmp / "dtype", cifar10_dir, "data_batch_2",
+    batch_dir(tmp / "dtype", cifar10_dir, "data_batch_1",
               bad_array_batch(np.zeros((16, 3072), np.float32)))
 
 
@@ -105,15 +107,15 @@ def cases(tmp: pathlib.Path) -> dict[str, Case]:
         "data_dir_empty": Case((f"--data_dir={tmp / 'empty'}",),
                                "holds neither the CIFAR-10 python layout.*download"),
         "data_truncated": Case((f"--data_dir={tmp / 'truncated'}",),
-                               r"data_batch_3: not unpickled \(pickle data was truncated\)"
+                               r"data_batch_1: not unpickled \(pickle data was truncated\)"
                                ".*replace it: download"),
         "data_crafted_pickle": Case((f"--data_dir={tmp / 'crafted'}",),
                                     "data_batch_1: not unpickled.*refused global os.system"
                                     ".*nothing in it was executed"),
         "data_wrong_shape": Case((f"--data_dir={tmp / 'shape'}",),
-                                 r"data_batch_2: data has shape \(16, 2048\).*expected \(N, 3072"),
+                                 r"data_batch_1: data has shape \(16, 2048\).*expected \(N, 3072"),
         "data_wrong_dtype": Case((f"--data_dir={tmp / 'dtype'}",),
-                                 r"data_batch_2: data has shape \(16, 3072\) dtype float32, "
+                                 r"data_batch_1: data has shape \(16, 3072\) dtype float32, "
                                  r"expected \(N, 3072\) uint8"),
         "lr_drops_not_increasing": Case(("--lr_schedule=step", "--epochs=30",
                                          "--lr_drop_epochs=20,10"),
