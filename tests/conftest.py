@@ -146,12 +146,13 @@ def configured():
 # `--no-loadscope-reorder`: xdist would otherwise sort the files by their number of tests), so
 # that no worker starts one of them when the others are nearly done. The order of the tests
 # inside a file is kept.
-LONGEST_FIRST = ("test_reliability_interrupt.py", "test_library.py", "test_benchmarks.py",
-                 "test_multiworker.py", "test_jax_cli.py", "test_backend_parity.py",
-                 "test_reliability_input.py", "test_imagenet_cli.py", "test_learning.py",
-                 "test_train_cli.py", "test_precision.py", "test_campaign.py",
-                 "test_imagenet_input.py", "test_probe_stage.py", "test_probe_stage_baselines.py",
-                 "test_any_backbone.py", "test_loss_screen.py")
+LONGEST_FIRST = ("test_library.py", "test_benchmarks.py", "test_reliability_interrupt.py",
+                 "test_backend_parity.py", "test_jax_cli.py", "test_device_step.py",
+                 "test_multiworker.py", "test_reliability_input.py", "test_imagenet_cli.py",
+                 "test_campaign.py", "test_train_cli.py", "test_imagenet_input.py",
+                 "test_learning.py", "test_precision.py", "test_probe_stage.py",
+                 "test_any_backbone.py", "test_per_branch_one_pass.py",
+                 "test_probe_stage_baselines.py", "test_loss_screen.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
