@@ -37,7 +37,7 @@ import subprocess
 import sys
 import time
 
-from benchmarks.device_model import FLAGFILE, build, run_config  # noqa: F401 (the parts')
+from benchmarks.device_model import build, run_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 #: The Keras steps timed: how per-branch BatchNorm is computed and how P is projected.

@@ -1,7 +1,7 @@
 """Where the AETv2 pretext step's time goes on the device: the `benchmarks.device_step` part
 ``breakdown`` (Keras on JAX; called by it in a child process).
 
-The default AETv2 model (`device_step.build`: one encoder call, per-half statistics; the SVD
+The default AETv2 model (`device_model.build`: one encoder call, per-half statistics; the SVD
 projection) is cut into separately jitted pieces at the step's shapes, each timed as ms per
 call by repeating it ``K`` times inside ONE jitted `lax.fori_loop` whose iterations depend on
 each other (so XLA cannot hoist the work out of the loop, and no per-call dispatch is counted;

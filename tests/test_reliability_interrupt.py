@@ -238,7 +238,7 @@ def test_sigint_stops_after_the_step_with_a_final_checkpoint(tmp_path):
     assert restored is before
 
 
-def test_workers_stop_on_the_agreed_sums_only(tmp_path):
+def test_workers_stop_on_the_agreed_sums_only():
     """Several workers (`StopOnSignal(agree)`): a signal that arrives while `agree` waits for
     the other workers, after this worker's count was sent, stops nobody at this step (the
     others were told 0: a worker that stopped alone would leave them in the next step's
