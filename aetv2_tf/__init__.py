@@ -61,26 +61,28 @@ from aetv2_tf import registry as _registry  # noqa: E402  (no Keras import: afte
 
 _registry.install()
 
-_EXPORTS = {
-    "Recipe": "recipes", "AETV2": "recipes", "AETV2_PAPER": "recipes", "AETV1": "recipes",
-    "AETV2_SQ4": "recipes", "AETV2_SQ4_UNITRES": "recipes", "AETV2_HYBRID": "recipes",
-    "AETV1_OFFICIAL": "recipes", "RECIPES": "recipes", "as_recipe": "recipes",
-    "parameter_std": "data.sampler", "training_steps": "recipes",
-    "LossSpec": "specs", "OptimizerSpec": "specs",
-    "build_backbone": "models", "build_aet_model": "models",
-    "build_pairs_model": "models.pairs", "build_rotations_model": "models.pairs",
-    "GeodesicLoss": "losses", "ParameterMSELoss": "losses",
-    "pretext_dataset": "data.pipelines", "load_cifar10": "data.sources",
-    "list_image_folder": "data.sources", "CIFAR10_MEAN": "data.constants",
-    "CIFAR10_STD": "data.constants", "IMAGENET_MEAN": "data.constants",
-    "IMAGENET_STD": "data.constants",
-    "pooled_features": "probes.knn", "knn_accuracy": "probes.knn",
-    "save_encoder": "saving", "load_encoder": "saving", "load_model": "saving",
-    "export_encoder": "savedmodel",
-    "preprocessing": "saving", "presets": "pretrained", "PRESETS": "pretrained",
-    "build_classifier": "models.encoders", "feature_extractor": "models.encoders",
-    "check_images": "inputs", "check_labels": "inputs", "check_feature": "inputs",
+#: Where each name of the API is defined, by module (imported on first use).
+_MODULES = {
+    "method.recipes": (
+        "Recipe", "AETV2", "AETV2_PAPER", "AETV1", "AETV2_SQ4", "AETV2_SQ4_UNITRES",
+        "AETV2_HYBRID", "AETV1_OFFICIAL", "RECIPES", "as_recipe", "training_steps",
+    ),
+    "data.sampler": ("parameter_std",),
+    "method.recipe_parts": ("LossSpec", "OptimizerSpec"),
+    "models": ("build_backbone", "build_aet_model"),
+    "models.pretext": ("build_pairs_model", "build_rotations_model"),
+    "method.losses": ("GeodesicLoss", "ParameterMSELoss"),
+    "data.pipelines": ("pretext_dataset",),
+    "data.sources": ("load_cifar10", "list_image_folder"),
+    "data.constants": ("CIFAR10_MEAN", "CIFAR10_STD", "IMAGENET_MEAN", "IMAGENET_STD"),
+    "probes.knn": ("pooled_features", "knn_accuracy"),
+    "files.saving": ("save_encoder", "load_encoder", "load_model", "preprocessing"),
+    "files.savedmodel": ("export_encoder",),
+    "files.presets": ("presets", "PRESETS"),
+    "models.image_models": ("build_classifier", "feature_extractor"),
+    "input_checks": ("check_images", "check_labels", "check_feature"),
 }
+_EXPORTS = {name: module for module, names in _MODULES.items() for name in names}
 
 __all__ = sorted(_EXPORTS)
 

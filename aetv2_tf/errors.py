@@ -1,10 +1,10 @@
 """The library's usage error: a bad argument, path or combination that the caller can fix.
 
-`UsageError` is raised by the library (`probes.encoders`, `probes.data`) and by the program layer
-(`program.rundir`, `program.flag_support`, the stages), which re-exports it, so one
+`UsageError` is raised by the library (`probes.frozen_encoder`, `probes.splits`) and by the program
+layer (`program.rundir`, `program.flag_support`, the stages), which re-exports it, so one
 ``except UsageError`` catches both; ``python -m aetv2_tf.train`` maps it to exit 2. It is a
 ValueError, as are the library's other input errors (`data.sources.DataError`,
-`trust.ExportTargetError`, `probes.results.ResultsError`).
+`provenance.ExportTargetError`, `probes.results.ResultsError`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ class SettingWarning(UserWarning):
     """A warning about a setting of a recipe or a model that trains, but not as meant (a
     warm-up longer than half the run, ...), said twice: in the library's words (the message:
     the fields, ``warmup_steps=1000``) and in the command line's (``flags``: ``--warmup_steps=
-    1000``), which the program shows instead (`program.pretext.settings_as_flags`)."""
+    1000``), which the program shows instead (`program.pretext_stage.settings_as_flags`)."""
 
     def __init__(self, message: str, flags: str):
         super().__init__(message)

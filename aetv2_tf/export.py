@@ -6,20 +6,20 @@ The SavedModel's `serving_default` signature takes a batch of uint8 images (B, H
 NIN, 224x224 for AlexNet), normalises them inside, and returns a dict of float32 feature maps
 named `block1`..`block4` (NIN) or `conv1`..`conv5`, `fc6`, `fc7` (AlexNet). A tensor of another
 dtype or size, or one image, is refused; a NumPy array of floats is cast to uint8 by TensorFlow
-before the signature runs (`aetv2_tf.savedmodel`: convert [0, 1] floats first):
+before the signature runs (`aetv2_tf.files.savedmodel`: convert [0, 1] floats first):
 
     import tensorflow as tf
     encoder = tf.saved_model.load("runs/quickstart/export/encoder")
     features = encoder.signatures["serving_default"](images=uint8_batch)   # dict of tensors
 
 Beside `saved_model.pb` the export writes `aetv2_export.json`, the SHA-256 of each of its files
-(`aetv2_tf.trust`): an existing `--output` is replaced only when it is such an export (or empty);
-any other directory (a home folder, the working directory, a model_dir) is refused, exit 2,
+(`aetv2_tf.files.provenance`): an existing `--output` is replaced only when it is such an export (or
+empty); any other directory (a home folder, the working directory, a model_dir) is refused, exit 2,
 nothing touched. The probes load a SavedModel only when its manifest matches (or with
 `--trust_saved_model`).
 
 This module is the command line (flags, exit codes: the program layer, beside `aetv2_tf.train`
-and `aetv2_tf.report`); the library functions it runs are `aetv2_tf.savedmodel`'s
+and `aetv2_tf.report`); the library functions it runs are `aetv2_tf.files.savedmodel`'s
 `restore_encoder` and `export_encoder` (also importable from here). Its console is as quiet as
 the training program's (`program.console`): TensorFlow's start-up lines and the libraries' INFO
 logs hidden, `--verbosity=0` (or ``AETV2_VERBOSE=1``) brings them back.
@@ -34,9 +34,9 @@ from typing import Any
 from absl import app, flags
 
 from aetv2_tf.errors import UsageError
+from aetv2_tf.files.provenance import ExportTargetError, check_export_target
+from aetv2_tf.files.safe_paths import refuse_link
 from aetv2_tf.program import console
-from aetv2_tf.safe_paths import refuse_link
-from aetv2_tf.trust import ExportTargetError, check_export_target
 
 FLAGS = flags.FLAGS
 
@@ -45,7 +45,7 @@ def __getattr__(name: str) -> Any:
     """`export_encoder` and `restore_encoder`, imported on first use (they import Keras, which
     the command line imports quietly)."""
     if name in ("export_encoder", "restore_encoder"):
-        from aetv2_tf import savedmodel
+        from aetv2_tf.files import savedmodel
 
         return getattr(savedmodel, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -79,7 +79,7 @@ def main(argv) -> None:
     with console.quiet_native_stderr(not console.verbose_requested()):
         import tensorflow as tf
 
-        from aetv2_tf.savedmodel import export_encoder, restore_encoder
+        from aetv2_tf.files.savedmodel import export_encoder, restore_encoder
     console.configure_logging(FLAGS["verbosity"].present)
 
     try:

@@ -11,7 +11,7 @@ finish executing with Keras imported and nothing of the package half-done runs `
 (then the hook removes itself). Whatever the order of imports, e.g.
 
     import aetv2_tf, keras                    # or: import keras, aetv2_tf
-    from aetv2_tf.saving import load_encoder  # or any other module of the package first
+    from aetv2_tf.files.saving import load_encoder  # or any other module of the package first
     model = keras.saving.load_model("runs/<run>/aet_model.keras")
 
 works on any backend. (A module of the package cannot register the others while it is itself
@@ -30,12 +30,11 @@ from typing import Any
 
 #: The modules that define the package's registered (``register_keras_serializable``) objects;
 #: each imports only Keras and NumPy at its top (no TensorFlow), so this is safe on any backend.
-SERIALIZABLE = ("aetv2_tf.data.layers", "aetv2_tf.losses", "aetv2_tf.metrics",
-                "aetv2_tf.models.batch_groups", "aetv2_tf.models.layers", "aetv2_tf.models.aet",
-                "aetv2_tf.models.pairs",
-                "aetv2_tf.models.heads", "aetv2_tf.models.encoders", "aetv2_tf.models.shown_loss",
-                "aetv2_tf.optim",
-                "aetv2_tf.probes.classifier", "aetv2_tf.recipes")
+SERIALIZABLE = ("aetv2_tf.data.preprocessing_layers", "aetv2_tf.method.losses",
+                "aetv2_tf.method.metrics", "aetv2_tf.method.optimizers", "aetv2_tf.method.recipes",
+                "aetv2_tf.models.batch_groups", "aetv2_tf.models.blocks", "aetv2_tf.models.aet",
+                "aetv2_tf.models.pretext", "aetv2_tf.models.heads", "aetv2_tf.models.image_models",
+                "aetv2_tf.models.displayed_loss", "aetv2_tf.probes.classifier")
 
 _state = {"registered": False}
 

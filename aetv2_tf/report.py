@@ -17,7 +17,7 @@ Methods (rows) come from the results' ``method`` key, else from the ``pretrained
 `method_of`). Several runs of one cell are averaged and shown as ``mean ± std (n=...)``. A ``*``
 marks cells with a run on fewer test images than the full test set.
 
-Inputs are not trusted (`aetv2_tf.report_inputs`): a missing argument, a file that is not a
+Inputs are not trusted (`aetv2_tf.program.report_inputs`): a missing argument, a file that is not a
 regular results file (a FIFO, not UTF-8 or JSON, nested too deeply, a value of the wrong type or
 range) ends the report with exit 2, the file and the problem named. A NaN or infinite value is
 shown as ``nan (diverged?)`` with a warning naming the file. Text from the files is escaped in
@@ -38,9 +38,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from aetv2_tf.errors import UsageError
+from aetv2_tf.files.safe_paths import refuse_link, write_text_atomically
 from aetv2_tf.probes.results import RESULTS_FILENAME, ResultsError
-from aetv2_tf.report_inputs import ReportError, read_checked
-from aetv2_tf.safe_paths import refuse_link, write_text_atomically
+from aetv2_tf.program.report_inputs import ReportError, read_checked
 
 # The paper's numbers, in one place (docs/method.md, section 1). "metric" is the results key shown:
 # test_error (%, lower is better) for CIFAR-10, test_top1 (%, higher is better) elsewhere.

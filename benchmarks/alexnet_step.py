@@ -1,6 +1,6 @@
 """AlexNet AET pair-step rate at 224x224 on any Keras backend: `python -m benchmarks.alexnet_step`.
 
-The ImageNet pretext step as `KERAS_BACKEND=jax` trains it (`aetv2_tf.models.pairs`): uint8 crops
+The ImageNet pretext step as `KERAS_BACKEND=jax` trains it (`aetv2_tf.models.pretext`): uint8 crops
 `(B, 224, 224, 3)` in, the homography pairs made on the device (`HomographyPairs`, ImageNet
 normalisation), the Siamese AlexNet on the joint batch `2B`, the fc7 decoder, the geodesic loss,
 Adam; `model.fit` with `steps_per_execution`. The images are random uint8 arrays that `fit`
@@ -44,9 +44,9 @@ def main() -> None:
     args = parser.parse_args()
     import keras  # after aetv2_tf (its oneDNN setting precedes any TensorFlow import)
 
-    from aetv2_tf.losses import GeodesicLoss
+    from aetv2_tf.method.losses import GeodesicLoss
     from aetv2_tf.models import build_backbone
-    from aetv2_tf.models.pairs import build_pairs_model
+    from aetv2_tf.models.pretext import build_pairs_model
 
     spe = min(args.steps_per_execution, args.steps)
     if args.steps % spe:

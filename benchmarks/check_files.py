@@ -1,8 +1,8 @@
 """What the start-up check of a folder costs per file: `python -m benchmarks.check_files`.
 
 Makes (once) a folder of CIFAR-10 images as 256-pixel JPEGs (`benchmarks.make_folder`, about
-8 KiB each), then times `data.files.check_image_files` over it with 1, 4 and 16 threads, with
-the page cache dropped before each pass (`--cold`, needs root) or warm, and the whole listing
+8 KiB each), then times `data.image_folders.check_image_files` over it with 1, 4 and 16 threads,
+with the page cache dropped before each pass (`--cold`, needs root) or warm, and the whole listing
 (`sources.list_image_folder`: directory walk + check), and prints the time per file and for
 ImageNet's 1,281,167 training files.
 """
@@ -14,7 +14,7 @@ import pathlib
 import subprocess
 import time
 
-from aetv2_tf.data.files import check_image_files
+from aetv2_tf.data.image_folders import check_image_files
 from aetv2_tf.data.sources import list_image_folder
 from benchmarks.make_folder import write_cifar10_folder
 

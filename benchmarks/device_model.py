@@ -25,17 +25,17 @@ def run_config(batch: int, spe: int):
 
 
 def build(config, one_pass: bool, projection: str, policy: str = "mixed_bfloat16"):
-    """``(encoder, model)``: `pretext.build_model` of ``config`` (the same initial weights
+    """``(encoder, model)``: `pretext_stage.build_model` of ``config`` (the same initial weights
     every call) with per-branch BatchNorm computed ``one_pass`` and P projected by
     ``projection``, under the dtype ``policy``."""
     import keras
 
     from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD
-    from aetv2_tf.program import pretext
+    from aetv2_tf.program import pretext_stage
 
     keras.mixed_precision.set_global_policy(policy)
     config = dataclasses.replace(config, recipe=config.recipe.replace(projection=projection))
-    encoder, model, _, _ = pretext.build_model(
+    encoder, model, _, _ = pretext_stage.build_model(
         config, config.train.train_steps, inputs="images", mean=CIFAR10_MEAN, std=CIFAR10_STD,
         augment=config.data.augment, one_pass=one_pass)
     return encoder, model

@@ -8,9 +8,9 @@ BENCHMARKS.md, "GPU step: the prepared measurement", has the device call. Three 
 child process with its own time limit (a part cut short reports what it finished):
 
 * ``keras``: the default AETv2 pretext model built as the training program builds it
-  (`aetv2_tf.program.pretext.build_model`: the flags of configs/cifar10_aetv2.cfg, the recipe's
-  `Recipe.build_model` and the model's own ``compile(steps=...)``), mixed_bfloat16, per-branch
-  BatchNorm, the pairs sampled and warped inside the jitted step, ``steps_per_execution``
+  (`aetv2_tf.program.pretext_stage.build_model`: the flags of configs/cifar10_aetv2.cfg, the
+  recipe's `Recipe.build_model` and the model's own ``compile(steps=...)``), mixed_bfloat16,
+  per-branch BatchNorm, the pairs sampled and warped inside the jitted step, ``steps_per_execution``
   ``--spe``, fed by ``model.fit`` from a NumPy array of uint8 images as the program feeds it.
   `VARIANTS`: today's two encoder calls (``two_pass``), one call with per-half statistics
   (``one_pass``), and that with the SVD-free projection (``one_pass_newton``). For each: the

@@ -39,9 +39,9 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 CIFAR10 = REPO.parent / "shared" / "data" / "cifar10" / "cifar-10-batches-py"
 CLASS_NAMES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship",
                "truck")
-#: The bad files of `--corrupt` and the reason `aetv2_tf.data.files` gives for each (None: decodes).
-#: The grain amplitude of `--photo` files (0-255 scale), chosen for ImageNet-like size and decode
-#: time (module docstring).
+#: The bad files of `--corrupt` and the reason `aetv2_tf.data.image_folders` gives for each (None:
+#decodes). : The grain amplitude of `--photo` files (0-255 scale), chosen for ImageNet-like size and
+#decode : time (module docstring).
 PHOTO_GRAIN = 96.0
 PHOTO_SIZE = (500, 375)  # (width, height)
 CORRUPT_FILES = {"truncated.JPEG": "truncated JPEG", "text.JPEG": "not an image",

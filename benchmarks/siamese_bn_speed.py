@@ -28,9 +28,9 @@ def main() -> None:
     args = p.parse_args()
     keras.mixed_precision.set_global_policy(args.policy)
     from aetv2_tf.data.sampler import parameter_std
+    from aetv2_tf.method.recipes import AETV1
     from aetv2_tf.models import build_backbone
-    from aetv2_tf.models.pairs import build_pairs_model
-    from aetv2_tf.recipes import AETV1
+    from aetv2_tf.models.pretext import build_pairs_model
 
     std = parameter_std(32)
     models = {}

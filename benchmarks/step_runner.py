@@ -95,7 +95,7 @@ def example_batch(batch_size: int, seed: int = 0):
 
     images = np.random.default_rng(seed).integers(0, 256, (2 * batch_size, 32, 32, 3), np.uint8)
     if keras.backend.backend() != "tensorflow":
-        from aetv2_tf.data.layers import HomographyPairs
+        from aetv2_tf.data.preprocessing_layers import HomographyPairs
 
         x, tx, params = (keras.ops.convert_to_numpy(a) for a in
                          HomographyPairs(seed=seed)(images[:batch_size]))
@@ -116,7 +116,7 @@ class StepRunner:
     def __init__(self, spec: Spec, batch, learning_rate: float = 1e-3):
         import keras
 
-        from aetv2_tf import losses, metrics, optim
+        from aetv2_tf.method import losses, metrics, optimizers
         from aetv2_tf.models import build_aet_model, build_backbone
 
         self.spec = spec
@@ -127,9 +127,9 @@ class StepRunner:
             self.model = build_aet_model(self.encoder)
         finally:
             keras.mixed_precision.set_global_policy(previous)
-        optim.add_l2_decay(self.model, 5e-4)
-        optimizer = optim.build_optimizer(
-            "adam", optim.Schedule("constant", learning_rate, 1), weight_decay=5e-4)
+        optimizers.add_l2_decay(self.model, 5e-4)
+        optimizer = optimizers.build_optimizer(
+            "adam", optimizers.Schedule("constant", learning_rate, 1), weight_decay=5e-4)
         tensorflow = keras.backend.backend() == "tensorflow"
         if spec.loss == "geodesic":
             loss = losses.GeodesicLoss(1.0)

@@ -12,8 +12,8 @@ of the Keras step). On CUDA: ``torch.compile``, channels_last, bfloat16 autocast
   ``torch.linalg.svd`` (its own autograd);
 * ``one_pass_svd``: one call on ``[x; t(x)]`` whose BatchNorm layers normalise each half by its
   own statistics (`GroupedBatchNorm2d`), the same SVD;
-* ``one_pass_newton``: that with P by the scaled Newton iteration of `aetv2_tf.polar` (autograd
-  through the iterations): whether the 3x3 SVD is what limits the step.
+* ``one_pass_newton``: that with P by the scaled Newton iteration of `aetv2_tf.method.polar`
+  (autograd through the iterations): whether the 3x3 SVD is what limits the step.
 
 Without PyTorch the part reports ``{"torch": "torch not installed"}`` and exits 0.
 """
@@ -90,7 +90,7 @@ def project(torch, m, method: str):
         flip = torch.stack([torch.ones_like(d), torch.ones_like(d), d], -1)
         return (u * flip[:, None, :]) @ vh
     x = m
-    for _ in range(6):  # aetv2_tf.polar.ITERATIONS, Frobenius scaling
+    for _ in range(6):  # aetv2_tf.method.polar.ITERATIONS, Frobenius scaling
         inverse_t = torch.linalg.inv(x).transpose(-1, -2)
         zeta = (inverse_t.square().sum((-2, -1)) / x.square().sum((-2, -1))).pow(0.25)
         x = 0.5 * (zeta[:, None, None] * x + inverse_t / zeta[:, None, None])

@@ -14,7 +14,7 @@ import sys
 import numpy as np
 from keras import ops
 
-from aetv2_tf import geometry, losses
+from aetv2_tf.method import geometry, losses
 
 
 def _value_and_grad(backend: str, compiled: bool = False):

@@ -25,8 +25,8 @@ import numpy as np  # noqa: E402
 from keras import layers, ops  # noqa: E402
 
 from aetv2_tf.data import sampler, warping  # noqa: E402
-from aetv2_tf.data.layers import HomographyPairs  # noqa: E402
-from aetv2_tf.geometry import matrix_to_params  # noqa: E402
+from aetv2_tf.data.preprocessing_layers import HomographyPairs  # noqa: E402
+from aetv2_tf.method.geometry import matrix_to_params  # noqa: E402
 
 SAMPLER_SEED = 2024
 NUM_SAMPLES = 20_000
@@ -79,11 +79,11 @@ def warp_outputs(images: np.ndarray, t: np.ndarray) -> dict:
 
 
 def warp_pairs_outputs(uint8_images: np.ndarray, t: np.ndarray) -> dict:
-    """`models.pairs.WarpPairs` (the pair made in the train step from uint8 crops and host
+    """`models.pretext.WarpPairs` (the pair made in the train step from uint8 crops and host
     homographies), mean 0.5 and std 0.25, AETv1's fill: compiled as each program compiles it
     (`jax.jit`; a TF graph, whose fused warp op has no XLA kernel), and its `keras.ops` form
     (``fused=False``, what a TPU compiles) under the backend's XLA compiler."""
-    from aetv2_tf.models.pairs import WarpPairs
+    from aetv2_tf.models.pretext import WarpPairs
 
     t = t[:len(uint8_images)]
     out = {}
@@ -203,12 +203,12 @@ def fit_outputs(uint8_images: np.ndarray, folder: str) -> dict:
 
 
 def loss_step_outputs(uint8_images: np.ndarray) -> dict:
-    """`models.pairs.PairsModel(count_steps=True)` under the backend's compiled `model.fit`: a loss
-    whose value is `GeodesicLoss(mse_weight=1, mse_decay_steps=3).current_mse_weight()` logs
+    """`models.pretext.PairsModel(count_steps=True)` under the backend's compiled `model.fit`: a
+    loss whose value is `GeodesicLoss(mse_weight=1, mse_decay_steps=3).current_mse_weight()` logs
     1, 2/3, 1/3, 0 on steps 0..3 only if the jitted step reads the counter's traced value; the
     counter ends at the number of steps (4 batches, 2 steps per execution)."""
-    from aetv2_tf.losses import GeodesicLoss
-    from aetv2_tf.models.pairs import build_pairs_model
+    from aetv2_tf.method.losses import GeodesicLoss
+    from aetv2_tf.models.pretext import build_pairs_model
 
     inputs = keras.Input((32, 32, 3))
     init = keras.initializers.GlorotUniform(seed=1)

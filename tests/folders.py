@@ -30,11 +30,11 @@ def jpeg_bytes(shape: tuple[int, int, int] = (16, 24, 3), seed: int = 0) -> byte
 
 
 def decodes(path) -> bool:
-    """Whether the training input's decoder (`aetv2_tf.data.files.decode_image_file`) reads
+    """Whether the training input's decoder (`aetv2_tf.data.image_folders.decode_image_file`) reads
     the file at `path`."""
     import tensorflow as tf
 
-    from aetv2_tf.data.files import decode_image_file
+    from aetv2_tf.data.image_folders import decode_image_file
 
     try:
         decode_image_file(str(path), 0)

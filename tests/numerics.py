@@ -37,7 +37,7 @@ def random_params(n, seed, spread=0.2):
 
 def adversarial_pairs():
     """(name, y_true, y_pred) float32 parameter pairs that must give finite loss and gradient."""
-    from aetv2_tf.geometry import matrix_to_params, params_to_matrix
+    from aetv2_tf.method.geometry import matrix_to_params, params_to_matrix
 
     t = params_to_matrix(random_params(1, 10)).numpy()[0].astype(np.float64)
     p = matrix_to_params(t).numpy()

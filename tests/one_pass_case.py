@@ -36,7 +36,7 @@ def tiny_bn_encoder(batch_norm: str):
     """``(16, 16, 3) -> (8, 8, 8)``: conv + BN + ReLU twice, the second strided."""
     import keras
 
-    from aetv2_tf.models.layers import conv_bn_relu
+    from aetv2_tf.models.blocks import conv_bn_relu
 
     inputs = keras.Input((16, 16, 3))
     x = conv_bn_relu(inputs, 8, 3, name="c1", batch_norm=batch_norm)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from aetv2_tf import geometry
 from aetv2_tf.data.homographies import sample_homographies
+from aetv2_tf.method import geometry
 
 MEAN = np.array([0, 0, 16, 0, 0, 16, 0, 0], np.float64)
 STD = np.array([1, 1, 20, 1, 1, 20, 0.015, 0.015], np.float64)
@@ -79,7 +79,7 @@ def test_the_loss_is_the_plain_mse_on_the_decoders_output():
     gradient with respect to r (as the published code's nn.MSELoss on its network's output)."""
     import keras
 
-    from aetv2_tf.losses import ParameterMSELoss
+    from aetv2_tf.method.losses import ParameterMSELoss
     from aetv2_tf.models.aet import FromAETv1Targets
 
     t = sample_homographies(16, 32, 32, seed=9).numpy()

@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 
 import aetv2_tf
-from aetv2_tf import pretrained
 from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD, IMAGENET_MEAN, IMAGENET_STD
+from aetv2_tf.files import presets
+from aetv2_tf.files.saving import load_encoder, load_encoder_weights, preprocessing, save_encoder
 from aetv2_tf.models import build_aet_model, build_backbone
-from aetv2_tf.models.encoders import CheckedModel, build_classifier, feature_extractor
-from aetv2_tf.models.pairs import PairsModel, build_pairs_model, build_rotations_model
+from aetv2_tf.models.image_models import CheckedModel, build_classifier, feature_extractor
+from aetv2_tf.models.pretext import PairsModel, build_pairs_model, build_rotations_model
 from aetv2_tf.probes.knn import pooled_features
 from aetv2_tf.registry import SERIALIZABLE
-from aetv2_tf.saving import load_encoder, load_encoder_weights, preprocessing, save_encoder
 from tests.cli import REPO, _env
 
 RNG = np.random.default_rng(0)
@@ -215,7 +215,7 @@ def test_a_classifier_fine_tunes_block2_only_and_reloads(tmp_path):
 
 
 def test_a_preset_is_its_run_directory(tmp_path, monkeypatch):
-    assert pretrained.presets()["aetv1_cifar10"].knn_top1 == 66.33
+    assert presets.presets()["aetv1_cifar10"].knn_top1 == 66.33
     directory = REPO / "results" / "scale" / "aetv1_lr1e-4"
     preset, run = load_encoder("aetv1_cifar10"), load_encoder(str(directory))
     for a, b in zip(preset.get_weights(), run.get_weights(), strict=True):
@@ -233,15 +233,15 @@ def test_a_preset_is_its_run_directory(tmp_path, monkeypatch):
         pooled_features(run, "block2", images, CIFAR10_MEAN, CIFAR10_STD, batch_size=4),
         atol=1e-4)
     with pytest.raises(KeyError, match="no preset 'aetv3'.*aetv1_cifar10"):
-        pretrained.preset_directory("aetv3")
-    monkeypatch.setattr(pretrained, "PRESETS_ROOT", str(tmp_path / "no-checkout"))
+        presets.preset_directory("aetv3")
+    monkeypatch.setattr(presets, "PRESETS_ROOT", str(tmp_path / "no-checkout"))
     with pytest.raises(FileNotFoundError, match="git checkout.*pass the run directory"):
         load_encoder("aetv2_cifar10")
 
 
 JAX_ROUNDTRIP = """
 import sys, numpy as np, keras
-from aetv2_tf.saving import load_encoder, save_encoder
+from aetv2_tf.files.saving import load_encoder, save_encoder
 from aetv2_tf.probes.knn import pooled_features
 from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD
 assert keras.backend.backend() == "jax"

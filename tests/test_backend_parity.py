@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from aetv2_tf import geometry
+from aetv2_tf.method import geometry
 from tests.cli import (
     BLOCK_TF,
     REPO,
@@ -28,12 +28,12 @@ from tests.cli import (
 #: RESULT line each (the stop flag, the step, the skipped steps, the updates, stopped or not).
 SKIP_STEPS = """
 import numpy as np, keras
-from aetv2_tf import optim
+from aetv2_tf.method import optimizers
 from aetv2_tf.program.callbacks import StepCounter, StopOnSkippedStep
 for stop in (True, False):
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-    opt = optim.build_optimizer("sgd", 0.01)
+    opt = optimizers.build_optimizer("sgd", 0.01)
     model.compile(optimizer=opt, loss="mse")
     x, y = np.ones((32, 2), np.float32), np.ones((32, 1), np.float32)
     x[16:24] = np.nan  # batch 3 of 4 is non-finite
@@ -144,7 +144,7 @@ def test_quarter_turns_are_np_rot90_of_the_normalised_images():
     image is `np.rot90(x, k)` of the normalised image, in the order of
     `pipelines.rotation_dataset` (all images in turn 0, then 1, 2, 3)."""
     from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD
-    from aetv2_tf.data.layers import QuarterTurns
+    from aetv2_tf.data.preprocessing_layers import QuarterTurns
 
     images = np.random.default_rng(0).integers(0, 256, (3, 8, 8, 3), dtype=np.uint8)
     x, k = QuarterTurns(seed=0, augment=False)(images)
@@ -161,8 +161,8 @@ def test_classifier_inputs_normalise_and_crop_flip_like_the_tf_pipeline():
     normalisation of `pipelines.normalize`; in training every image is a crop of the 4-px
     zero-padded image (offsets in -4..4), flipped or not, as `pipelines.pad_crop_flip`."""
     from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD
-    from aetv2_tf.data.layers import ClassifierInputs
     from aetv2_tf.data.pipelines import normalize
+    from aetv2_tf.data.preprocessing_layers import ClassifierInputs
 
     images = np.random.default_rng(1).integers(0, 256, (16, 32, 32, 3), dtype=np.uint8)
     layer = ClassifierInputs(seed=3, augment=True)
@@ -232,7 +232,7 @@ def test_labelled_batches_visit_every_image_once_per_epoch():
 def test_rotnet_pretraining_under_jax_and_its_encoder_under_tensorflow(tmp_path, cifar10_dir):
     """RotNet runs under JAX (4 images x 4 turns a step), checkpoints, resumes exactly, and its
     encoder loads under TensorFlow for the probes."""
-    from aetv2_tf.probes.encoders import load_frozen_encoder
+    from aetv2_tf.probes.frozen_encoder import load_frozen_encoder
 
     flags = ("--pretext=rotation", "--train_steps=4", "--checkpoint_every_steps=2")
     cut = jax_cli(*train_args(tmp_path / "cut", cifar10_dir, *flags, "--stop_after_steps=2"))

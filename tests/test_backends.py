@@ -42,7 +42,7 @@ sys.modules["tensorflow"] = None  # any TensorFlow import now fails
 sys.path.insert(0, sys.argv[1])
 import keras
 assert keras.backend.backend() == "jax", keras.backend.backend()
-import aetv2_tf.geometry, aetv2_tf.losses, aetv2_tf.metrics  # noqa: F401
+import aetv2_tf.method.geometry, aetv2_tf.method.losses, aetv2_tf.method.metrics  # noqa: F401
 from tests import backend_cases
 result = backend_cases.run(json.load(sys.stdin), "jax")
 print("@@JSON@@" + json.dumps(result))

@@ -19,9 +19,9 @@ import tensorflow as tf
 import aetv2_tf.data as data
 from aetv2_tf.data import homographies, pipelines, sampler, warping
 from aetv2_tf.data.constants import AETV1_FILL, CIFAR10_MEAN, CIFAR10_STD
-from aetv2_tf.data.layers import HomographyPairs
+from aetv2_tf.data.preprocessing_layers import HomographyPairs
 from aetv2_tf.data.sources import load_cifar10
-from aetv2_tf.geometry import matrix_to_params
+from aetv2_tf.method.geometry import matrix_to_params
 from tests import device_checks as checks
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -340,8 +340,9 @@ def test_pairs_serialization():
 
 
 def test_device_modules_import_without_tensorflow():
-    code = ("import sys; sys.modules['tensorflow'] = None; import aetv2_tf.data.layers as d; "
-            "import aetv2_tf.data as data; assert 'aetv2_tf.data.homographies' not in sys.modules; "
+    code = ("import sys; sys.modules['tensorflow'] = None; "
+            "import aetv2_tf.data.preprocessing_layers as d; import aetv2_tf.data as data; "
+            "assert 'aetv2_tf.data.homographies' not in sys.modules; "
             "print(d.HomographyPairs.__name__)")
     env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True,

@@ -1,4 +1,5 @@
-"""aetv2_tf.geometry against independent float64 oracles (numpy, scipy) and finite differences.
+"""aetv2_tf.method.geometry against independent float64 oracles (numpy, scipy) and finite
+differences.
 
 Every comparison goes through `check_close`, which prints ``[max-err] name: err (tol)``; run with
 ``-s`` to see the measured errors.
@@ -12,7 +13,7 @@ import scipy.linalg
 import tensorflow as tf
 from scipy.spatial.transform import Rotation
 
-from aetv2_tf import geometry as g
+from aetv2_tf.method import geometry as g
 from tests.numerics import QUARTER_TURNS, R90, check_close
 
 RNG_SEED = 20200614

@@ -18,7 +18,7 @@ from aetv2_tf.data.homographies import (
 )
 from aetv2_tf.data.sampler import parameter_std
 from aetv2_tf.data.sources import load_cifar10
-from aetv2_tf.geometry import matrix_to_params
+from aetv2_tf.method.geometry import matrix_to_params
 
 SEED = tf.constant([7, 11], tf.int64)
 

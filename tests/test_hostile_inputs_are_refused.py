@@ -2,7 +2,7 @@
 
 Image headers that declare bombs or codings TensorFlow cannot decode are left out when a folder
 is listed (`aetv2_tf.data.headers`); CIFAR-10 pickles cannot ask for more memory than they hold
-(`aetv2_tf.data.pickles`, measured with tracemalloc, which sees numpy's buffers); a folder
+(`aetv2_tf.data.cifar10_pickles`, measured with tracemalloc, which sees numpy's buffers); a folder
 listing refuses unreadable, linked-outside, empty and single class folders; the shuffle buffer
 of variable-size images holds crops, not decoded images. No test allocates more than a few MB
 (the old code allocated 32-64 MB on the pickles below before refusing them).
@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from aetv2_tf.data.files import check_image_file
 from aetv2_tf.data.headers import MAX_IMAGE_PIXELS
+from aetv2_tf.data.image_folders import check_image_file
 from aetv2_tf.data.pipelines import classification_dataset
 from aetv2_tf.data.sources import DataError, list_image_folder, load_cifar10
 from tests.folders import decodes, jpeg_bytes

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from aetv2_tf.data.constants import IMAGENET_MEAN, IMAGENET_STD
-from aetv2_tf.data.files import check_image_file
+from aetv2_tf.data.image_folders import check_image_file
 from aetv2_tf.data.pipelines import classification_dataset, pretext_dataset
 from aetv2_tf.data.sources import DataError, list_image_folder, load_source
 from benchmarks.make_folder import CORRUPT_FILES, write_cifar10_folder

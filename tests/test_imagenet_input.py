@@ -17,7 +17,7 @@ from aetv2_tf.data.augment import decode_resize_crop, resize_crop
 from aetv2_tf.data.constants import IMAGENET_MEAN, IMAGENET_STD
 from aetv2_tf.data.pipelines import from_data_service, pretext_dataset
 from aetv2_tf.data.sources import list_image_folder
-from aetv2_tf.models.pairs import WarpPairs
+from aetv2_tf.models.pretext import WarpPairs
 from benchmarks.imagenet_input import full_resize_then_crop
 from benchmarks.make_folder import PHOTO_SIZE, photo_like, write_cifar10_folder
 from tests.cli import _env, run_module

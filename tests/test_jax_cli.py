@@ -129,8 +129,8 @@ def runs(tmp_path_factory, cifar10_dir):
 
 def test_import_and_helpfull_without_tensorflow():
     code = BLOCK_TF + ("import aetv2_tf.train, aetv2_tf.program.adapter_portable, "
-                       "aetv2_tf.program.probe_stage, aetv2_tf.export, aetv2_tf.probes.encoders; "
-                       "print('imported')")
+                       "aetv2_tf.program.probe_stage, aetv2_tf.export, "
+                       "aetv2_tf.probes.frozen_encoder; print('imported')")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                           text=True, env=_env({"KERAS_BACKEND": "jax"}), timeout=120)
     assert proc.returncode == 0 and "imported" in proc.stdout, proc.stderr[-3000:]
@@ -299,7 +299,7 @@ def test_tensorflow_loads_the_jax_encoder(runs, cifar10_dir):
     from aetv2_tf.data.sources import load_cifar10
     from aetv2_tf.export import export_encoder, restore_encoder
     from aetv2_tf.models import FusedBatchNormalization
-    from aetv2_tf.probes.encoders import load_frozen_encoder
+    from aetv2_tf.probes.frozen_encoder import load_frozen_encoder
 
     tmp, _ = runs
     expected = np.load(tmp / "jax_block2.npy")

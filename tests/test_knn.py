@@ -262,8 +262,8 @@ def test_feature_none_is_the_probe_feature_of_feature_extractor():
 
     from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD
     from aetv2_tf.models import build_backbone
-    from aetv2_tf.models.encoders import feature_extractor
     from aetv2_tf.models.features import classifier_feature, default_feature
+    from aetv2_tf.models.image_models import feature_extractor
     from aetv2_tf.probes.knn import pooled_features
 
     keras.utils.set_random_seed(0)

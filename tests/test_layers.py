@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from aetv2_tf.models.layers import (
+from aetv2_tf.models.blocks import (
     AdaptivePooling2D,
     FusedBatchNormalization,
     conv_bn_relu,
@@ -176,7 +176,7 @@ FUSED_BN_MIRRORED = textwrap.dedent(
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     import keras
     import numpy as np
-    from aetv2_tf.models.layers import FusedBatchNormalization
+    from aetv2_tf.models.blocks import FusedBatchNormalization
 
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     assert strategy.num_replicas_in_sync == 2

@@ -12,10 +12,10 @@ import keras
 import pytest
 
 from aetv2_tf.data import load_cifar10, pretext_dataset
-from aetv2_tf.losses import GeodesicLoss
-from aetv2_tf.metrics import pretext_metrics
+from aetv2_tf.method.losses import GeodesicLoss
+from aetv2_tf.method.metrics import pretext_metrics
 from aetv2_tf.models import build_aet_model
-from aetv2_tf.models.layers import conv_bn_relu
+from aetv2_tf.models.blocks import conv_bn_relu
 
 # The fast tier (`-m "not slow"`) leaves this file out: 500 training steps in this process.
 pytestmark = pytest.mark.slow

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import aetv2_tf
-from aetv2_tf import recipes
 from aetv2_tf.data.sampler import parameter_std
+from aetv2_tf.method import recipes
 from aetv2_tf.probes.results import RESULTS_FILENAME, read_results
 from aetv2_tf.program.config import recipe_of
 from aetv2_tf.program.flags import FLAGS, program_flags
@@ -230,7 +230,7 @@ def test_saved_encoders_keep_their_image_size_and_warp_pairs_their_compiler(tmp_
     """An encoder of another input size reloads at that size; a model with the fused warp (no
     XLA kernel) tells Keras's jit_compile="auto" not to compile it with XLA; a recipe with an
     MSE warm-up asks for its step."""
-    from aetv2_tf.models.pairs import WarpPairs
+    from aetv2_tf.models.pretext import WarpPairs
 
     encoder = aetv2_tf.build_backbone("nin", (48, 48, 3))
     again = aetv2_tf.load_encoder(aetv2_tf.save_encoder(encoder, str(tmp_path / "nin48")))

@@ -1,5 +1,5 @@
 """Issue 32 (asks 1 and 5): bad inputs to the library are refused at the door, each with a
-message that names the problem and the fix (`aetv2_tf.inputs`); good uint8 input still works.
+message that names the problem and the fix (`aetv2_tf.input_checks`); good uint8 input still works.
 One subprocess checks the same under ``KERAS_BACKEND=jax``."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 import aetv2_tf
-from aetv2_tf import inputs
+from aetv2_tf import input_checks
 from aetv2_tf.probes.knn import extract_features, knn_accuracy, knn_classify, make_feature_fn
 from tests.cli import REPO
 
@@ -91,7 +91,7 @@ def test_unknown_feature_lists_the_available_ones(encoder):
     with pytest.raises(ValueError, match=f"unknown feature 'block5'.*{names}"):
         make_feature_fn(encoder, "block5")
     with pytest.raises(TypeError, match="feature must be a name"):
-        inputs.check_feature(2, ["block2"])
+        input_checks.check_feature(2, ["block2"])
 
 
 def test_one_hot_and_mismatched_labels_refused():

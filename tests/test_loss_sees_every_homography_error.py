@@ -17,8 +17,8 @@ tests/test_loss_variants.py does.
 import numpy as np
 import pytest
 
-from aetv2_tf import losses, recipes
 from aetv2_tf.data.sampler import parameter_std
+from aetv2_tf.method import losses, recipes
 from experiments.loss_screen.loss_gradients import GROUPS, PX, compose_right, error_sets, gradients
 from tests.numerics import STD, check_close, loss_and_gradients, np_variant_loss, random_params
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from aetv2_tf import losses
+from aetv2_tf.method import losses
 from tests.numerics import (
     IDENTITY,
     PIXEL_FRAME,
@@ -75,7 +75,7 @@ def angle_after_steps(kwargs, y_true, y_pred, steps=200, lr=1e-2):
 
     for _ in range(steps):
         step()
-    from aetv2_tf.metrics import geodesic_angle_deg
+    from aetv2_tf.method.metrics import geodesic_angle_deg
     return float(geodesic_angle_deg(tf.constant(y_true[None], tf.float32), x)[0])
 
 

@@ -1,5 +1,6 @@
-"""aetv2_tf.losses: values against a float64 numpy oracle, serialization, mixed precision, the
-per-sample non-finite guard and adversarial inputs. Run with ``-s`` to see the measured errors."""
+"""aetv2_tf.method.losses: values against a float64 numpy oracle, serialization, mixed precision,
+the per-sample non-finite guard and adversarial inputs. Run with ``-s`` to see the measured
+errors."""
 
 import keras
 import numpy as np
@@ -8,8 +9,8 @@ import scipy.linalg
 import tensorflow as tf
 from scipy.spatial.transform import Rotation
 
-from aetv2_tf import losses
-from aetv2_tf.geometry import matrix_to_params, params_to_matrix
+from aetv2_tf.method import losses
+from aetv2_tf.method.geometry import matrix_to_params, params_to_matrix
 from tests.numerics import R90, adversarial_pairs, check_close, random_params
 
 

@@ -175,7 +175,7 @@ def test_aet_starts_at_identity_and_fits_with_mse(small_aet):
 
 
 def test_aet_fits_with_geodesic_loss(small_aet):
-    losses = pytest.importorskip("aetv2_tf.losses")
+    losses = pytest.importorskip("aetv2_tf.method.losses")
     _, model = small_aet
     x, tx = _normal_images(4, 16), _normal_images(4, 16)
     target = np.tile(identity_params(), (4, 1))

@@ -4,7 +4,7 @@ files of others").
 
 In-process: `rundir.prepare` (what every start calls before it writes), `aetv2_tf.train.main`
 with parsed flags (`program`, conftest.py: the command line without the interpreter start), the
-report's `main` and `trust.replace_export`. Every "nothing touched" is checked byte for byte.
+report's `main` and `provenance.replace_export`. Every "nothing touched" is checked byte for byte.
 """
 
 from __future__ import annotations
@@ -189,7 +189,7 @@ def test_the_next_export_removes_the_scratch_folders_of_a_killed_one(tmp_path):
     `new`, and the previous export moved aside, `old`) are removed by the next export; those of
     a live process, and one holding anything else, are kept (before: `.encoder.tmp*` stayed
     for good)."""
-    from aetv2_tf.trust import replace_export
+    from aetv2_tf.files.provenance import replace_export
 
     def write(staged: str) -> None:
         os.makedirs(os.path.join(staged, "variables"))

@@ -6,12 +6,12 @@ import keras
 import numpy as np
 import pytest
 
-from aetv2_tf import optim
+from aetv2_tf.method import optimizers
 
 
 def test_aetv1_schedule_follows_the_published_table():
     # 1500 "epochs" of one step each: the multipliers of the AETv1 code at its epoch boundaries.
-    s = optim.Schedule("aetv1", 0.1, total_steps=1500)
+    s = optimizers.Schedule("aetv1", 0.1, total_steps=1500)
     expected = {0: 1.0, 239: 1.0, 240: 0.2, 479: 0.2, 480: 0.04, 640: 0.008, 800: 0.0016,
                 999: 0.0016}
     for step, mult in expected.items():
@@ -20,7 +20,7 @@ def test_aetv1_schedule_follows_the_published_table():
 
 
 def test_cosine_and_warmup():
-    s = optim.Schedule("cosine", 1.0, total_steps=100, warmup_steps=10)
+    s = optimizers.Schedule("cosine", 1.0, total_steps=100, warmup_steps=10)
     assert float(s(0)) == pytest.approx(0.1, rel=1e-5)  # warm-up: (0 + 1) / 10
     assert float(s(50)) == pytest.approx(0.5, rel=1e-5)
     assert float(s(100)) == pytest.approx(0.0, abs=1e-7)
@@ -31,12 +31,12 @@ def test_cosine_and_warmup():
 def test_step_schedule_drops_at_the_given_epochs():
     """`--lr_drop_epochs=100,150 --lr_drop_factor=0.1` of 200 epochs (the ImageNet pretraining
     config), 10 steps an epoch; and the probes' per-epoch form with RotNet's 5, 15, 25 of 35."""
-    s = optim.Schedule("step", 1e-4, total_steps=2000, drops=(0.5, 0.75), drop_factor=0.1)
+    s = optimizers.Schedule("step", 1e-4, total_steps=2000, drops=(0.5, 0.75), drop_factor=0.1)
     for step, lr in {0: 1e-4, 999: 1e-4, 1000: 1e-5, 1499: 1e-5, 1500: 1e-6, 1999: 1e-6}.items():
         assert float(s(step)) == pytest.approx(lr, rel=1e-5), step
     assert keras.optimizers.schedules.deserialize(keras.optimizers.schedules.serialize(s)) \
         .get_config() == s.get_config()
-    default = optim.Schedule("step", 1.0, total_steps=100)
+    default = optimizers.Schedule("step", 1.0, total_steps=100)
     assert [float(default(i)) for i in (29, 30, 60, 80)] == pytest.approx([1, 0.2, 0.04, 0.008])
     from aetv2_tf.probes.classifier import step_lr_schedule
 
@@ -47,7 +47,7 @@ def test_step_schedule_drops_at_the_given_epochs():
 
 def test_skip_non_finite_leaves_weights_slots_and_step_untouched():
     var = keras.Variable(np.ones(3, np.float32))
-    opt = optim.build_optimizer("adam", 0.1)
+    opt = optimizers.build_optimizer("adam", 0.1)
     opt.apply([keras.ops.convert_to_tensor(np.array([1.0, 2.0, 3.0], np.float32))], [var])
     before = [np.array(v) for v in opt.variables] + [np.array(var)]
     opt.apply([keras.ops.convert_to_tensor(np.array([1.0, np.nan, 3.0], np.float32))], [var])
@@ -62,7 +62,7 @@ def test_l2_decay_gradient_is_coupled_weight_decay():
     """d/dw of the added loss is weight_decay * w for every trainable weight (PyTorch)."""
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3),
                               keras.layers.BatchNormalization()])
-    assert optim.add_l2_decay(model, 0.01) == 4
+    assert optimizers.add_l2_decay(model, 0.01) == 4
     import tensorflow as tf
 
     with tf.GradientTape() as tape:
@@ -80,7 +80,7 @@ def test_skip_mode_stops_a_run_whose_every_step_is_non_finite():
     class Model:
         stop_training = False
 
-    opt = optim.build_optimizer("sgd", 0.1)
+    opt = optimizers.build_optimizer("sgd", 0.1)
     opt.build([keras.Variable(np.ones(2, np.float32))])
     step = [0]
     callback = StopOnSkippedStep(opt, lambda: step[0], stop=False, patience=10)
@@ -106,7 +106,7 @@ def test_a_resumed_run_counts_only_its_own_skipped_steps():
     class Model:
         stop_training = False
 
-    opt = optim.build_optimizer("sgd", 0.1)
+    opt = optimizers.build_optimizer("sgd", 0.1)
     opt.build([keras.Variable(np.ones(2, np.float32))])
     opt.skipped_steps.assign(3)  # as restored from a checkpoint
     step = [40]
@@ -140,7 +140,7 @@ def test_exit_codes(outcome, code, capsys):
 def _adam_model(seed: int):
     keras.utils.set_random_seed(seed)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.Dense(1)])
-    model.compile(optimizer=optim.build_optimizer("adam", 1e-2), loss="mse")
+    model.compile(optimizer=optimizers.build_optimizer("adam", 1e-2), loss="mse")
     return model
 
 
@@ -156,7 +156,7 @@ def test_a_checkpoint_holds_the_optimizer_state_once_and_restores_it(tmp_path, m
     new, old = tmp_path / "new.weights.h5", tmp_path / "old.weights.h5"
     model.save_weights(new)
     with monkeypatch.context() as m:
-        m.setattr(optim.SkipNonFinite, "save_own_variables",
+        m.setattr(optimizers.SkipNonFinite, "save_own_variables",
                   keras.optimizers.LossScaleOptimizer.save_own_variables)
         model.save_weights(old)
 

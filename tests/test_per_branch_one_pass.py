@@ -158,9 +158,9 @@ def test_keras_batch_norm_keeps_its_name_and_loads_presets(tmp_path):
     """`make_batch_norm("keras")` is group-aware under Keras's class name, so the weight paths
     (and the presets) are those of `keras.layers.BatchNormalization`; a `.keras` file written
     with Keras's own class reloads as Keras's class."""
+    from aetv2_tf.files.saving import load_encoder
     from aetv2_tf.models.batch_groups import BatchNormalization
-    from aetv2_tf.models.layers import make_batch_norm
-    from aetv2_tf.saving import load_encoder
+    from aetv2_tf.models.blocks import make_batch_norm
 
     layer = make_batch_norm("keras", name="bn")
     assert type(layer) is BatchNormalization and type(layer).__name__ == "BatchNormalization"

@@ -16,7 +16,7 @@ from aetv2_tf.data.pipelines import (
     resize_shorter_side,
 )
 from aetv2_tf.data.sources import load_cifar10
-from aetv2_tf.geometry import params_to_matrix
+from aetv2_tf.method.geometry import params_to_matrix
 
 MEAN, STD = np.array(CIFAR10_MEAN, np.float32), np.array(CIFAR10_STD, np.float32)
 

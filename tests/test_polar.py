@@ -25,7 +25,7 @@ import scipy.linalg
 import tensorflow as tf
 from scipy.spatial.transform import Rotation
 
-from aetv2_tf import geometry, losses, polar
+from aetv2_tf.method import geometry, losses, polar
 from tests.cli import REPO, _env
 from tests.numerics import adversarial_pairs
 
@@ -206,13 +206,13 @@ def test_adversarial_pairs_give_the_svd_paths_loss():
 JAX_CASE = """
 import sys; sys.modules['tensorflow'] = None
 import jax, numpy as np, keras
-from aetv2_tf import losses
+from aetv2_tf.method import losses
 rng = np.random.default_rng(3)
 y_true = np.float32(np.array([1, 0, 0, 0, 1, 0, 0, 0]) + 0.1 * rng.standard_normal((32, 8)))
 y_true[:, 6:] *= 0.1
 y_pred = np.float32(y_true + 0.05 * rng.standard_normal((32, 8)))
 bad = y_pred.copy(); bad[0] = [1, 0, 0, 0, 1, 0, 0, 0]; bad[0, :3] *= 1e4  # kappa ~ 1e4
-assert not np.all(np.asarray(__import__('aetv2_tf.polar').polar.newton_polar(
+assert not np.all(np.asarray(__import__('aetv2_tf.method.polar').polar.newton_polar(
     losses.relative_homography(losses.params_to_matrix(y_true),
                                losses.params_to_matrix(bad)))[1]))
 out = []

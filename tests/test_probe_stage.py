@@ -87,7 +87,7 @@ def test_knn_random_init(runs, cifar10_dir):
 @pytest.mark.slow
 def test_knn_of_a_preset_by_name(runs, cifar10_dir):
     """`--pretrained=<preset name>` probes the preset's run directory in results/scale."""
-    from aetv2_tf.pretrained import PRESETS
+    from aetv2_tf.files.presets import PRESETS
 
     r = probe(runs / "knn_preset", cifar10_dir, "--probe=knn", "--pretrained=aetv2_cifar10")
     assert r["pretrained"] == PRESETS["aetv2_cifar10"].directory and r["method"] == "AETv2"
@@ -144,17 +144,17 @@ def bad_pretrained(case: str, root: pathlib.Path) -> tuple[pathlib.Path, str]:
 
 @pytest.mark.parametrize("case", ["missing", "other_backbone", "no_signature", "not_a_run"])
 def test_bad_pretrained_is_refused(case, tmp_path):
-    """`encoders.load_frozen_encoder`, which the probe stage reads --pretrained with before it
+    """`frozen_encoder.load_frozen_encoder`, which the probe stage reads --pretrained with before it
     writes anything (`probe_stage.load`), refuses each with the path and the problem; a foreign
     SavedModel is refused unread unless trusted (test_untrusted_files_are_left_alone.py): this
     one is trusted."""
     from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD
     from aetv2_tf.errors import UsageError
-    from aetv2_tf.probes import encoders
+    from aetv2_tf.probes import frozen_encoder
 
     pretrained, expected = bad_pretrained(case, tmp_path)
     with pytest.raises(UsageError) as refused:
-        encoders.load_frozen_encoder(str(pretrained), "nin", "block2", batch_norm="fused",
+        frozen_encoder.load_frozen_encoder(str(pretrained), "nin", "block2", batch_norm="fused",
                               mean=CIFAR10_MEAN, std=CIFAR10_STD,
                               trust_saved_model=case == "no_signature")
     assert expected in str(refused.value) and str(pretrained) in str(refused.value)

@@ -196,7 +196,7 @@ def test_the_probe_optimizer_is_pytorchs_sgd_with_coupled_weight_decay():
     """torch.optim.SGD(nesterov, weight_decay): d = g + wd p; buf = mu buf + d (buf = d at
     first); p -= lr (d + mu buf). The probe's optimiser is Keras SGD (Nesterov) on the gradient
     of the data loss plus the L2 penalty that `probe_optimizer` adds to the model (its gradient
-    is ``wd p``: `optim.add_l2_decay`)."""
+    is ``wd p``: `optimizers.add_l2_decay`)."""
     lr, mu, wd = 0.1, 0.9, 5e-4
     p0 = np.array([1.0, -2.0, 0.5], np.float64)
     targets = [np.array([0.3, -0.1, 0.2]), np.array([-0.5, 0.4, 0.0]), np.array([0.1, 0.1, 0.1])]

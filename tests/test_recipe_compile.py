@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import aetv2_tf
-from aetv2_tf import recipes
 from aetv2_tf.data.sampler import parameter_std
-from aetv2_tf.recipes import AETV1, AETV1_OFFICIAL, AETV2, training_steps
+from aetv2_tf.method import recipes
+from aetv2_tf.method.recipes import AETV1, AETV1_OFFICIAL, AETV2, training_steps
 
 
 def _layers(model: keras.Model) -> list[keras.layers.Layer]:
@@ -180,7 +180,7 @@ def test_recipes_by_name_and_run_lengths():
 def test_one_decoder_rule_for_the_recipe_and_both_adapters():
     """`Recipe.decoder_options` is the decoder's one rule: `build_model` builds through it, and
     both program adapters (adapter_portable, adapter_tensorflow) build through `build_model`
-    (`program.pretext.build_model`), none restates it."""
+    (`program.pretext_stage.build_model`), none restates it."""
     std = parameter_std(32, "integer")
     options = AETV1.decoder_options(32)
     np.testing.assert_allclose(options["param_scale"], std, rtol=1e-6)
@@ -195,7 +195,7 @@ def test_one_decoder_rule_for_the_recipe_and_both_adapters():
     program = pathlib.Path(aetv2_tf.__file__).parent / "program"
     for adapter in ("adapter_portable.py", "adapter_tensorflow.py"):
         text = (program / adapter).read_text()
-        assert "pretext.build_model(" in text, adapter
+        assert "pretext_stage.build_model(" in text, adapter
         assert "decoder_options(" not in text and "param_scale=" not in text, adapter
         assert "mse_target" not in text and ".compile(" not in text, adapter
-    assert "recipe.build_model(" in (program / "pretext.py").read_text()
+    assert "recipe.build_model(" in (program / "pretext_stage.py").read_text()

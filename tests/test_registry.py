@@ -33,8 +33,8 @@ def saved(tmp_path_factory):
 IMPORTS = {
     "package, then keras": "import aetv2_tf, keras",
     "keras, then package": "import keras, aetv2_tf",
-    "a library module first": "from aetv2_tf.saving import load_encoder; import keras",
-    "a registered module first": "import aetv2_tf.losses, keras",
+    "a library module first": "from aetv2_tf.files.saving import load_encoder; import keras",
+    "a registered module first": "import aetv2_tf.method.losses, keras",
 }
 
 

@@ -230,7 +230,7 @@ def test_the_disk_check_is_sized_from_the_model(tmp_path, monkeypatch, configure
     import numpy as np
 
     from aetv2_tf.models import build_aet_model, build_backbone
-    from aetv2_tf.program import pretext
+    from aetv2_tf.program import pretext_stage
     from aetv2_tf.program.keras_checkpoints import disk_bytes_needed, variables_bytes
 
     def compiled(backbone, size):
@@ -257,7 +257,7 @@ def test_the_disk_check_is_sized_from_the_model(tmp_path, monkeypatch, configure
     config = configured(f"--model_dir={tmp_path}", "--train_steps=1")
     with pytest.raises(UsageError, match=r"1024.0 MiB free; 3 \+ 1 checkpoints of this model, "
                                          r"the final encoder and the export need at least"):
-        pretext.check_disk(config, model, encoder)
+        pretext_stage.check_disk(config, model, encoder)
 
 
 @pytest.mark.slow

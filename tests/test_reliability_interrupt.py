@@ -332,7 +332,7 @@ def test_a_full_disk_then_a_damaged_checkpoint_and_the_run_resumes_exactly(
     import subprocess
     import sys
 
-    from aetv2_tf.saving import damage
+    from aetv2_tf.files.saving import damage
     from tests.cli import REPO, _env
 
     model_dir = tmp_path / "run"

@@ -1,7 +1,7 @@
 """Numerical faults, in-process: the training program's own loss, optimizer and callbacks.
 
 `model.fit` runs the real AET model head (`build_aet_model`, on a tiny encoder so that each fit
-takes a second), `GeodesicLoss`, the `SkipNonFinite` Adam of `optim.build_optimizer` and the
+takes a second), `GeodesicLoss`, the `SkipNonFinite` Adam of `optimizers.build_optimizer` and the
 callbacks of `pretext.run` (`StopOnSkippedStep`, `CheckpointEvery`). Faults:
 
 - a step whose loss and gradient are non-finite (a batch with an infinite sample weight; the
@@ -24,9 +24,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from aetv2_tf import losses, optim
+from aetv2_tf.method import losses, optimizers
 from aetv2_tf.models import build_aet_model
-from aetv2_tf.models.layers import FusedBatchNormalization
+from aetv2_tf.models.blocks import FusedBatchNormalization
 from aetv2_tf.program.callbacks import CheckpointEvery, StepCounter, StopOnSkippedStep
 from aetv2_tf.program.keras_checkpoints import KerasCheckpoints, list_checkpoints
 from tests.numerics import adversarial_pairs
@@ -64,7 +64,8 @@ def batch(seed: int, *, nan_images: bool = False, nan_param: bool = False,
 def fit(batches: list, tmp_path, stop_on_skip: bool = False):
     """Trains on `batches` as `pretext.run` does; returns (model, optimizer, checkpoint store)."""
     model = tiny_aet_model()
-    optimizer = optim.build_optimizer("adam", optim.Schedule("constant", 1e-3, len(batches)))
+    schedule = optimizers.Schedule("constant", 1e-3, len(batches))
+    optimizer = optimizers.build_optimizer("adam", schedule)
     model.compile(optimizer=optimizer, loss=losses.GeodesicLoss(), jit_compile=False)
     optimizer.build(model.trainable_variables)
     step_fn = StepCounter(0, len(batches))  # batches consumed, skipped ones included

@@ -62,7 +62,7 @@ def test_anything_else_is_left_to_the_run_directory_check(saved, argv):
 def test_the_earlier_values_are_those_of_the_earlier_config():
     """The table's 'before' side is configs/cifar10_aetv2_zoom16.cfg (the earlier default), its
     'since' side configs/cifar10_aetv2.cfg."""
-    from aetv2_tf import recipes
+    from aetv2_tf.method import recipes
 
     for name, (before, since) in RECIPE_CHANGED_IN_0_2.items():
         field = {"loss_frame_scale": "frame_scale"}.get(name, name)

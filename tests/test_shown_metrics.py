@@ -1,6 +1,6 @@
 """What training shows: the loss the optimiser minimises and its terms first, the angle in the
-frame of the loss, the weight decay apart (`aetv2_tf.metrics`, `models.shown_loss`,
-`program.shown.ProgressBar`)."""
+frame of the loss, the weight decay apart (`aetv2_tf.method.metrics`, `models.displayed_loss`,
+`program.monitoring.ProgressBar`)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import keras
 import numpy as np
 import pytest
 
-from aetv2_tf import recipes
 from aetv2_tf.data.sources import load_cifar10
-from aetv2_tf.metrics import geodesic_angle_deg, pretext_metrics
+from aetv2_tf.method import recipes
+from aetv2_tf.method.metrics import geodesic_angle_deg, pretext_metrics
 from aetv2_tf.models import build_backbone
-from aetv2_tf.models.encoders import build_classifier
-from aetv2_tf.program.shown import ProgressBar
+from aetv2_tf.models.image_models import build_classifier
+from aetv2_tf.program.monitoring import ProgressBar
 
 #: Each recipe's terms shown beside its loss: those of weight above 0.
 TERMS = {

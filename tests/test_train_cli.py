@@ -183,7 +183,7 @@ MIRRORED_LOSS = textwrap.dedent("""
     from aetv2_tf.program.distribute import configure_cpu_devices, get_strategy
     configure_cpu_devices(2)
     from aetv2_tf.data import load_cifar10, pretext_dataset
-    from aetv2_tf.losses import GeodesicLoss
+    from aetv2_tf.method.losses import GeodesicLoss
     from aetv2_tf.models import build_aet_model, build_backbone
     images, _ = load_cifar10({data!r}, "test")
     (x, tx), params = next(iter(pretext_dataset(images[:32], 32, seed=3, training=False)))

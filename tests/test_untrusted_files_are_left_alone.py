@@ -16,9 +16,9 @@ import pathlib
 import keras
 import pytest
 
+from aetv2_tf.files.provenance import MANIFEST, ExportTargetError, verify_export
 from aetv2_tf.program import rundir
 from aetv2_tf.program.rundir import UsageError
-from aetv2_tf.trust import MANIFEST, ExportTargetError, verify_export
 from tests.cli import REPO, run_module
 from tests.folders import ESSENTIAL, run_flags, tree
 
@@ -127,7 +127,7 @@ def test_a_manifestless_export_with_a_user_file_deep_inside_is_not_replaced(tmp_
     """An export of an earlier version (no manifest) at a run's export/encoder is replaced only
     when it holds nothing but SavedModel files: a user's file under variables/ (whose name a
     shell-style `variables/variables.data-*` would have matched) keeps it, refused."""
-    from aetv2_tf.trust import check_export_target
+    from aetv2_tf.files.provenance import check_export_target
 
     run = fake_run(tmp_path / "run")
     old = run / "export" / "encoder"
@@ -273,7 +273,7 @@ def hostile_saved_model(path: pathlib.Path, marker: pathlib.Path) -> pathlib.Pat
 
 def _load(pretrained, trust: bool):
     from aetv2_tf.data.constants import normalization_constants
-    from aetv2_tf.probes.encoders import load_frozen_encoder
+    from aetv2_tf.probes.frozen_encoder import load_frozen_encoder
 
     mean, std = normalization_constants("cifar10")
     return load_frozen_encoder(str(pretrained), "nin", "block2", batch_norm="keras", mean=mean,
@@ -322,8 +322,8 @@ def test_a_project_export_is_read_as_data_never_run(encoder, exported, tmp_path)
     import numpy as np
 
     from aetv2_tf.data.constants import normalization_constants
-    from aetv2_tf.probes.encoders import saved_model_features
-    from aetv2_tf.trust import write_manifest
+    from aetv2_tf.files.provenance import write_manifest
+    from aetv2_tf.probes.frozen_encoder import saved_model_features
 
     mean, std = normalization_constants("cifar10")
     pixels = np.random.default_rng(0).integers(0, 256, (4, 32, 32, 3)).astype(np.float32)

@@ -17,7 +17,7 @@ import pytest
 
 import aetv2_tf
 from aetv2_tf.errors import UsageError
-from aetv2_tf.saving import save_atomically
+from aetv2_tf.files.saving import save_atomically
 
 
 def _uint8_batch(n: int = 4) -> np.ndarray:
@@ -94,7 +94,7 @@ def test_an_unbatched_image_to_the_exported_signature_is_an_error_not_an_abort(t
     before calling it."""
     import tensorflow as tf
 
-    from aetv2_tf.probes.encoders import saved_model_features
+    from aetv2_tf.probes.frozen_encoder import saved_model_features
 
     keras.utils.set_random_seed(0)
     encoder = aetv2_tf.build_backbone("nin")

@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from aetv2_tf.data import sampler
 from aetv2_tf.data.constants import AETV1_FILL  # noqa: F401 - re-exported
-from aetv2_tf.geometry import inverse_3x3
+from aetv2_tf.method.geometry import inverse_3x3
 
 #: The image corners in the model frame, (4, 2) as (u, v): top-left, top-right, bottom-right,
 #: bottom-left (clockwise on screen, since v points down).

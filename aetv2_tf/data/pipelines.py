@@ -13,7 +13,7 @@ Two image protocols:
 
 Homographies are sampled and applied per batch (``map`` after ``batch``); with
 ``warp_on_device`` the pipeline sends uint8 crops and the homographies, and the model warps
-(`models.pairs.WarpPairs`, ``--warp``). `from_data_service` runs a pipeline on a tf.data service
+(`models.pretext.WarpPairs`, ``--warp``). `from_data_service` runs a pipeline on a tf.data service
 (``--data_service``) with the same batches. All randomness is
 stateless, derived from ``(seed, batch index)`` or ``(seed, element index)``; shuffling uses a
 seeded ``shuffle``; parallel maps keep their order. So two pipelines built with the same seed yield
@@ -44,9 +44,9 @@ from aetv2_tf.data.constants import (  # noqa: F401 - re-exported
     normalization_constants,
 )
 from aetv2_tf.data.crops import crops
-from aetv2_tf.data.files import ImageFiles, decode_image_file
 from aetv2_tf.data.homographies import sample_homographies, warp
-from aetv2_tf.geometry import matrix_to_params
+from aetv2_tf.data.image_folders import ImageFiles, decode_image_file
+from aetv2_tf.method.geometry import matrix_to_params
 
 AUTOTUNE = tf.data.AUTOTUNE
 # Every function given to `Dataset.map` / `flat_map` here is traced as written
@@ -269,8 +269,8 @@ def pretext_dataset(
 
     Args:
       images_or_dataset: uint8 images (N, S, S, 3) as numpy, a checked file list
-        (`aetv2_tf.data.files.ImageFiles`, from a folder source), or a ``tf.data.Dataset`` of
-        (image, label) / images of any size (variable-size images use the ImageNet protocol).
+        (`aetv2_tf.data.image_folders.ImageFiles`, from a folder source), or a ``tf.data.Dataset``
+        of (image, label) / images of any size (variable-size images use the ImageNet protocol).
       batch_size: B. seed: an int (or a pair of ints); equal seeds give identical batches.
       training: shuffle (seeded). augment: pre-augment x (crop + flip; ImageNet: random crop of the
         resized image, else its centre crop).
@@ -283,7 +283,7 @@ def pretext_dataset(
         global batch of ``batch_size`` pairs, images, crops and homographies exactly those
         rows of the one-worker batch (the B homographies are drawn, then sliced).
 
-      warp_on_device: the pair is made by the model (`models.pairs.WarpPairs`), on the
+      warp_on_device: the pair is made by the model (`models.pretext.WarpPairs`), on the
         accelerator: the dataset yields ``((x uint8 (B, S, S, 3), T (B, 3, 3) float32),
         params)``, x the augmented image rounded to uint8 (a quarter of float32's bytes to the
         device), the same ``T`` and ``params`` as the host pairs; the CPU does no warp.

@@ -1,9 +1,9 @@
 """The AETv1 homography sampler in ``keras.ops``: the one copy of its mathematics.
 
-It runs inside a jitted train step on any Keras backend (`data.layers.HomographyPairs`) and, on
-uniforms drawn by TensorFlow's stateless RNG, in the tf.data pipelines
-(`data.homographies.sample_homography_components`); it never imports TensorFlow. Frames and
-directions follow ``docs/conventions.md``:
+It runs inside a jitted train step on any Keras backend
+(`data.preprocessing_layers.HomographyPairs`) and, on uniforms drawn by TensorFlow's stateless RNG,
+in the tf.data pipelines (`data.homographies.sample_homography_components`); it never imports
+TensorFlow. Frames and directions follow ``docs/conventions.md``:
 
 * the *model frame* is centred and normalised, ``u = (x - (W-1)/2) / (W/2)``, so the image is the
   square ``[-1, 1]^2`` whose corners are the outer pixel edges;
@@ -31,7 +31,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from aetv2_tf.geometry import matrix_to_params
+from aetv2_tf.method.geometry import matrix_to_params
 
 #: Model-frame image corners (u, v): top-left, top-right, bottom-right, bottom-left.
 _CORNER_U = (-1.0, 1.0, 1.0, -1.0)

@@ -4,9 +4,9 @@ Nothing here downloads unless asked (``download=True``); offline, a missing data
 :class:`DataError` that says how to prepare it.
 
 * :func:`load_cifar10` reads the official python layout (``cifar-10-batches-py``) with a restricted
-  unpickler (`aetv2_tf.data.pickles`): only checked stand-ins of the numpy array reconstructors
-  those files use are admitted, so a crafted file raises a :class:`DataError` instead of running
-  code or asking for more memory than the file holds.
+  unpickler (`aetv2_tf.data.cifar10_pickles`): only checked stand-ins of the numpy array
+  reconstructors those files use are admitted, so a crafted file raises a :class:`DataError` instead
+  of running code or asking for more memory than the file holds.
 * :func:`load_tfds` wraps a prepared tensorflow-datasets directory.
 * :func:`list_image_folder` lists (and checks) ``root/split/<class>/<image>`` (ImageNet/Places
   style folders); :func:`load_image_folder` decodes them in that order.
@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from aetv2_tf.data.files import ImageFiles, decode_image_file, image_files
-from aetv2_tf.data.pickles import unpickle_batch
+from aetv2_tf.data.cifar10_pickles import unpickle_batch
+from aetv2_tf.data.image_folders import ImageFiles, decode_image_file, image_files
 
 if TYPE_CHECKING:  # TensorFlow is imported lazily: the CIFAR-10 reader works without it.
     import tensorflow as tf
@@ -70,7 +70,7 @@ def _unpickle(path: pathlib.Path) -> dict:
 
 def _batch_arrays(path: pathlib.Path, data, labels) -> tuple[np.ndarray, np.ndarray]:
     """A batch's ``data`` -> (N, 3072) uint8 and ``labels`` -> (N,) int64 in 0..9, checked
-    before any conversion (`aetv2_tf.data.pickles`: a list is never handed to ``np.asarray``
+    before any conversion (`aetv2_tf.data.cifar10_pickles`: a list is never handed to ``np.asarray``
     before its length and element types are known). DataError naming ``path`` otherwise."""
     if not isinstance(data, np.ndarray):
         raise DataError(f"{path}: data is a {type(data).__name__}, expected a numpy (N, 3072) "
@@ -268,7 +268,7 @@ def list_image_folder(root, split: str | None = None, min_classes: int = 2) -> I
 
     Class names are the sorted sub-directory names; label ``i`` is ``class_names[i]``. Files are
     those with extensions in ``IMAGE_EXTENSIONS`` (case-insensitive); the undecodable ones are
-    left out, named in the log and in ``skipped`` (`aetv2_tf.data.files`). DataError, naming
+    left out, named in the log and in ``skipped`` (`aetv2_tf.data.image_folders`). DataError, naming
     the folder and the fix, for: an unreadable folder, a class folder linked to a folder that
     contains the split folder (`/`, the root: `_class_folders`), a link that loops, a name that
     is not UTF-8 (`_check_name`: TensorFlow reads UTF-8 paths only), fewer than

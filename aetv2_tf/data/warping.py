@@ -14,7 +14,7 @@ from typing import Any
 import keras
 from keras import ops
 
-from aetv2_tf.geometry import adjugate_3x3
+from aetv2_tf.method.geometry import adjugate_3x3
 
 Tensor = Any
 

@@ -10,8 +10,7 @@ from aetv2_tf.models.aet import (
 )
 from aetv2_tf.models.alexnet import build_alexnet
 from aetv2_tf.models.backbones import BACKBONES, Backbone, batch_norm_kind
-from aetv2_tf.models.heads import HEAD_KINDS, adaptive_pool_size, build_head
-from aetv2_tf.models.layers import (
+from aetv2_tf.models.blocks import (
     BATCH_NORM_KINDS,
     AdaptivePooling2D,
     FusedBatchNormalization,
@@ -19,8 +18,9 @@ from aetv2_tf.models.layers import (
     dense_bn_relu,
     make_batch_norm,
 )
+from aetv2_tf.models.heads import HEAD_KINDS, adaptive_pool_size, build_head
 from aetv2_tf.models.nin import build_nin
-from aetv2_tf.models.pairs import PairsModel, WarpPairs, build_pairs_model, build_rotations_model
+from aetv2_tf.models.pretext import PairsModel, WarpPairs, build_pairs_model, build_rotations_model
 
 __all__ = [
     "BACKBONES",

@@ -23,7 +23,7 @@ Choices:
   joint batch `concat([x, t(x)])` whose BatchNorm layers take their statistics per half and
   update their moving averages twice, x's half first (`models.batch_groups`): every convolution
   runs once on 2B images, which an accelerator runs faster. The one-pass model is an
-  `OnePassSiamese` (or a `models.pairs.PairsModel`) that sets `batch_statistics_groups(2)`
+  `OnePassSiamese` (or a `models.pretext.PairsModel`) that sets `batch_statistics_groups(2)`
   around its own forward pass only: the encoder called by another model (a classifier built on
   it) computes as usual. It needs an encoder whose BatchNorm layers are all group-aware (the
   package's backbones: `FusedBatchNormalization`, or `batch_groups.BatchNormalization`, which is
@@ -54,13 +54,13 @@ from keras import ops
 
 from aetv2_tf.models.backbones import backbone
 from aetv2_tf.models.batch_groups import batch_statistics_groups, on_gpu, one_pass_blockers
+from aetv2_tf.models.displayed_loss import DataLossModel
 from aetv2_tf.models.features import (  # noqa: F401 - default_feature: API
     Feature,
     default_feature,
     encoder_at,
     vector_feature,
 )
-from aetv2_tf.models.shown_loss import DataLossModel
 
 
 def identity_params(num_params: int = 8, rotation_deg: float = 0.0) -> np.ndarray:
@@ -161,7 +161,7 @@ class FromAETv1Targets(keras.layers.Layer):
         self.image_size = int(image_size)
 
     def call(self, inputs):
-        from aetv2_tf.geometry import params_from_aetv1_official_targets
+        from aetv2_tf.method.geometry import params_from_aetv1_official_targets
 
         return params_from_aetv1_official_targets(ops.cast(inputs, "float32"), self.image_size)
 
@@ -256,7 +256,7 @@ def build_aet_model(
     scale = np.ones(num_params) if param_scale is None else np.asarray(param_scale, np.float64)
     initial = identity_params(num_params, init_rotation_deg) / scale
     if target == "official":
-        from aetv2_tf.geometry import aetv1_official_targets
+        from aetv2_tf.method.geometry import aetv1_official_targets
 
         if param_scale is not None or num_params != 8:
             raise ValueError("target='official' regresses the AETv1 code's 8 normalised "
@@ -294,8 +294,8 @@ def build_rotation_classifier(
     name: str = "rotnet",
 ) -> keras.Model:
     """RotNet's classifier of the quarter turns: image `(B, H, W, 3)` -> rotation logits
-    `(B, 4)` float32, a `shown_loss.DataLossModel` (its weight decay shown apart from its
-    cross-entropy); `models.pairs.build_rotations_model` makes the turns of uint8 images and
+    `(B, 4)` float32, a `displayed_loss.DataLossModel` (its weight decay shown apart from its
+    cross-entropy); `models.pretext.build_rotations_model` makes the turns of uint8 images and
     calls it: the RotNet pretext model.
 
     `feature`: as `build_aet_model` (None: `default_feature(encoder)`); a feature map is

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import keras
 
-from aetv2_tf.models.layers import conv_bn_relu, dense_bn_relu, torch_linear_init
+from aetv2_tf.models.blocks import conv_bn_relu, dense_bn_relu, torch_linear_init
 
 # (name, filters, kernel_size, stride, padding, max-pool after it); pool5 opens the fc block.
 ALEXNET_CONVS: tuple[tuple[str, int, int, int, int, bool], ...] = (

@@ -16,11 +16,11 @@ once on ``G B`` images: fewer, larger kernels on an accelerator).
 How it is switched on: `batch_statistics_groups` (a context, read when a layer is CALLED, i.e.
 while a step is traced) tells the group-aware layers how many groups the batch has. Only the
 pretext model that holds the one joint-batch call sets it, around its own forward pass
-(`models.aet.OnePassSiamese`, `models.pairs.PairsModel`): the same encoder called by any other
+(`models.aet.OnePassSiamese`, `models.pretext.PairsModel`): the same encoder called by any other
 model (a classifier built on it after pretraining) sees no groups. Outside the context, and in
 inference mode, the layers are plain BatchNorm.
 
-Group-aware layers: `models.layers.FusedBatchNormalization` (TensorFlow's fused kernel, one
+Group-aware layers: `models.blocks.FusedBatchNormalization` (TensorFlow's fused kernel, one
 kernel call per group) and `BatchNormalization` here, a subclass of
 ``keras.layers.BatchNormalization`` with the SAME class name (`.weights.h5` files key a layer by
 its class name: the files, checkpoints and presets written with Keras's class load unchanged; it
@@ -95,7 +95,7 @@ class BatchNormalization(keras.layers.BatchNormalization):
 def groupable(layer: keras.layers.Layer) -> bool:
     """Whether ``layer`` is a group-aware BatchNorm: of a class that declares it
     (``GROUPS_BATCH_STATISTICS = True`` in its own body: `BatchNormalization` here and
-    `models.layers.FusedBatchNormalization`; not a subclass, which may compute otherwise), on
+    `models.blocks.FusedBatchNormalization`; not a subclass, which may compute otherwise), on
     any axis but the batch's, without renorm or synchronised statistics."""
     if not vars(type(layer)).get("GROUPS_BATCH_STATISTICS", False):
         return False

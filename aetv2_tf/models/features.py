@@ -13,7 +13,7 @@ must be known). Its outputs may be
 (`models.backbones`: `Backbone.pretext_feature`, NIN "block4", AlexNet "fc7"), else the only
 output of a single-output encoder; an encoder with several outputs must be told. That is the
 PRETEXT models' feature (what the decoder regresses from). Where a feature is PROBED
-(`models.encoders.build_classifier` / `feature_extractor`, `probes.knn.pooled_features` /
+(`models.image_models.build_classifier` / `feature_extractor`, `probes.knn.pooled_features` /
 `make_feature_fn`), `feature=None` is `classifier_feature`: `Backbone.probe_feature` of a
 package backbone (NIN "block2", AlexNet "conv5": the paper's probe features), else
 `default_feature`. A feature may also name ANY layer of the encoder

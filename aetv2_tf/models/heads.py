@@ -27,7 +27,7 @@ from collections.abc import Sequence
 import keras
 
 from aetv2_tf.models.alexnet import alexnet_fc_block
-from aetv2_tf.models.layers import AdaptivePooling2D, conv_bn_relu, dense_bn_relu, make_batch_norm
+from aetv2_tf.models.blocks import AdaptivePooling2D, conv_bn_relu, dense_bn_relu, make_batch_norm
 from aetv2_tf.models.nin import NIN_BLOCK_SPECS, nin_block
 
 HEAD_KINDS = ("fc1", "fc2", "fc3", "conv", "linear", "nonlinear")

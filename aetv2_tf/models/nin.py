@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import keras
 
-from aetv2_tf.models.layers import conv_bn_relu
+from aetv2_tf.models.blocks import conv_bn_relu
 
 # (filters, kernel_size) of the three layers of each block, and the pooling that ends it.
 NIN_BLOCK_SPECS: tuple[tuple[tuple[int, int], ...], ...] = (

@@ -1,13 +1,13 @@
 """Evaluation of frozen encoders: KNN, classifier heads, and their ``results.json``.
 
 * `knn`: `extract_features`, `knn_classify`, `knn_accuracy` (cosine, k=10, deterministic ties),
-  `pooled_features` (uint8 images -> pooled features); `quick`: `quick_knn` (an encoder beside a
+  `pooled_features` (uint8 images -> pooled features); `quick_knn`: `quick_knn` (an encoder beside a
   random init).
 * `classifier`: `build_probe_model`, `train_probe` (epoch selected on a validation split of the
   training set, test evaluated once), `split_train_val`, `probe_optimizer`, `step_lr_schedule`.
 * `results`: `write_results` / `read_results` of ``results.json`` (read by `aetv2_tf.report`).
-* `encoders` (the frozen encoder named by ``--pretrained``) and `data` (train/val/test splits):
-  what ``--stage=probe`` / ``--stage=supervised`` of ``python -m aetv2_tf.train`` reads
+* `frozen_encoder` (the frozen encoder named by ``--pretrained``) and `splits` (train/val/test
+  splits): what ``--stage=probe`` / ``--stage=supervised`` of ``python -m aetv2_tf.train`` reads
   (`aetv2_tf.program.probe_stage`, the program layer, which this package never imports).
 
 Names are imported lazily so that ``aetv2_tf.probes.results`` (and the report CLI) does not pull in
@@ -25,7 +25,7 @@ _EXPORTS = {
     "knn_classify": "knn",
     "make_feature_fn": "knn",
     "pooled_features": "knn",
-    "quick_knn": "quick",
+    "quick_knn": "quick_knn",
     "build_probe": "classifier",
     "build_probe_model": "classifier",
     "probe_optimizer": "classifier",

@@ -13,9 +13,9 @@ Protocol (docs/method.md, section 2, with its one deliberate change):
   does neither.
 * Optimiser (`probe_optimizer`, `step_lr_schedule`): SGD, momentum 0.9, Nesterov, lr 0.1, weight
   decay 5e-4 added to the gradient (PyTorch's coupled ``weight_decay``, applied to every trainable
-  variable as in the AETv1 code: `optim.add_l2_decay`), lr x0.2 at 30%, 60% and 80% of the epochs
-  (60/120/160 of 200, the AETv1/RotNet classifier schedule; boundaries scale with the epoch
-  count; `optim.Schedule`).
+  variable as in the AETv1 code: `optimizers.add_l2_decay`), lr x0.2 at 30%, 60% and 80% of the
+  epochs (60/120/160 of 200, the AETv1/RotNet classifier schedule; boundaries scale with the epoch
+  count; `optimizers.Schedule`).
 
 All accuracies returned are top-1 in PERCENT. Written in Keras 3 for every backend: the batches
 are any ``fit`` input (a tf.data pipeline under TensorFlow, `data.stream.LabelledBatches`
@@ -32,9 +32,10 @@ from typing import Any, NamedTuple
 import keras
 import numpy as np
 
-from aetv2_tf import optim, summaries
-from aetv2_tf.models.shown_loss import ShowsDataLoss
-from aetv2_tf.optim import STEP_DROPS
+from aetv2_tf.files import scalar_logs
+from aetv2_tf.method import optimizers
+from aetv2_tf.method.optimizers import STEP_DROPS
+from aetv2_tf.models.displayed_loss import ShowsDataLoss
 
 # --- optimiser and schedule -------------------------------------------------------------------
 
@@ -49,7 +50,7 @@ def probe_optimizer(
 ) -> keras.optimizers.Optimizer:
     """The probe-head optimiser for ``model``: by default SGD, momentum 0.9, Nesterov, lr 0.1,
     and PyTorch's coupled L2 weight decay 5e-4 on ``model``'s trainable weights (the head's:
-    the encoder is frozen), added to its losses by `optim.add_l2_decay`, the project's one L2
+    the encoder is frozen), added to its losses by `optimizers.add_l2_decay`, the project's one L2
     mechanism (its gradient ``weight_decay * w`` goes through the momentum as in
     ``torch.optim.SGD``; `EpochScalars` logs the data loss and the penalty apart).
 
@@ -58,7 +59,7 @@ def probe_optimizer(
     """
     if kind not in ("sgd", "adam"):
         raise ValueError(f"unknown probe optimizer {kind!r}; use 'sgd' or 'adam'")
-    optim.add_l2_decay(model, weight_decay)
+    optimizers.add_l2_decay(model, weight_decay)
     if kind == "sgd":
         return keras.optimizers.SGD(learning_rate, momentum=momentum, nesterov=nesterov)
     return keras.optimizers.Adam(learning_rate)
@@ -70,12 +71,12 @@ def step_lr_schedule(
     factor: float = 0.2,
     milestones: Sequence[float] = STEP_DROPS,
 ) -> Callable[[int], float]:
-    """Per-epoch step schedule ``epoch (0-based) -> lr``: `optim.Schedule`'s "step" (the
+    """Per-epoch step schedule ``epoch (0-based) -> lr``: `optimizers.Schedule`'s "step" (the
     project's one schedule type) counted in epochs, its drops at the whole epochs
     ``round(m * epochs)`` (``boundaries``); for 200 epochs 60, 120, 160 (lr 0.1, 0.02, 0.004,
     0.0008), for 100 epochs 30, 60, 80."""
     boundaries = [int(round(m * epochs)) for m in milestones]
-    per_epoch = optim.Schedule("step", base_lr, epochs, drops=[b / epochs for b in boundaries],
+    per_epoch = optimizers.Schedule("step", base_lr, epochs, drops=[b / epochs for b in boundaries],
                                drop_factor=factor)
 
     def schedule(epoch: int, lr: float | None = None) -> float:
@@ -95,8 +96,8 @@ class FrozenEncoderProbe(ShowsDataLoss, keras.Model):
 
     ``encoder`` is a Keras model/layer (set to ``trainable=False`` here) or any callable feature
     function; dict outputs (``build_nin``: ``{"block1".."block4"}``) are indexed by ``feature``.
-    ``preprocess`` (optional, e.g. `data.layers.ClassifierInputs`: uint8 -> augmented and
-    normalised on the device) is called with the ``training`` flag of the call.
+    ``preprocess`` (optional, e.g. `data.preprocessing_layers.ClassifierInputs`: uint8 -> augmented
+    and normalised on the device) is called with the ``training`` flag of the call.
     """
 
     def __init__(self, encoder: Callable, feature: str | None, head: Callable,
@@ -167,8 +168,8 @@ def build_probe(
 
 
 class EpochScalars(keras.callbacks.Callback):
-    """Per-epoch logs: rows of ``log_dir/epochs.csv`` always (`summaries.CsvLog`); where TensorFlow
-    is importable also TensorBoard scalars ``epoch_<name>`` in ``log_dir/train`` and
+    """Per-epoch logs: rows of ``log_dir/epochs.csv`` always (`scalar_logs.CsvLog`); where
+    TensorFlow is importable also TensorBoard scalars ``epoch_<name>`` in ``log_dir/train`` and
     ``log_dir/validation`` (``val_`` prefix removed), like Keras' TensorBoard callback. Both with
     the learning rate."""
 
@@ -176,9 +177,9 @@ class EpochScalars(keras.callbacks.Callback):
 
     def __init__(self, log_dir: str):
         super().__init__()
-        self.csv = summaries.CsvLog(os.path.join(log_dir, "epochs.csv"), self.COLUMNS, "epoch",
+        self.csv = scalar_logs.CsvLog(os.path.join(log_dir, "epochs.csv"), self.COLUMNS, "epoch",
                                     fresh=True)  # probes never resume: one run's epochs
-        self.writers = {split: summaries.tensorboard_writer(os.path.join(log_dir, split))
+        self.writers = {split: scalar_logs.tensorboard_writer(os.path.join(log_dir, split))
                         for split in ("train", "validation")}
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None):
@@ -188,9 +189,9 @@ class EpochScalars(keras.callbacks.Callback):
         self.csv.write(epoch + 1, logs)
         train = {f"epoch_{k}": v for k, v in logs.items() if not k.startswith("val_")}
         val = {f"epoch_{k[4:]}": v for k, v in logs.items() if k.startswith("val_")}
-        summaries.write_scalars(self.writers["train"], epoch, train)
+        scalar_logs.write_scalars(self.writers["train"], epoch, train)
         if val:
-            summaries.write_scalars(self.writers["validation"], epoch, val)
+            scalar_logs.write_scalars(self.writers["validation"], epoch, val)
 
 
 # --- training with validation-based selection --------------------------------------------------
@@ -311,7 +312,7 @@ def train_probe(
 def write_test_top1(log_dir: str, top1: float, step: int) -> None:
     """The test top-1 (percent) as the TensorBoard scalar ``test/top1`` where TensorFlow is
     importable (results.json always has it)."""
-    summaries.write_scalars(summaries.tensorboard_writer(os.path.join(log_dir, "test")), step,
+    scalar_logs.write_scalars(scalar_logs.tensorboard_writer(os.path.join(log_dir, "test")), step,
                             {"top1": top1})
 
 

@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterable, Sequence
 import keras
 import numpy as np
 
-from aetv2_tf.inputs import check_feature, check_images, check_labels
+from aetv2_tf.input_checks import check_feature, check_images, check_labels
 
 # The pooling of a feature map lives with the features (models); the probes re-export it.
 from aetv2_tf.models.features import POOLS, pool_feature_map  # noqa: F401 (public here too)
@@ -90,7 +90,7 @@ def make_feature_fn(encoder: Callable, feature: str | int | None = None) -> Call
 
     A functional or Sequential encoder (any Keras backbone) follows `models.features`: a dict
     key, an output's layer name or index, any layer's name (the encoder cut there); ``None``
-    is the PROBE feature, as `models.encoders.feature_extractor`'s (`models.features.
+    is the PROBE feature, as `models.image_models.feature_extractor`'s (`models.features.
     classifier_feature`: "block2" for NIN, "conv5" for AlexNet, else the only output of a
     single-output encoder; not the pretext models' "block4"); an unknown feature is a
     ValueError listing the outputs. Other callables (a restored SavedModel's signature):
@@ -139,7 +139,7 @@ def extract_features(
         per batch shape).
       dataset: iterable of ``(images, labels)`` batches, e.g. a ``tf.data.Dataset``: images
         ``(B, H, W, 3)`` NHWC of any dtype ``feature_fn`` takes (uint8, or preprocessed floats;
-        NCHW is refused), labels ``(B,)`` class indices (one-hot is refused, `inputs`).
+        NCHW is refused), labels ``(B,)`` class indices (one-hot is refused, `input_checks`).
       pool: how rank-4 feature maps become vectors (`pool_feature_map`): ``"avg2x2"`` (the
         authors' KNN), ``"global"`` (also ``True``) or ``"flatten"`` (also ``False``).
 
@@ -180,7 +180,7 @@ def pooled_features(encoder: keras.Model, feature: str | int | None, images: np.
     (``(N, C)``) or ``"flatten"``.
 
     The images must be uint8 NHWC with 3 channels, of the encoder's height and width when it
-    has fixed ones (`inputs.check_images`): floats are REFUSED, with their range and the
+    has fixed ones (`input_checks.check_images`): floats are REFUSED, with their range and the
     conversion (``(x * 255).round().astype("uint8")`` for [0, 1]), not cast; `feature` as
     `make_feature_fn` (any Keras backbone; an unknown one: the error lists the outputs;
     ``None``: the probe feature of `feature_extractor`, "block2" for NIN)."""
@@ -240,8 +240,8 @@ def knn_classify(
     Args:
       train_features: ``(N, D)`` array-like, the labelled reference set.
       train_labels: ``(N,)`` integer labels in ``[0, num_classes)`` (``(N, 1)`` is taken;
-        one-hot ``(N, C)`` is refused with the fix ``labels.argmax(-1)``, `inputs.check_labels`).
-      query_features: ``(Q, D)`` array-like.
+        one-hot ``(N, C)`` is refused with the fix ``labels.argmax(-1)``,
+      `input_checks.check_labels`). query_features: ``(Q, D)`` array-like.
       k: number of neighbours, ``1 <= k <= N``.
       metric: ``"euclidean"`` (default, the authors'; similarity ``-||a - b||^2`` computed in
         float64) or ``"cosine"`` (similarity of L2-normalised vectors, float32).

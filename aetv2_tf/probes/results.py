@@ -34,7 +34,7 @@ import os
 import tempfile
 from typing import Any
 
-from aetv2_tf.safe_paths import refuse_link
+from aetv2_tf.files.safe_paths import refuse_link
 
 RESULTS_FILENAME = "results.json"
 

@@ -5,10 +5,10 @@ tensorflow, and TensorFlow is then never imported (it need not be installed).
     KERAS_BACKEND=jax python -m aetv2_tf.train --flagfile=configs/cifar10_aetv2.cfg
 
 What is this backend's own (`KerasPretext`, the adapter of the one pretext loop
-`program.pretext`; the rest is `program.common`, shared with TensorFlow's adapter):
+`program.pretext_stage`; the rest is `program.common`, shared with TensorFlow's adapter):
 
 * input: `data.stream.ImageBatches` (uint8 NumPy batches, a pure function of (seed, step)); the
-  pretext examples are made on the device inside the jitted step (`models.pairs`: the
+  pretext examples are made on the device inside the jitted step (`models.pretext`: the
   homography pairs of AET, `--loss=geodesic` AETv2 or `mse` AETv1, or the 4 rotations of
   RotNet, `--pretext=rotation`), seeded by `--seed`;
 * distribution: every local device through `keras.distribution.DataParallel`;
@@ -38,7 +38,7 @@ from absl import logging
 from aetv2_tf.errors import UsageError
 from aetv2_tf.program import common as program
 from aetv2_tf.program import config as run_config
-from aetv2_tf.program import pretext, rundir
+from aetv2_tf.program import pretext_stage, rundir
 from aetv2_tf.program.config import RunConfig
 from aetv2_tf.program.flags import ESSENTIAL, TRAJECTORY
 from aetv2_tf.program.precision import choose_precision
@@ -79,7 +79,7 @@ def run(config: RunConfig) -> dict:
     keras.mixed_precision.set_global_policy(precision.policy)
     data = program.load_train_images(config) if config.stage == "pretext" else None
     if data is not None:
-        pretext.check_batch_fits(config, data[2], accelerator=_accelerator() != "")
+        pretext_stage.check_batch_fits(config, data[2], accelerator=_accelerator() != "")
     from aetv2_tf.program import probe_stage
     # A probe reads its data and --pretrained encoder here too: a failure writes nothing.
     loaded = probe_stage.load(config) if config.stage != "pretext" else None
@@ -92,14 +92,14 @@ def run(config: RunConfig) -> dict:
     print(program.start_line(config, f"{keras.backend.backend()} {distribution}", len(devices),
                              precision, data) + note, flush=True)
     if config.stage == "pretext":
-        return pretext.run(KerasPretext(config, data[0]), *data)
+        return pretext_stage.run(KerasPretext(config, data[0]), *data)
     return probe_stage.run(config, loaded=loaded)
 
 
-class KerasPretext(pretext.PretextAdapter):
-    """The adapter of `program.pretext` on this backend (module docstring): uint8 NumPy
+class KerasPretext(pretext_stage.PretextAdapter):
+    """The adapter of `program.pretext_stage` on this backend (module docstring): uint8 NumPy
     batches (`data.stream.ImageBatches`, a pure function of (seed, step)), the pairs or
-    rotations made on the device inside the jitted step (`models.pairs`), Keras `.weights.h5`
+    rotations made on the device inside the jitted step (`models.pretext`), Keras `.weights.h5`
     checkpoints, the CSV (and TensorBoard) summaries, the export through a TensorFlow child
     process."""
 
@@ -115,7 +115,7 @@ class KerasPretext(pretext.PretextAdapter):
     def files(self) -> bool:
         """The images are a folder's file list (decoded by the reader's threads, which crop and
         flip them by the 224-pixel protocol: the device then does not augment again)."""
-        from aetv2_tf.data.files import ImageFiles
+        from aetv2_tf.data.image_folders import ImageFiles
 
         return isinstance(self.images, ImageFiles)
 
@@ -130,7 +130,7 @@ class KerasPretext(pretext.PretextAdapter):
         return ImageBatches(self.images, self.images_per_step, seed, start, stop)
 
     def build(self, steps: int):
-        return pretext.build_model(self.config, steps, inputs="images", mean=self.mean,
+        return pretext_stage.build_model(self.config, steps, inputs="images", mean=self.mean,
                                    std=self.std,
                                    augment=self.config.data.augment and not self.files)
 
@@ -186,13 +186,13 @@ def export_saved_model(model_dir: str) -> dict:
 
 def summary_callbacks(config: RunConfig, counter, schedule, sample, mean,
                       std) -> list[keras.callbacks.Callback]:
-    """The logs of `shown.PretextSummaries` (interval means, learning rate, pairs/s): rows of
-    train/log.csv always (its columns: the scalars of the first row, `summaries.CsvLog`); where
+    """The logs of `monitoring.PretextSummaries` (interval means, learning rate, pairs/s): rows of
+    train/log.csv always (its columns: the scalars of the first row, `scalar_logs.CsvLog`); where
     TensorFlow is importable also TensorBoard, its scalars and (AET) the image pairs of the 4
     training images `sample` every `--image_summary_every_steps` (kept on the CPU: it must not
     take the accelerator's memory), normalised with `mean`, `std`."""
-    from aetv2_tf.program.shown import PretextSummaries
-    from aetv2_tf.summaries import CsvLog
+    from aetv2_tf.files.scalar_logs import CsvLog
+    from aetv2_tf.program.monitoring import PretextSummaries
 
     outputs, batch = config.outputs, config.train.batch_size
     log_dir = os.path.join(outputs.model_dir, "train")
@@ -231,8 +231,8 @@ def summary_callbacks(config: RunConfig, counter, schedule, sample, mean,
         return out
     if config.pretext == "rotation":
         return out + [PretextSummaries(*args)]
-    from aetv2_tf.data.layers import HomographyPairs
-    from aetv2_tf.visualize import draw_pairs
+    from aetv2_tf.data.preprocessing_layers import HomographyPairs
+    from aetv2_tf.program.pair_pictures import draw_pairs
 
     x, tx, params = HomographyPairs(seed=config.train.seed + 1, shift=config.data.shift,
                                     augment=False, mean=mean, std=std)(sample)

@@ -17,7 +17,7 @@ from absl import logging
 from aetv2_tf.errors import UsageError
 from aetv2_tf.program import common as program
 from aetv2_tf.program import config as run_config
-from aetv2_tf.program import pretext, rundir
+from aetv2_tf.program import pretext_stage, rundir
 from aetv2_tf.program.config import RunConfig
 from aetv2_tf.program.flags import ESSENTIAL, TRAJECTORY
 from aetv2_tf.program.precision import choose_precision, onednn_state
@@ -70,9 +70,9 @@ def restore(checkpoint: tf.train.Checkpoint, directory: str) -> int:
     return step
 
 
-class TensorFlowPretext(pretext.PretextAdapter):
-    """The TensorFlow adapter of `aetv2_tf.program.pretext` (its `PretextAdapter`): the pairs (or
-    rotations) made by the tf.data pipelines, the model built in the tf.distribute `strategy`'s
+class TensorFlowPretext(pretext_stage.PretextAdapter):
+    """The TensorFlow adapter of `aetv2_tf.program.pretext_stage` (its `PretextAdapter`): the pairs
+    (or rotations) made by the tf.data pipelines, the model built in the tf.distribute `strategy`'s
     scope with `--batch_norm`, Keras `.weights.h5` checkpoints as on every backend
     (`keras_checkpoints.KerasCheckpoints`; every worker saves, as reading distributed variables
     may need collectives, but only the chief into the model_dir; every worker resumes from the
@@ -114,7 +114,7 @@ class TensorFlowPretext(pretext.PretextAdapter):
         batch (`pipelines.pretext_dataset`'s `shard`), split into its replicas' batches; other
         sources are split by Keras (`experimental_distribute_dataset`: every worker computes
         the whole batch and keeps its part, which is cheap for CIFAR-10 arrays)."""
-        from aetv2_tf.data.files import ImageFiles
+        from aetv2_tf.data.image_folders import ImageFiles
 
         if not isinstance(self.images, ImageFiles) or self.strategy.num_replicas_in_sync == 1:
             return self.dataset_from(start).take(stop - start)
@@ -134,7 +134,7 @@ class TensorFlowPretext(pretext.PretextAdapter):
 
         # The fused warp op has no XLA kernel: a TPU compiles the keras.ops warp.
         tpu = isinstance(self.strategy, tf.distribute.TPUStrategy)
-        built = pretext.build_model(
+        built = pretext_stage.build_model(
             self.config, steps, inputs="warp" if self.warp_on_device else "pairs",
             mean=self.mean, std=self.std, augment=self.config.data.augment,
             scope=self.strategy.scope(), fused_warp=False if tpu else None, jit_compile=False)
@@ -161,8 +161,8 @@ class TensorFlowPretext(pretext.PretextAdapter):
         return distribute.signal_agreement(self.strategy)
 
     def summaries(self, counter, schedule):
-        from aetv2_tf.program.shown import PretextSummaries
-        from aetv2_tf.visualize import draw_pairs
+        from aetv2_tf.program.monitoring import PretextSummaries
+        from aetv2_tf.program.pair_pictures import draw_pairs
 
         outputs = self.config.outputs
         if not self.chief:
@@ -186,8 +186,8 @@ class TensorFlowPretext(pretext.PretextAdapter):
             lambda x, tx, p, q: draw_pairs(x.numpy(), tx.numpy(), p, q, mean, std))]
 
     def export(self, encoder, model) -> dict:
+        from aetv2_tf.files.savedmodel import export_encoder
         from aetv2_tf.program.keras_checkpoints import save_atomically
-        from aetv2_tf.savedmodel import export_encoder
 
         model_dir = self.config.outputs.model_dir
         save_atomically(model.save, os.path.join(model_dir, "aet_model.keras"))
@@ -225,7 +225,7 @@ def run(config: RunConfig) -> dict:
     # Bad data fails here, before the model_dir is touched.
     data = program.load_train_images(config) if config.stage == "pretext" else None
     if data is not None:
-        pretext.check_batch_fits(config, data[2], accelerator=bool(accelerator))
+        pretext_stage.check_batch_fits(config, data[2], accelerator=bool(accelerator))
     from aetv2_tf.program import probe_stage
     # A probe reads its data and --pretrained encoder here too: a failure writes nothing.
     loaded = probe_stage.load(config) if config.stage != "pretext" else None
@@ -235,5 +235,5 @@ def run(config: RunConfig) -> dict:
     print(program.start_line(config, type(strategy).__name__.lstrip("_"),
                              strategy.num_replicas_in_sync, precision, data, kernels), flush=True)
     if config.stage == "pretext":
-        return pretext.run(TensorFlowPretext(config, strategy, chief, data[0]), *data)
+        return pretext_stage.run(TensorFlowPretext(config, strategy, chief, data[0]), *data)
     return probe_stage.run(config, strategy, chief, loaded)

@@ -1,5 +1,5 @@
 """Keras callbacks of the training program: checkpoints, interruption, stops (what a run shows,
-its progress bar and TensorBoard summaries, is `program.shown`).
+its progress bar and TensorBoard summaries, is `program.monitoring`).
 
 Only the chief writes checkpoints and summaries. Checkpoints go to a `CheckpointStore`
 (`keras_checkpoints.KerasCheckpoints`: Keras `.weights.h5` files, each written under a temporary

@@ -19,7 +19,7 @@ def load_train_images(config: RunConfig, split: str = "train"):
     python files, the checked file list of a folder (`ImageFiles`, one class folder or more:
     pretraining reads no label; ``--train_examples`` takes a seeded random subset), else a
     tf.data source (TensorFlow): ``(images, labels or None, size or None)``."""
-    from aetv2_tf.data.files import ImageFiles
+    from aetv2_tf.data.image_folders import ImageFiles
     from aetv2_tf.data.sources import load_source
 
     data, seed = config.data, config.train.seed
@@ -51,12 +51,12 @@ def fit_and_summarize(config: RunConfig, model: keras.Model, data, start: int, s
                       steps: int, per_epoch: int, callbacks: list,
                       **fit_kwargs) -> tuple[dict, bool]:
     """``model.fit`` of steps ``start .. stop - 1`` on ``data`` (which ends after step
-    ``stop - 1``), with the program's `shown.ProgressBar` where ``--verbose``, then the run's
+    ``stop - 1``), with the program's `monitoring.ProgressBar` where ``--verbose``, then the run's
     summary (``steps`` reached of ``run_steps``, the last logs in the order shown, ...) and
     whether it FINISHED (reached all ``steps`` cleanly: the stage then writes the encoder,
     exports, runs the quick KNN). ``callbacks`` holds the run's `StepCounter`, `StopOnSignal`,
     `StopOnSkippedStep` and checkpoint saver (with ``refused``)."""
-    from aetv2_tf.metrics import shown_order
+    from aetv2_tf.method.metrics import shown_order
     from aetv2_tf.program.callbacks import (
         StepCounter,
         StopAtDeadline,
@@ -65,8 +65,8 @@ def fit_and_summarize(config: RunConfig, model: keras.Model, data, start: int, s
         weights_digest,
     )
     from aetv2_tf.program.loss_growth import StopOnLossGrowth
+    from aetv2_tf.program.monitoring import ProgressBar
     from aetv2_tf.program.run_length import fit_epochs
-    from aetv2_tf.program.shown import ProgressBar
 
     train = config.train
     counter, signals, skips = (next(c for c in callbacks if isinstance(c, kind))
@@ -120,10 +120,10 @@ def start_line(config: RunConfig, distribution: str, replicas: int, precision: C
 def quick_knn_summary(config: RunConfig, encoder: keras.Model, images, labels) -> dict:
     """``--quick_knn_train/test``: KNN of the trained and of a random-init encoder (seeded by
     ``--seed``, as ``--pretrained=none``) on the first training and test images; printed and
-    returned (`probes.quick`)."""
+    returned (`probes.quick_knn`)."""
     from aetv2_tf.data.constants import normalization_constants
     from aetv2_tf.data.sources import load_source
-    from aetv2_tf.probes.quick import quick_knn
+    from aetv2_tf.probes.quick_knn import quick_knn
 
     if labels is None:
         logging.warning("--quick_knn_train: only for CIFAR-10 from its python files; skipped.")

@@ -28,10 +28,10 @@ from typing import Any
 from absl import logging
 
 from aetv2_tf.errors import UsageError
+from aetv2_tf.method.recipes import LossSpec, OptimizerSpec, Recipe
 from aetv2_tf.models.backbones import BACKBONES, Backbone
 from aetv2_tf.program import flag_support
 from aetv2_tf.program import flags as program_flags
-from aetv2_tf.recipes import LossSpec, OptimizerSpec, Recipe
 
 
 @dataclasses.dataclass(frozen=True)
@@ -372,7 +372,7 @@ def preset_resolved(pretrained: str | None) -> str | None:
     directory in results/scale; "none" and paths as given. A preset whose directory (or
     weights) is not in this checkout, or a name that is no preset and no path (a mistyped
     preset), is a usage error (exit 2) that says where presets live or lists them."""
-    from aetv2_tf import pretrained as presets
+    from aetv2_tf.files import presets
 
     if not pretrained or pretrained.strip().lower() == "none":
         return pretrained

@@ -14,8 +14,8 @@ the probes' and the export's readers skip it. A checkpoint without its checksum 
 (deleting the `.sha256` would otherwise let a changed file be resumed).
 
 The files themselves (atomic writes, checksums, the listing, `encoder.weights.h5`) are the
-library's (`aetv2_tf.saving`, re-exported here); this module adds the store, the resume and the
-disk arithmetic of a run. `<model_dir>/encoder.weights.h5` (`ENCODER_WEIGHTS`, written at the
+library's (`aetv2_tf.files.saving`, re-exported here); this module adds the store, the resume and
+the disk arithmetic of a run. `<model_dir>/encoder.weights.h5` (`ENCODER_WEIGHTS`, written at the
 end of a run): the encoder alone, a keras-BatchNorm NIN/AlexNet; `load_encoder_weights` loads
 it (or, for a run cut short, the encoder inside its newest checkpoint) into a backbone with
 either batch norm: the fused and the Keras BN layer have the same variables in the same order
@@ -32,8 +32,7 @@ import keras
 import numpy as np
 from absl import logging
 
-from aetv2_tf.program.callbacks import CheckpointStore
-from aetv2_tf.saving import (  # noqa: F401 - the run directory's files, re-exported
+from aetv2_tf.files.saving import (  # noqa: F401 - the run directory's files, re-exported
     CHECKPOINT_NAME,
     CHECKSUM,
     ENCODER_WEIGHTS,
@@ -48,6 +47,7 @@ from aetv2_tf.saving import (  # noqa: F401 - the run directory's files, re-expo
     tensorflow_run_unreadable,
     write_text_atomically,
 )
+from aetv2_tf.program.callbacks import CheckpointStore
 
 BAD = ".bad"  # the suffix of a file set aside
 

@@ -8,7 +8,7 @@ import keras
 import numpy as np
 from absl import logging
 
-from aetv2_tf.metrics import PENALTY
+from aetv2_tf.method.metrics import PENALTY
 from aetv2_tf.program.callbacks import CheckpointEvery
 
 
@@ -41,7 +41,7 @@ class StopOnLossGrowth(keras.callbacks.Callback):
         mean, previous, self._step = logs.get("loss"), self._step, self.step_fn()
         if not self.factor or mean is None or self.grew:
             return
-        mean = float(mean) + float(logs.get(PENALTY, 0.0))  # (`models.shown_loss`)
+        mean = float(mean) + float(logs.get(PENALTY, 0.0))  # (`models.displayed_loss`)
         seen, total = int(batch) + 1, float(mean) * (int(batch) + 1)
         loss = (total - self._total) / max(seen - self._seen, 1)
         self._seen, self._total = seen, total

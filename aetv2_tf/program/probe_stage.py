@@ -22,9 +22,9 @@ TensorFlow the tf.data pipelines (`data.pipelines.classification_dataset`: crops
 normalisation in tf.data; every dataset, and the tf.data sources on other backends where
 TensorFlow is importable), elsewhere the NumPy batches of CIFAR-10
 (`data.stream.LabelledBatches`) with the crops, flips and normalisation on the device
-(`data.layers.ClassifierInputs`, the first layer of the trained model). A KNN reads arrays through
-``predict`` (`probes.knn.pooled_features`) and streams or SavedModels through the feature
-function (`probes.knn.extract_features`).
+(`data.preprocessing_layers.ClassifierInputs`, the first layer of the trained model). A KNN reads
+arrays through ``predict`` (`probes.knn.pooled_features`) and streams or SavedModels through the
+feature function (`probes.knn.extract_features`).
 
 Output, in ``--model_dir``: ``results.json`` (`aetv2_tf.probes.results`; the method label comes
 from ``--method``, else from the pretrained run's flags), ``epochs.csv`` (heads) and, where
@@ -46,9 +46,9 @@ import numpy as np
 
 from aetv2_tf.data.constants import normalization_constants
 from aetv2_tf.errors import UsageError
+from aetv2_tf.method.optimizers import STEP_DROPS
 from aetv2_tf.models import BACKBONES, batch_norm_kind, build_head
-from aetv2_tf.optim import STEP_DROPS
-from aetv2_tf.probes import encoders
+from aetv2_tf.probes import frozen_encoder
 from aetv2_tf.probes.classifier import (
     build_probe,
     probe_optimizer,
@@ -56,9 +56,9 @@ from aetv2_tf.probes.classifier import (
     train_probe,
     write_test_top1,
 )
-from aetv2_tf.probes.data import ProbeData, load_probe_data
 from aetv2_tf.probes.knn import extract_features, knn_accuracy, make_feature_fn, pooled_features
 from aetv2_tf.probes.results import write_results
+from aetv2_tf.probes.splits import ProbeData, load_probe_data
 from aetv2_tf.program.config import RunConfig
 
 PROBE_LR_SCHEDULES = ("step", "constant")
@@ -96,7 +96,7 @@ def backend_inputs(config: RunConfig, data: ProbeData, mean, std, image_size: in
                                           image_size=image_size, mean=mean, std=std)
 
         return Inputs(tf_batches, lambda: None)
-    from aetv2_tf.data.layers import ClassifierInputs
+    from aetv2_tf.data.preprocessing_layers import ClassifierInputs
     from aetv2_tf.data.stream import LabelledBatches
 
     def array_batches(images, labels, training: bool):
@@ -111,7 +111,7 @@ def check_probe(config: RunConfig) -> None:
     """The probe/supervised stage's own checks (`load` runs them first), before anything is
     written: the feature, what a supervised run or a head needs, ``--pretrained``."""
     probe, train, backbone = config.probe, config.train, config.model.backbone.name
-    encoders.resolve_feature(backbone, probe.feature)
+    frozen_encoder.resolve_feature(backbone, probe.feature)
     if config.stage == "supervised":
         if backbone != "nin":
             raise UsageError("--stage=supervised is the NIN baseline of CIFAR-10; use "
@@ -124,7 +124,7 @@ def check_probe(config: RunConfig) -> None:
                              "use --stage=probe to evaluate a pretrained encoder).")
     else:
         check_pretrained_is_not_model_dir(probe.pretrained, config.outputs.model_dir)
-        encoders.check_pretrained(probe.pretrained, backbone,
+        frozen_encoder.check_pretrained(probe.pretrained, backbone,
                                   trust_saved_model=probe.trust_saved_model)
     if config.stage == "supervised" or probe.probe != "knn":
         if not train.epochs or train.train_steps:
@@ -164,7 +164,7 @@ class Loaded(NamedTuple):
 
     data: ProbeData
     inputs: Inputs
-    encoder: encoders.Encoder | None
+    encoder: frozen_encoder.Encoder | None
     feature: str
     normalization: tuple
 
@@ -175,7 +175,7 @@ def load(config: RunConfig) -> Loaded:
     leaves nothing behind, so the corrected command is not refused as another run."""
     check_probe(config)
     probe, data_config, backbone = config.probe, config.data, config.model.backbone
-    feature = encoders.resolve_feature(backbone.name, probe.feature)
+    feature = frozen_encoder.resolve_feature(backbone.name, probe.feature)
     knn = config.stage == "probe" and probe.probe == "knn"
     batch = config.train.batch_size
     data = load_probe_data(data_config.dataset, data_config.data_dir,
@@ -194,7 +194,7 @@ def load(config: RunConfig) -> Loaded:
     inputs = backend_inputs(config, data, mean, std, backbone.input_size)
     encoder = None
     if config.stage != "supervised":
-        encoder = encoders.load_frozen_encoder(probe.pretrained, backbone.name, feature,
+        encoder = frozen_encoder.load_frozen_encoder(probe.pretrained, backbone.name, feature,
                                         batch_norm=batch_norm_kind(config.model.batch_norm),
                                         mean=mean, std=std,
                                         trust_saved_model=probe.trust_saved_model)
@@ -250,7 +250,7 @@ def run(config: RunConfig, strategy: Any = None, chief: bool = True,
     return summary
 
 
-def knn_probe(config: RunConfig, encoder: encoders.Encoder, data: ProbeData,
+def knn_probe(config: RunConfig, encoder: frozen_encoder.Encoder, data: ProbeData,
               batches: Callable, normalization: tuple, chief: bool) -> dict:
     """KNN on the pooled feature (``--knn_pool``, ``--knn_metric``, ``--knn_ties``; by default
     the published AETv1 code's protocol, `probes.knn`): whole training pool vs the test set.

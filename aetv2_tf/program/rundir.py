@@ -9,7 +9,7 @@ Layout of a `--model_dir`:
     encoder.weights.h5 the encoder alone, read by every backend (end of training)
     aet_model.keras    the whole pretext model (end of training, TensorFlow)
     export/encoder/    SavedModel of the encoder for feature extraction (end of training),
-                       with aetv2_export.json (`aetv2_tf.trust`)
+                       with aetv2_export.json (`aetv2_tf.files.provenance`)
     overwritten-<time>/  a previous run, set aside by --overwrite (nothing is deleted)
 
 Runs of earlier versions of the TensorFlow program have `tf.train.Checkpoint` files in
@@ -24,7 +24,7 @@ import shutil
 import tempfile
 
 from aetv2_tf.errors import UsageError  # the library's (`rundir.UsageError` is the same class)
-from aetv2_tf.safe_paths import open_for_writing, write_text_atomically
+from aetv2_tf.files.safe_paths import open_for_writing, write_text_atomically
 
 MIN_FREE_BYTES = 64 * 2**20
 

@@ -41,7 +41,7 @@ GROUPS = {"translation": (2, 5), "linear": (0, 1, 3, 4), "perspective": (6, 7)}
 def quad_params(corners: np.ndarray) -> np.ndarray:
     """(B, 4, 2) model-frame corners -> (B, 8) float32 parameters of the square -> quad map."""
     from aetv2_tf.data.sampler import square_to_quad
-    from aetv2_tf.geometry import matrix_to_params
+    from aetv2_tf.method.geometry import matrix_to_params
 
     t = square_to_quad(corners[..., 0].astype(np.float32), corners[..., 1].astype(np.float32))
     return np.asarray(matrix_to_params(t), np.float32)
@@ -57,7 +57,7 @@ def compose_right(t_params: np.ndarray, s: np.ndarray) -> np.ndarray:
 def error_sets(pairs: int, seed: int = 7) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """``{name: (y_true (B, 8), y_pred (B, 8))}`` float32: the decoded errors of the docstring."""
     from aetv2_tf.data.sampler import sample_homography_components
-    from aetv2_tf.geometry import matrix_to_params
+    from aetv2_tf.method.geometry import matrix_to_params
 
     parts = sample_homography_components(pairs, 32, 32, seed)
     corners = np.asarray(parts["corners"], np.float64)
@@ -116,7 +116,7 @@ def candidates(lambdas: list[float], mse_weights: list[float]) -> dict[str, obje
     """``{row name: Recipe}``: AETv1, the AETv2 recipes (the default, the earlier default
     ZOOM16, the control SQ4, the hybrid) and the sweeps of the default's lambda and the
     hybrid's MSE weight."""
-    from aetv2_tf import recipes
+    from aetv2_tf.method import recipes
 
     rows = {"AETV1 (normalised MSE)": recipes.AETV1, "AETV2 (default)": recipes.AETV2,
             "AETV2_ZOOM16": recipes.AETV2_ZOOM16, "AETV2_SQ4": recipes.AETV2_SQ4,

@@ -27,8 +27,8 @@ def evaluate(model_dir: str, data_dir: str, pairs: int = 2048) -> dict:
     import aetv2_tf.models  # noqa: F401  (registers the custom layers for load_model)
     from aetv2_tf.data.pipelines import pretext_dataset
     from aetv2_tf.data.sources import load_cifar10
-    from aetv2_tf.geometry import params_to_matrix
-    from aetv2_tf.metrics import geodesic_angle_deg, rotation_index
+    from aetv2_tf.method.geometry import params_to_matrix
+    from aetv2_tf.method.metrics import geodesic_angle_deg, rotation_index
 
     model = keras.saving.load_model(os.path.join(model_dir, "aet_model.keras"), compile=False)
     images, _ = load_cifar10(data_dir, "test")

@@ -5,7 +5,7 @@ linear read-out of the quarter turn, the scale, the translation and the keystone
         results/scale/aetv2_recipe none
 
 Each argument is a directory that ``--pretrained`` takes (a pretraining ``--model_dir`` or a
-`save_encoder` directory, read by `aetv2_tf.saving.load_encoder`), or ``none`` (a random-init
+`save_encoder` directory, read by `aetv2_tf.files.saving.load_encoder`), or ``none`` (a random-init
 NIN, seeded by ``--seed``). Protocol:
 
 * pairs ``(x, t(x))`` from the first ``--pairs`` CIFAR-10 TEST images, made by the project's
@@ -64,8 +64,8 @@ def load(name: str, seed: int):
     """The NIN encoder of ``name`` (a directory or ``none``), cut to block 4 + global pooling."""
     import keras
 
+    from aetv2_tf.files.saving import load_encoder
     from aetv2_tf.models import build_backbone
-    from aetv2_tf.saving import load_encoder
 
     if name.lower() == "none":
         keras.utils.set_random_seed(seed)

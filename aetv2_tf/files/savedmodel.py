@@ -3,10 +3,10 @@
 * `export_encoder`: writes a SavedModel whose `serving_default` signature takes a batch of uint8
   images (B, H, W, 3), normalises them inside and returns a dict of float32 feature maps (NIN:
   `block1`..`block4`; AlexNet: `conv1`..`conv5`, `fc6`, `fc7`), beside `aetv2_export.json`, the
-  SHA-256 of each of its files (`aetv2_tf.trust`). An existing output is replaced only when it
-  is such an export (or empty); anything else raises `trust.ExportTargetError`, nothing touched.
-  Other input (tests/test_train_cli.py holds it): a TensorFlow tensor of another dtype raises
-  InvalidArgumentError, of another image size TypeError, one image (H, W, 3)
+  SHA-256 of each of its files (`aetv2_tf.files.provenance`). An existing output is replaced only
+  when it is such an export (or empty); anything else raises `provenance.ExportTargetError`, nothing
+  touched. Other input (tests/test_train_cli.py holds it): a TensorFlow tensor of another dtype
+  raises InvalidArgumentError, of another image size TypeError, one image (H, W, 3)
   InvalidArgumentError (`tf.ensure_shape` is its first op; exports written before it can abort
   the caller's process there: re-export them); a NumPy array or list of another dtype is
   converted to uint8 by TensorFlow before the signature runs, as ``x.astype(np.uint8)`` would
@@ -14,7 +14,7 @@
   convert them first, ``np.uint8(np.round(x * 255))`` (the library's `feature_extractor`
   refuses floats).
 * `restore_encoder`: the encoder of a pretraining `--model_dir` (any backend, any version) and
-  its flags; read by the export and by the probes (`probes.encoders`).
+  its flags; read by the export and by the probes (`probes.frozen_encoder`).
 
 The command line, ``python -m aetv2_tf.export --model_dir=RUN``, is `aetv2_tf.export`.
 """
@@ -28,9 +28,9 @@ from collections.abc import Sequence
 import keras
 from absl import logging
 
+from aetv2_tf.files.provenance import check_export_target, replace_export
+from aetv2_tf.files.saving import load_saved_flags
 from aetv2_tf.models import BACKBONES, build_backbone
-from aetv2_tf.saving import load_saved_flags
-from aetv2_tf.trust import check_export_target, replace_export
 
 
 def export_encoder(encoder: keras.Model, output: str, dataset: str | None = "cifar10", *,
@@ -41,14 +41,14 @@ def export_encoder(encoder: keras.Model, output: str, dataset: str | None = "cif
     ``dataset`` ("cifar10", else ImageNet's). TensorFlow backend.
 
     `output` is replaced only when it does not exist, is empty, or is a previous export of this
-    project whose files match its `aetv2_export.json` (`aetv2_tf.trust.replace_export`: written
-    beside, swapped in, the old one removed once verified); anything else raises
-    `aetv2_tf.trust.ExportTargetError` (a ValueError) before anything is written.
+    project whose files match its `aetv2_export.json` (`aetv2_tf.files.provenance.replace_export`:
+    written beside, swapped in, the old one removed once verified); anything else raises
+    `aetv2_tf.files.provenance.ExportTargetError` (a ValueError) before anything is written.
 
     Under another Keras backend (``KERAS_BACKEND=jax``) it raises RuntimeError up front (the
     SavedModel traces the encoder with TensorFlow): save it with `aetv2_tf.save_encoder` and
     export that directory with the command line under TensorFlow."""
-    from aetv2_tf.inputs import require_backend
+    from aetv2_tf.input_checks import require_backend
 
     require_backend("tensorflow", "export_encoder (a TensorFlow SavedModel)", instead=(
         "aetv2_tf.save_encoder(encoder, DIR, dataset=...) here, then "
@@ -98,7 +98,7 @@ def restore_encoder(model_dir: str) -> tuple[keras.Model, dict]:
     the TensorFlow program, whose checkpoints are `tf.train.Checkpoint` files, is read from its
     newest one under TensorFlow.
     """
-    from aetv2_tf.saving import (
+    from aetv2_tf.files.saving import (
         encoder_source,
         load_encoder_weights,
         tensorflow_run_unreadable,

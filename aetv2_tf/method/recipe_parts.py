@@ -114,7 +114,7 @@ class LossSpec:
         ``param_std``: the (8,) std the AETv1 MSE (and the geodesic loss's MSE term) divide by;
         None: `parameter_std` of ``image_size`` and ``shift``. ``step``: the variable an MSE
         warm-up reads (a pretext model's ``loss_step``); required when `counts_steps`."""
-        from aetv2_tf.losses import GeodesicLoss, ParameterMSELoss
+        from aetv2_tf.method.losses import GeodesicLoss, ParameterMSELoss
 
         image_size = square_side(image_size)
         if self.counts_steps and step is None:
@@ -141,10 +141,10 @@ class LossSpec:
 @dataclasses.dataclass(frozen=True)
 class OptimizerSpec:
     """The optimizer: ``name`` "adam" or "sgd" (Nesterov), ``learning_rate`` (peak),
-    ``lr_schedule`` ("constant", "aetv1", "cosine", "step": `optim.Schedule`), ``warmup_steps``,
-    ``lr_drops`` (fractions of the run for "step"; () = 30/60/80 %), ``lr_drop_factor``,
-    ``momentum``, ``adam_beta1/2``, ``weight_decay`` and ``weight_decay_mode`` ("l2": added to
-    the model's losses, as PyTorch's coupled decay; "decoupled")."""
+    ``lr_schedule`` ("constant", "aetv1", "cosine", "step": `optimizers.Schedule`),
+    ``warmup_steps``, ``lr_drops`` (fractions of the run for "step"; () = 30/60/80 %),
+    ``lr_drop_factor``, ``momentum``, ``adam_beta1/2``, ``weight_decay`` and ``weight_decay_mode``
+    ("l2": added to the model's losses, as PyTorch's coupled decay; "decoupled")."""
 
     name: str = "adam"
     learning_rate: float = 1e-5
@@ -177,12 +177,12 @@ class OptimizerSpec:
         ``mixed_float16``: wrap for loss scaling (None: from Keras's dtype policy). A warm-up
         longer than half the run warns (`errors.SettingWarning`) with the rate the run will
         really reach."""
-        from aetv2_tf import optim
+        from aetv2_tf.method import optimizers
 
         if self.weight_decay_mode == "l2":
-            optim.add_l2_decay(model, self.weight_decay)
-        schedule = optim.Schedule(self.lr_schedule, self.learning_rate, steps,
-                                  self.warmup_steps, drops=self.lr_drops or optim.STEP_DROPS,
+            optimizers.add_l2_decay(model, self.weight_decay)
+        schedule = optimizers.Schedule(self.lr_schedule, self.learning_rate, steps,
+                                  self.warmup_steps, drops=self.lr_drops or optimizers.STEP_DROPS,
                                   drop_factor=self.lr_drop_factor)
         if self.warmup_steps > int(steps) // 2:
             shorter, longer = int(steps) // 10, 2 * self.warmup_steps
@@ -195,7 +195,7 @@ class OptimizerSpec:
                 stacklevel=_stacklevel)
         if mixed_float16 is None:
             mixed_float16 = keras.mixed_precision.dtype_policy().name == "mixed_float16"
-        optimizer = optim.build_optimizer(
+        optimizer = optimizers.build_optimizer(
             self.name, schedule, momentum=self.momentum, beta_1=self.adam_beta1,
             beta_2=self.adam_beta2, weight_decay=self.weight_decay,
             weight_decay_mode=self.weight_decay_mode, mixed_float16=mixed_float16)

@@ -26,7 +26,7 @@ and for the classifier labels that are not integer class indices (one-hot: ``lab
 same as `probes.knn.pooled_features`'s.
 
 The normalisation defaults to CIFAR-10's (`data.constants.CIFAR10_MEAN` / `CIFAR10_STD`, as
-the AETv1 code); an encoder pretrained on other data needs its own: `aetv2_tf.saving.
+the AETv1 code); an encoder pretrained on other data needs its own: `aetv2_tf.files.saving.
 preprocessing(directory_or_preset)` gives ``{"mean": ..., "std": ...}`` from its record, e.g.
 ``build_classifier(load_encoder("aetv1_cifar10"), 10, **preprocessing("aetv1_cifar10"))``.
 """
@@ -38,8 +38,9 @@ from collections.abc import Sequence
 import keras
 
 from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD
-from aetv2_tf.data.layers import ClassifierInputs
-from aetv2_tf.models.checked import LABELS, ChecksInputs, ChecksNormalisedInputs
+from aetv2_tf.data.preprocessing_layers import ClassifierInputs
+from aetv2_tf.models.checked_inputs import LABELS, ChecksInputs, ChecksNormalisedInputs
+from aetv2_tf.models.displayed_loss import ShowsDataLoss
 from aetv2_tf.models.features import (  # noqa: F401 - classifier_feature: API
     POOLS,
     Feature,
@@ -48,13 +49,12 @@ from aetv2_tf.models.features import (  # noqa: F401 - classifier_feature: API
     pool_feature_map,
 )
 from aetv2_tf.models.heads import HEAD_KINDS, build_head
-from aetv2_tf.models.shown_loss import ShowsDataLoss
 
 
 @keras.saving.register_keras_serializable(package="aetv2_tf")
 class CheckedModel(ChecksInputs, ShowsDataLoss, keras.Model):
     """A functional model on uint8 images ``(B, H, W, 3)`` whose ``fit`` / ``evaluate`` /
-    ``predict`` and ``*_on_batch`` check what they are given (`models.checked.ChecksInputs`):
+    ``predict`` and ``*_on_batch`` check what they are given (`models.checked_inputs.ChecksInputs`):
     uint8 NHWC images of the model's size (floats refused with the conversion) and, with
     ``labels="classes"`` (`build_classifier`), integer class labels (one-hot refused with
     ``labels.argmax(-1)``); ``labels="any"`` (`feature_extractor`): the images only."""
@@ -74,7 +74,7 @@ class NormalisedEncoder(ChecksNormalisedInputs, ShowsDataLoss, keras.Model):
     """An encoder on NORMALISED float images, ``(u / 255 - mean) / std``, as
     `saving.load_encoder` returns it: the same layers and weights as the encoder it wraps
     (`normalised_encoder`), whose ``predict`` / ``fit`` / ``evaluate``, ``*_on_batch`` and
-    calls on NumPy arrays refuse raw pixels with the fix (`models.checked.
+    calls on NumPy arrays refuse raw pixels with the fix (`models.checked_inputs.
     ChecksNormalisedInputs`): uint8 images belong to `feature_extractor` / `build_classifier`,
     which normalise them, and [0, 1] floats would give other features without a word."""
 

@@ -20,7 +20,7 @@ from keras import ops
 from aetv2_tf.data.constants import AETV1_FILL, CIFAR10_MEAN, CIFAR10_STD
 from aetv2_tf.data.sampler import HOMOGRAPHY_UNIFORMS, SHIFTS, components_from_uniform
 from aetv2_tf.data.warping import as_float, pad_crop_flip, rot90, warp
-from aetv2_tf.geometry import matrix_to_params
+from aetv2_tf.method.geometry import matrix_to_params
 
 _AUGMENT_UNIFORMS = 3  # crop row offset, crop column offset, flip
 _STATE_KEY = "seed_generator_state"

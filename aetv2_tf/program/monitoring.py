@@ -11,13 +11,13 @@ import time
 import keras
 import numpy as np
 
-from aetv2_tf.metrics import shown_order
-from aetv2_tf.models.shown_loss import ShownOrderBar
+from aetv2_tf.method.metrics import shown_order
+from aetv2_tf.models.displayed_loss import ShownOrderBar
 from aetv2_tf.program.callbacks import due
 
 
 class ProgressBar(ShownOrderBar):
-    """The library's progress bar (`models.shown_loss.ShownOrderBar`: the loss and its terms
+    """The library's progress bar (`models.displayed_loss.ShownOrderBar`: the loss and its terms
     first), which also ends an epoch that training left early at the step reached, where
     Keras's draws it to the end: partly drawn while ``finished()`` is False (stopped by a
     signal or a stop flag: the run goes on when rerun), full at that count when it is True (the

@@ -6,7 +6,7 @@ What a pretext model shows, in this order (`shown_order`):
   `losses.GeodesicLoss` as it adds them up: ``angle_term`` (theta, or theta^2, in the loss's
   frame), then only those whose weight is above 0: ``residual_term`` (lambda x the projection
   residual), ``mse_term`` (the weighted AETv1 MSE), ``chordal_term``. They fall when
-  pretraining works, and sum to the loss; the model shows them (`models.shown_loss`: computed
+  pretraining works, and sum to the loss; the model shows them (`models.displayed_loss`: computed
   with the loss, at its step);
 * the metrics compiled (`pretext_metrics`, built from the loss the model is compiled with;
   the recipe's through `recipes.Recipe.metrics`): ``angle_deg``, the rotation angle of the
@@ -32,11 +32,11 @@ from typing import Any
 import keras
 from keras import ops
 
-from aetv2_tf.geometry import aetv2_components, params_to_matrix
-from aetv2_tf.losses import TERMS, GeodesicLoss
+from aetv2_tf.method.geometry import aetv2_components, params_to_matrix
+from aetv2_tf.method.losses import TERMS, GeodesicLoss
 
 #: The scalar of a model's added losses (the L2 weight decay), shown apart from its ``loss``
-#: (`models.shown_loss`).
+#: (`models.displayed_loss`).
 PENALTY = "l2_penalty"
 #: The names a training shows, in the order shown (`shown_order`).
 SHOWN = ("loss", "angle_term", "residual_term", "mse_term", "chordal_term", "angle_deg",
@@ -89,7 +89,7 @@ class LossTerm(keras.metrics.Mean):
     ``"theta"`` (the angle in the loss's frame, radians) times ``180 / pi``.
 
     ``term``: one of `losses.TERMS` (a decaying MSE term reads the loss's step, which only the
-    loss's own computation can: `models.shown_loss` shows the terms of a model's loss), or
+    loss's own computation can: `models.displayed_loss` shows the terms of a model's loss), or
     ``"theta"``. Named ``<term>_term`` unless ``name`` is given."""
 
     def __init__(self, loss: GeodesicLoss | dict[str, Any], term: str, scale: float = 1.0,
@@ -118,7 +118,7 @@ def pretext_metrics(loss: keras.losses.Loss | None = None) -> list[keras.metrics
     """The metrics compiled into a pretext model with ``loss`` (module docstring): the angle
     in degrees in the frame of a `GeodesicLoss` (for any other loss, the AETv1 MSE, or None: in
     the model frame) and the quarter-turn accuracy. (The loss's terms are the model's to show:
-    `models.shown_loss`.)"""
+    `models.displayed_loss`.)"""
     angle_of = loss if isinstance(loss, GeodesicLoss) else GeodesicLoss(projection_weight=0.0)
     return [LossTerm(angle_of, "theta", 180.0 / math.pi, name="angle_deg"),
             keras.metrics.MeanMetricWrapper(rotation_accuracy, name="rotation_accuracy")]

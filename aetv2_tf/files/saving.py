@@ -34,11 +34,11 @@ from typing import Any
 import keras
 from absl import logging
 
-from aetv2_tf import pretrained
 from aetv2_tf.data.constants import normalization_constants
-from aetv2_tf.recipes import Recipe, as_recipe
-from aetv2_tf.safe_paths import process_alive, refuse_link, write_text_atomically
-from aetv2_tf.trust import file_digest
+from aetv2_tf.files import presets
+from aetv2_tf.files.provenance import file_digest
+from aetv2_tf.files.safe_paths import process_alive, refuse_link, write_text_atomically
+from aetv2_tf.method.recipes import Recipe, as_recipe
 
 ENCODER_WEIGHTS = "encoder.weights.h5"
 #: A custom encoder (not a `build_backbone` one), saved whole by `save_encoder`.
@@ -155,21 +155,21 @@ def load_encoder(name_or_directory: str | os.PathLike,
                  batch_norm: str = "keras") -> keras.Model:
     """The encoder in a directory, on the current Keras backend: one written by `save_encoder`,
     a pretraining run's ``--model_dir`` (its ``encoder.weights.h5``, else its newest
-    checkpoint), or a preset's (a name of `pretrained.PRESETS`, e.g. "aetv1_cifar10").
+    checkpoint), or a preset's (a name of `presets.PRESETS`, e.g. "aetv1_cifar10").
     ``batch_norm``: "keras", or "fused" (TensorFlow's kernel, same weights) for the package's
     backbones; a custom encoder loads as it was saved (``encoder.keras``).
 
     The encoder takes NORMALISED images, ``(u / 255 - mean) / std`` (`preprocessing`), as a
-    `models.encoders.NormalisedEncoder`: its ``predict`` (and ``fit``, ``evaluate``, calls on
+    `models.image_models.NormalisedEncoder`: its ``predict`` (and ``fit``, ``evaluate``, calls on
     NumPy arrays) refuses raw pixels, uint8 or [0, 1] floats, with the fix (give uint8 images
     to `feature_extractor` / `build_classifier`, which normalise them)."""
-    from aetv2_tf.models.encoders import normalised_encoder
+    from aetv2_tf.models.image_models import normalised_encoder
 
-    directory = pretrained.resolve(name_or_directory)
+    directory = presets.resolve(name_or_directory)
     if not os.path.isfile(os.path.join(directory, "flags.json")):
         raise FileNotFoundError(f"{directory} has no flags.json: pass a directory written by "
                                 "save_encoder, a pretraining run's model_dir, or a preset "
-                                f"name {sorted(pretrained.PRESETS)}")
+                                f"name {sorted(presets.PRESETS)}")
     saved = load_saved_flags(directory)
     if saved.get("custom_encoder"):
         return normalised_encoder(load_custom_encoder(directory, saved))
@@ -213,7 +213,7 @@ def preprocessing(name_or_directory: str | os.PathLike) -> dict[str, tuple[float
     "cifar10", ImageNet's otherwise, as the probes and the export apply). Made for keywords:
     ``build_classifier(load_encoder(p), 10, **preprocessing(p))``,
     ``pooled_features(encoder, "block2", images, **preprocessing(p))``."""
-    directory = pretrained.resolve(name_or_directory)
+    directory = presets.resolve(name_or_directory)
     saved = load_saved_flags(directory)
     mean, std = normalization_constants(saved.get("dataset", "cifar10"))
     return {"mean": tuple(mean), "std": tuple(std)}
@@ -317,7 +317,7 @@ def load_encoder_weights(model_dir: str, saved: dict, batch_norm: str) -> keras.
         build_backbone,
         build_rotation_classifier,
     )
-    from aetv2_tf.models.pairs import build_pairs_model, build_rotations_model
+    from aetv2_tf.models.pretext import build_pairs_model, build_rotations_model
 
     if saved.get("custom_encoder"):
         raise ValueError(f"{model_dir} holds a custom encoder ({ENCODER_FILE}, saved by "

@@ -82,7 +82,7 @@ class PretextAdapter:
         raise NotImplementedError
 
     def summaries(self, counter: StepCounter, schedule) -> list[keras.callbacks.Callback]:
-        """The logging callbacks (`shown.PretextSummaries` and friends)."""
+        """The logging callbacks (`monitoring.PretextSummaries` and friends)."""
         raise NotImplementedError
 
     def export(self, encoder: keras.Model, model: keras.Model) -> dict:
@@ -116,7 +116,7 @@ def build_model(config: RunConfig, steps: int, *, inputs: str, mean, std, augmen
     per-branch BatchNorm is computed (`models.aet.build_aet_model`; None: one encoder call on
     a GPU); ``compile_kwargs``: ``model.compile``'s (``jit_compile``)."""
     from aetv2_tf.models.aet import build_rotation_classifier
-    from aetv2_tf.models.pairs import build_rotations_model
+    from aetv2_tf.models.pretext import build_rotations_model
 
     seed, model_config = config.train.seed, config.model
     keras.utils.set_random_seed(seed)  # the same weights whatever was built before

@@ -1,9 +1,9 @@
-"""Models that check what they are given (`aetv2_tf.inputs`): on raw uint8 images
+"""Models that check what they are given (`aetv2_tf.input_checks`): on raw uint8 images
 (`ChecksInputs`), and encoders on normalised images (`ChecksNormalisedInputs`, at the end).
 
 `ChecksInputs` goes before `keras.Model` in the bases of a functional model subclass whose only
-input is the images (``keras.Input(shape=(H, W, 3), dtype="uint8")``): `models.pairs.PairsModel`
-(self-supervised: no labels) and `models.encoders.CheckedModel` (`build_classifier`: integer
+input is the images (``keras.Input(shape=(H, W, 3), dtype="uint8")``): `models.pretext.PairsModel`
+(self-supervised: no labels) and `models.image_models.CheckedModel` (`build_classifier`: integer
 class labels; `feature_extractor`: labels unchecked). Its ``fit`` / ``evaluate`` / ``predict``
 and ``train_on_batch`` / ``test_on_batch`` / ``predict_on_batch`` check the images (uint8
 NHWC of the model's height and width: floats, NCHW, another size refused with the fix) and,
@@ -12,10 +12,10 @@ silently: [0, 1] floats become black images.
 
 `labels` (a class attribute, or set by ``__init__``):
 
-* ``"none"``: self-supervised (`inputs.check_pretext_inputs`): a `y`, or a dataset of
+* ``"none"``: self-supervised (`input_checks.check_pretext_inputs`): a `y`, or a dataset of
   ``(images, labels)``, is refused (``predict`` ignores labels, as Keras does);
-* ``"classes"``: a classifier (`inputs.check_supervised_inputs`): integer class labels, one-hot
-  refused with ``labels.argmax(-1)``, one per image, below the number of logits;
+* ``"classes"``: a classifier (`input_checks.check_supervised_inputs`): integer class labels,
+  one-hot refused with ``labels.argmax(-1)``, one per image, below the number of logits;
 * ``"any"``: the images only are checked.
 
 Nothing here imports TensorFlow; a ``tf.data.Dataset`` is judged by its ``element_spec``.
@@ -36,7 +36,7 @@ class ChecksInputs:
 
     def _check_inputs(self, method: str, x: Any, y: Any = None, *,
                       predicting: bool = False) -> None:
-        from aetv2_tf.inputs import check_pretext_inputs, check_supervised_inputs
+        from aetv2_tf.input_checks import check_pretext_inputs, check_supervised_inputs
 
         name = f"{type(self).__name__}.{method}"
         expected_hw = tuple(self.inputs[0].shape[1:3])
@@ -84,12 +84,12 @@ class ChecksInputs:
 class ChecksNormalisedInputs:
     """Mixin: a functional encoder on NORMALISED float images (`saving.load_encoder`'s) whose
     ``fit`` / ``evaluate`` / ``predict``, ``*_on_batch`` and a call on a NumPy array refuse raw
-    pixels (`inputs.check_normalised_images`: uint8 images, floats with no value below 0),
+    pixels (`input_checks.check_normalised_images`: uint8 images, floats with no value below 0),
     as the raw-image models above refuse floats. Calls on tensors (inside other models, traced
     steps) are not checked. Put it before ``keras.Model`` in the bases."""
 
     def _check_normalised(self, method: str, x: Any) -> None:
-        from aetv2_tf.inputs import check_normalised_images
+        from aetv2_tf.input_checks import check_normalised_images
 
         check_normalised_images(x, name=f"{type(self).__name__} {self.name!r}.{method}",
                                 expected_hw=tuple(self.inputs[0].shape[1:3]))

@@ -32,9 +32,11 @@ import hashlib
 import os
 import subprocess
 
+import aetv2_tf
+
 #: The repository the package was installed from (editable), and where the presets' run
 #: directories are in it: ``<repository root>/results/scale``.
-REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(aetv2_tf.__file__)))
 PRESETS_ROOT = os.path.join(REPOSITORY, "results", "scale")
 WEIGHTS = "encoder.weights.h5"
 CHECKSUM = ".sha256"  # the suffix of a file's SHA-256 beside it (as `saving.CHECKSUM`)
@@ -116,8 +118,8 @@ def restore_weights(preset: Preset) -> str:
     """``<preset directory>/encoder.weights.h5`` (and its ``.sha256``), restored from the git
     blob ``preset.weights_blob`` if absent (module docstring); returns its path. A file there
     whose SHA-256 is not ``preset.weights_sha256`` is refused, never replaced."""
-    from aetv2_tf.safe_paths import write_text_atomically
-    from aetv2_tf.trust import file_digest
+    from aetv2_tf.files.provenance import file_digest
+    from aetv2_tf.files.safe_paths import write_text_atomically
 
     path = os.path.join(preset.directory, WEIGHTS)
     sidecar = f"{preset.weights_sha256}  {WEIGHTS}\n"

@@ -2,9 +2,9 @@
 (RotNet, `build_rotations_model`) are made on the device.
 
     images (B, H, W, 3) uint8
-      -> HomographyPairs (aetv2_tf.data.layers; seeded)  -> x, tx (B, H, W, 3) float32, p (B, 8)
-      -> build_aet_model(encoder)([x, tx])                -> p_hat (B, 8) float32
-      -> concat([p_hat, p], axis=-1)                      -> output (B, 16) float32
+      -> HomographyPairs (data.preprocessing_layers; seeded) -> x, tx (B, H, W, 3) float32, p (B, 8)
+      -> build_aet_model(encoder)([x, tx])                   -> p_hat (B, 8) float32
+      -> concat([p_hat, p], axis=-1)                         -> output (B, 16) float32
 
 The model's output carries the decoded AND the true parameters, so a training batch is just the
 images (no `y`): `PairsModel.compute_loss` / `compute_metrics` split the output into
@@ -39,12 +39,12 @@ import keras
 
 from aetv2_tf.data import warping
 from aetv2_tf.data.constants import AETV1_FILL, CIFAR10_MEAN, CIFAR10_STD
-from aetv2_tf.data.layers import HomographyPairs, QuarterTurns
+from aetv2_tf.data.preprocessing_layers import HomographyPairs, QuarterTurns
 from aetv2_tf.errors import SettingWarning
 from aetv2_tf.models.aet import build_aet_model, build_rotation_classifier
 from aetv2_tf.models.batch_groups import batch_statistics_groups
-from aetv2_tf.models.checked import ChecksInputs
-from aetv2_tf.models.shown_loss import ShowsDataLoss
+from aetv2_tf.models.checked_inputs import ChecksInputs
+from aetv2_tf.models.displayed_loss import ShowsDataLoss
 
 NUM_PARAMS = 8
 
@@ -57,7 +57,7 @@ class PairsModel(ChecksInputs, ShowsDataLoss, keras.Model):
     With ``split=k`` its output is ``concat([y_pred, y_true])`` and loss and metrics see the two
     halves as ``(y_true, y_pred)`` (module docstring): fitted on images alone (``y=None``);
     ``fit`` / ``evaluate`` / ``predict`` and the ``*_on_batch`` methods check them (uint8
-    (N, H, W, 3) of the model's size, no labels: `models.checked.ChecksInputs`). With
+    (N, H, W, 3) of the model's size, no labels: `models.checked_inputs.ChecksInputs`). With
     ``split=None`` its output is ``y_pred`` and the targets come as ``y`` (the tf.data
     pipelines' pairs, ``inputs="warp"`` or ``"pairs"`` of `build_pairs_model`).
 
@@ -103,13 +103,13 @@ class PairsModel(ChecksInputs, ShowsDataLoss, keras.Model):
                 steps: int | None = None, recipe: Any = None, **kwargs: Any) -> None:
         """``keras.Model.compile``, where ``"auto"`` (the default) is the recipe's (``recipe``,
         else the one the model was built with): its loss for this model's image size, sampler
-        and decoder scale (`specs.LossSpec.build`), its metrics, and its optimizer with the
+        and decoder scale (`recipe_parts.LossSpec.build`), its metrics, and its optimizer with the
         schedule laid out over ``steps`` optimizer steps (`recipes.training_steps`; required
         for ``optimizer="auto"``). ``metrics="auto"`` describes the loss compiled
         (`metrics.pretext_metrics`: the angle in its frame, the quarter turns); without a recipe
         it is none and the loss and optimizer must be given. The ``loss`` shown is that loss
         alone, beside its terms, the weight decay apart as ``l2_penalty``
-        (`shown_loss.ShowsDataLoss`). Other keyword arguments go to Keras."""
+        (`displayed_loss.ShowsDataLoss`). Other keyword arguments go to Keras."""
         recipe = recipe or self.recipe
         if _is_auto(metrics) and (recipe is None or self.pretext is None):
             metrics = None  # no recipe: no metrics unless given, as Keras
@@ -140,7 +140,7 @@ class PairsModel(ChecksInputs, ShowsDataLoss, keras.Model):
             loss = recipe.build_loss(self.pretext["image_size"], self.pretext["param_scale"],
                                      self.loss_step, self.pretext["shift"])
         if "metrics" in auto:  # the frame of the loss compiled
-            from aetv2_tf.metrics import pretext_metrics
+            from aetv2_tf.method.metrics import pretext_metrics
 
             metrics = pretext_metrics(loss)
         super().compile(optimizer=optimizer, loss=loss, metrics=metrics, **kwargs)

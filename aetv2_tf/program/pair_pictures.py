@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from aetv2_tf.data.homographies import corners
-from aetv2_tf.geometry import params_to_matrix
+from aetv2_tf.method.geometry import params_to_matrix
 
 GREEN = np.array([0.1, 0.9, 0.1], np.float32)
 RED = np.array([1.0, 0.1, 0.1], np.float32)

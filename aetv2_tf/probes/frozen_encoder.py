@@ -3,17 +3,17 @@
 ``--pretrained`` takes three kinds of value (`pretrained_kind`):
 
 * a pretraining ``--model_dir`` (it holds ``flags.json``): the encoder is rebuilt and restored from
-  the run's newest checkpoint (`aetv2_tf.savedmodel.restore_encoder`); its backbone must be the
-  probe's ``--backbone``.
+  the run's newest checkpoint (`aetv2_tf.files.savedmodel.restore_encoder`); its backbone must be
+  the probe's ``--backbone``.
 * an exported SavedModel (it holds ``saved_model.pb``, e.g. ``<model_dir>/export/encoder``).
   A SavedModel is a program: loading it runs its graph (initialisers, restore functions, and
   the signature, which may read and write files). So an export of this project (its files match
-  its ``aetv2_export.json``, whose ``encoder`` record names the backbone: `aetv2_tf.trust`) is
-  NOT run: the backbone is built here and the values of its ``variables/`` are read into it as
-  data (`encoder_from_export`), exactly the weights the export holds. Any other SavedModel runs
-  only with ``--trust_saved_model`` (``trust_saved_model=True``): its ``serving_default``
-  signature takes uint8 ``images (B, S, S, 3)`` and returns named float32 feature maps; the
-  probe pipelines yield normalised batches ``x = (u / 255 - mean) / std``, which
+  its ``aetv2_export.json``, whose ``encoder`` record names the backbone:
+  `aetv2_tf.files.provenance`) is NOT run: the backbone is built here and the values of its
+  ``variables/`` are read into it as data (`encoder_from_export`), exactly the weights the export
+  holds. Any other SavedModel runs only with ``--trust_saved_model`` (``trust_saved_model=True``):
+  its ``serving_default`` signature takes uint8 ``images (B, S, S, 3)`` and returns named float32
+  feature maps; the probe pipelines yield normalised batches ``x = (u / 255 - mean) / std``, which
   `saved_model_features` maps back to the uint8 pixels ``u = round((x * std + mean) * 255)``
   (exact for CIFAR-10: crops, zero padding and flips only move or zero pixels; in the 224
   protocol the resized image is rounded to 8 bits, as any caller of the signature gives it). An
@@ -37,10 +37,10 @@ from collections.abc import Callable, Sequence
 import keras
 
 from aetv2_tf.errors import UsageError
+from aetv2_tf.files.provenance import export_record, verify_export
+from aetv2_tf.files.savedmodel import restore_encoder
+from aetv2_tf.files.saving import load_saved_flags
 from aetv2_tf.models import BACKBONES, build_backbone
-from aetv2_tf.savedmodel import restore_encoder
-from aetv2_tf.saving import load_saved_flags
-from aetv2_tf.trust import export_record, verify_export
 
 _EXPORT_HINT = ("export an encoder with `python -m aetv2_tf.export --model_dir=<pretraining "
                 "run>` (it writes <model_dir>/export/encoder), or pass the pretraining "
@@ -138,7 +138,7 @@ def check_pretrained(pretrained: str, backbone: str, *, trust_saved_model: bool 
                 f"{saved.get('backbone')} (dataset {saved.get('dataset')}), but this probe uses "
                 f"--backbone={backbone}; pass a {backbone} run, or probe this one with "
                 f"--backbone={saved.get('backbone')} on a dataset of its image size.")
-        from aetv2_tf.saving import tensorflow_run_unreadable
+        from aetv2_tf.files.saving import tensorflow_run_unreadable
 
         why = tensorflow_run_unreadable(os.path.expanduser(pretrained), saved)
         if why is not None:
@@ -301,7 +301,7 @@ def load_frozen_encoder(pretrained: str, backbone: str, feature: str, *, batch_n
     except errors as e:
         raise UsageError(f"--pretrained={pretrained}: the encoder could not be restored ({e}); "
                          "pass a pretraining --model_dir with a checkpoint.") from e
-    from aetv2_tf.saving import encoder_source
+    from aetv2_tf.files.saving import encoder_source
 
     checkpoint = encoder_source(path)
     if checkpoint is None:  # a run of an earlier version: tf.train.Checkpoint files

@@ -20,7 +20,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from aetv2_tf.safe_paths import open_for_writing
+from aetv2_tf.files.safe_paths import open_for_writing
 
 
 class CsvLog:

@@ -2,7 +2,7 @@
 apart, in that order.
 
 Keras adds a model's own losses (``model.losses``: regularizers, ``add_loss``; here the coupled
-L2 weight decay of `optim.add_l2_decay`, which a pretraining recipe puts on the encoder's
+L2 weight decay of `optimizers.add_l2_decay`, which a pretraining recipe puts on the encoder's
 weights, so that a classifier built on that encoder in the same process carries it too) to the
 loss it trains on AND to the ``loss`` it shows, and it shows its logs sorted by name.
 `ShowsDataLoss` keeps the training as it is and changes what is shown (the progress bar,
@@ -27,7 +27,7 @@ from typing import Any
 import keras
 from keras import ops
 
-from aetv2_tf.metrics import PENALTY, shown_order
+from aetv2_tf.method.metrics import PENALTY, shown_order
 
 _DATA_LOSS = "data_loss"  # the tracker's own name; shown as "loss"
 

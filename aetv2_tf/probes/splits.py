@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from aetv2_tf.data.constants import CIFAR10_CLASSES
-from aetv2_tf.data.files import decode_image_file
+from aetv2_tf.data.image_folders import decode_image_file
 from aetv2_tf.data.sources import DataError, list_image_folder, load_source
 from aetv2_tf.errors import UsageError
 from aetv2_tf.probes.classifier import split_train_val

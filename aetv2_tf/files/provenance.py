@@ -1,6 +1,6 @@
 """What this project wrote, recognised before anything is replaced, removed or run.
 
-An export (`aetv2_tf.savedmodel.export_encoder`) writes ``aetv2_export.json`` beside its
+An export (`aetv2_tf.files.savedmodel.export_encoder`) writes ``aetv2_export.json`` beside its
 ``saved_model.pb``: the SHA-256 of every file of the SavedModel (``saved_model.pb``,
 ``fingerprint.pb``, every file under ``variables/`` and ``assets/``), relative paths with ``/``.
 A directory is "a project export" (`verify_export` returns None) when that manifest is there and
@@ -13,9 +13,9 @@ Two uses, and what the digest does and does not promise:
   the working directory, a model_dir, a SavedModel of someone else, an export with a file
   added) is refused and left as it was. Every file that is removed is listed in a manifest that
   matches it, so no user file is ever deleted.
-* **Loading a SavedModel** given to ``--pretrained`` (`aetv2_tf.probes.encoders`): a SavedModel is
-  a program (loading it runs its graph: resource initialisers, restore functions, and the
-  signature when called, which can read and write files). So a project export is never loaded
+* **Loading a SavedModel** given to ``--pretrained`` (`aetv2_tf.probes.frozen_encoder`): a
+  SavedModel is a program (loading it runs its graph: resource initialisers, restore functions, and
+  the signature when called, which can read and write files). So a project export is never loaded
   as a graph: its manifest's ``encoder`` record (`export_record`: backbone, input shape,
   normalisation, variable shapes) says which encoder this project builds, and the values of
   ``variables/`` are read into it as data (`tf.train.load_checkpoint`: a tensor file reader,
@@ -195,7 +195,7 @@ def remove_dead_scratch(parent: str, name: str) -> list[str]:
     each holds only ``new`` (what that export wrote) and ``old`` (a previous export, moved aside:
     removed only when it verifies as ours, `verify_export`); any other content, a link, or a
     live process's folder is left as it is."""
-    from aetv2_tf.safe_paths import process_alive
+    from aetv2_tf.files.safe_paths import process_alive
 
     prefix, removed = f".{name}.tmp", []
     for entry in os.listdir(parent):

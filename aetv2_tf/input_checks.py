@@ -1,8 +1,8 @@
 """Inputs checked at the door: images, labels, feature names and the backend (library code).
 
 The library's raw-image entry points (``fit`` / ``evaluate`` / ``predict`` and the
-``*_on_batch`` methods of `models.pairs.PairsModel` and of `models.encoders.CheckedModel`, i.e.
-`build_classifier` / `feature_extractor`, through `models.checked.ChecksInputs`;
+``*_on_batch`` methods of `models.pretext.PairsModel` and of `models.image_models.CheckedModel`,
+i.e. `build_classifier` / `feature_extractor`, through `models.checked_inputs.ChecksInputs`;
 `probes.knn.pooled_features`) take **uint8 images (N, H, W, 3), NHWC, RGB, values
 0..255**, and normalise them themselves (``(u / 255 - mean) / std``). Anything else used to be
 cast to uint8 silently ([0, 1] floats became black images) or to fail deep inside a layer; these
@@ -24,7 +24,7 @@ functions refuse it up front, with a message that names the problem and the fix:
 * `check_labels`: class labels ``(N,)`` of integers (``(N, 1)`` is flattened); one-hot or
   probabilities ``(N, C)`` are refused with ``labels.argmax(-1)``; the length against ``n``.
 * `check_normalised_images`: what an encoder on NORMALISED images (`saving.load_encoder`'s
-  `models.encoders.NormalisedEncoder`) is given: raw pixels (integers, floats with no value
+  `models.image_models.NormalisedEncoder`) is given: raw pixels (integers, floats with no value
   below 0) refused with the fix.
 * `check_feature`: a feature name among the encoder's outputs, else the names available.
 * `require_backend`: a TensorFlow-only function under another Keras backend.
@@ -223,7 +223,7 @@ SELF_SUPERVISED = ("the model is self-supervised: the pairs are the targets; pas
 
 def check_pretext_inputs(x: Any, y: Any = None, *, name: str = "fit",
                          expected_hw: Sequence | None = None, allow_labels: bool = False) -> None:
-    """What a self-supervised model on raw images (`models.pairs.PairsModel`) is given: `x`
+    """What a self-supervised model on raw images (`models.pretext.PairsModel`) is given: `x`
     uint8 ``(N, H, W, 3)`` (an array, a tensor, ``{"images": array}`` or a ``tf.data.Dataset``
     of image batches, `check_images` / `check_image_dataset`) and no labels: a `y`, or a dataset
     of ``(images, labels)``, is refused unless ``allow_labels`` (``predict``: Keras ignores them
@@ -258,7 +258,7 @@ def _check_label_spec(spec: Any, name: str) -> None:
 def check_supervised_inputs(x: Any, y: Any = None, *, name: str = "fit",
                             expected_hw: Sequence | None = None,
                             num_classes: int | None = None) -> None:
-    """What a classifier on raw images (`models.encoders.build_classifier`) is given to ``fit``
+    """What a classifier on raw images (`models.image_models.build_classifier`) is given to ``fit``
     / ``evaluate``: `x` uint8 ``(N, H, W, 3)`` as `check_pretext_inputs`, and class labels: an
     array `y` (`check_labels`: integer class indices ``(N,)``, one-hot refused, one per image,
     below `num_classes`), or a ``tf.data.Dataset`` of ``(images, labels)`` batches. Images

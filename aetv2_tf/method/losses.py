@@ -22,7 +22,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from aetv2_tf.geometry import (
+from aetv2_tf.method.geometry import (
     PROJECTIONS,
     aetv1_official_targets,
     inverse_3x3,
@@ -390,7 +390,7 @@ def nonfinite_samples(y_true, y_pred) -> Tensor:
     """Metric: per-sample 1.0 where `GeodesicLoss` zeroes the sample out (non-finite), else 0.0.
 
     ``(batch, 8) x 2 -> (batch,)`` float32; its running mean is the fraction of dropped samples.
-    (The two terms of the loss are logged by `aetv2_tf.metrics`.)
+    (The two terms of the loss are logged by `aetv2_tf.method.metrics`.)
     """
     y_true, y_pred = _as_float32_params(y_true, y_pred)
     return 1.0 - ops.cast(_finite_samples(y_true, y_pred), "float32")

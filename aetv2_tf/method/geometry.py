@@ -30,7 +30,7 @@ import numpy as np
 from keras import ops
 from keras.backend import standardize_dtype
 
-from aetv2_tf.polar import adjugate_3x3, project_newton
+from aetv2_tf.method.polar import adjugate_3x3, project_newton
 
 __all__ = [
     "params_to_matrix",

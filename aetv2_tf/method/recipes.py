@@ -8,7 +8,7 @@ objects; the recipe builds the pretext model, which compiles itself from it.
     model.fit(images, batch_size=64, epochs=1)
     fast = recipe.replace(learning_rate=1e-3, warmup_steps=15)   # or dataclasses.replace
 
-The pretext model (`models.pairs.PairsModel`) carries what it was built with (image side,
+The pretext model (`models.pretext.PairsModel`) carries what it was built with (image side,
 sampler shift, the decoder's parameter scale, the recipe), so the loss frame, the parameter std
 and the model cannot disagree, and nothing is read back from its layers. ``recipe.compile(model,
 steps)`` compiles any AET pretext model with this recipe (the same as ``model.compile(steps=...,
@@ -36,7 +36,7 @@ from typing import Any
 
 import keras
 
-from aetv2_tf.specs import LossSpec, OptimizerSpec, square_side  # noqa: F401 - square_side: API
+from aetv2_tf.method.recipe_parts import LossSpec, OptimizerSpec, square_side  # noqa: F401 - square_side: API
 
 _DEFAULT_LOSS, _DEFAULT_OPTIMIZER = LossSpec(), OptimizerSpec()
 #: The names a recipe took before its two parts existed, and where each lives now.
@@ -109,8 +109,8 @@ class Recipe:
         `build_loss` with these arguments): the angle in degrees in the loss's frame (AETv1's:
         the model frame), ``angle_deg``, and ``rotation_accuracy`` (registered, so a saved
         model reloads). The model compiled with the loss shows its terms beside ``loss``
-        (``angle_term``, ``residual_term``, ...: `models.shown_loss`)."""
-        from aetv2_tf.metrics import pretext_metrics
+        (``angle_term``, ``residual_term``, ...: `models.displayed_loss`)."""
+        from aetv2_tf.method.metrics import pretext_metrics
 
         return pretext_metrics(self.build_loss(image_size, param_std, step, shift))
 
@@ -123,7 +123,7 @@ class Recipe:
     def build_model(self, encoder: keras.Model, seed: int = 0, *, inputs: str = "images",
                     shift: str = "integer", decoder_scale: bool | None = None,
                     param_std: Sequence[float] | None = None, **kwargs: Any) -> keras.Model:
-        """THE pretext model of this recipe (`models.pairs.build_pairs_model`), carrying the
+        """THE pretext model of this recipe (`models.pretext.build_pairs_model`), carrying the
         recipe and what it was built with, so that ``model.compile(steps=...)`` needs nothing
         else.
 
@@ -135,7 +135,7 @@ class Recipe:
         sampler's, `parameter_std`), and the official targets for ``mse_target="official"``.
         Other keyword arguments (``augment``, ``mean``, ``std``, ``init_rotation_deg``,
         ``siamese_batch_norm``, ``one_pass``, ``feature``, ``fused_warp``) pass through."""
-        from aetv2_tf.models.pairs import build_pairs_model
+        from aetv2_tf.models.pretext import build_pairs_model
 
         for name in ("param_scale", "target"):
             if name in kwargs:
@@ -148,10 +148,10 @@ class Recipe:
 
     def compile(self, model: keras.Model, steps: int, **compile_kwargs: Any):
         """``model.compile`` of an AET pretext model with this recipe's loss, optimizer and
-        metrics (`models.pairs.PairsModel.compile`); returns the learning-rate schedule.
+        metrics (`models.pretext.PairsModel.compile`); returns the learning-rate schedule.
         ``steps``: the run's optimizer steps (`training_steps`). Other keyword arguments
         (``steps_per_execution``, ``jit_compile``) go to ``model.compile``."""
-        from aetv2_tf.models.pairs import PairsModel
+        from aetv2_tf.models.pretext import PairsModel
 
         if not isinstance(model, PairsModel) or model.pretext is None:
             from aetv2_tf.errors import UsageError
