@@ -176,12 +176,12 @@ def check(backend: str, values: Mapping[str, Any], given: Collection[str]) -> No
 # --- the limits and parsers every program's flags share ----------------------------------------
 
 #: The largest value of an integer flag (steps, epochs, examples, seeds, intervals, seconds):
-#: int32's. A step counter is an int32 under Keras on JAX (no x64), NumPy's seeds stop at 2**32,
-#: and a larger count (`--train_steps=10**21`) ended in a traceback deep in the run.
+#: int32's. A step counter is an int32 under Keras on JAX (no x64) and NumPy's seeds stop at
+#: 2**32: a larger count (`--train_steps=10**21`) would end in a traceback deep in the run.
 MAX_INT = 2**31 - 1
 #: `--cpu_devices`: logical devices on one CPU share its cores (they exercise the mirrored path,
 #: they add no speed) and Keras traces the train step once per replica, so more only stalls the
-#: start: 100000 hung before the first step. 64 starts within a minute here.
+#: start: 100000 hangs before the first step, 64 starts within a minute.
 MAX_CPU_DEVICES = 64
 #: `--train_seconds`: a year. A larger budget is a typo, and its step count would pass MAX_INT.
 MAX_TRAIN_SECONDS = 365 * 24 * 3600.0
