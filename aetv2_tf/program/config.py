@@ -224,7 +224,7 @@ def recipe_of(values: Mapping[str, Any]) -> Recipe:
     for flag in program_flags.flags_of_group("recipe"):
         field = SPEC_FIELDS.get(flag.name, flag.name)
         (loss if field in loss_fields else optimizer)[field] = values[flag.name]
-    drops = lr_drop_epochs(values)
+    drops = _drop_epochs(values)  # the run's epochs only where drops count them
     optimizer.update(lr_drop_epochs=drops, epochs=values["epochs"] if drops else 0)
     try:
         return Recipe(LossSpec(**loss), OptimizerSpec(**optimizer))
@@ -232,7 +232,7 @@ def recipe_of(values: Mapping[str, Any]) -> Recipe:
         raise UsageError(str(e)) from e
 
 
-def lr_drop_epochs(values: Mapping[str, Any]) -> tuple[int, ...]:
+def _drop_epochs(values: Mapping[str, Any]) -> tuple[int, ...]:
     """`--lr_drop_epochs` as whole epochs of `--epochs` (drops at or past its end never
     happen); () when empty (the schedule's 30/60/80%)."""
     raw = values["lr_drop_epochs"] or ()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import types
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -84,7 +85,8 @@ class Rule:
     native: tuple[tuple[str, Any], ...] = ()
 
 
-TABLE: dict[str, Rule] = {
+#: The rules of the flags that a backend other than TensorFlow may refuse, by flag name.
+TABLE: Mapping[str, Rule] = types.MappingProxyType({
     "dataset": Rule(lambda v, _: v != "cifar10",
                     "is read by tf.data (tensorflow-datasets, image folders), which the probe "
                     "stages use beside this backend where TensorFlow is importable; pretraining "
@@ -125,7 +127,7 @@ TABLE: dict[str, Rule] = {
                    "--export=false (the encoder is in <model_dir>/encoder.weights.h5: export it "
                    "later with `python -m aetv2_tf.export --model_dir=...` where TensorFlow is "
                    "installed)", True, unless_tensorflow_importable=True),
-}
+})
 
 
 @functools.cache
