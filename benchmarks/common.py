@@ -225,11 +225,12 @@ def machine_line() -> str:
 
 
 # --------------------------------------------------------------------------------- output
-def line_writer(stream: IO[str], prefix: str = "") -> Callable[[str], None]:
-    """A sink for `tee`: writes ``prefix`` + each line to ``stream`` and flushes it at once."""
+def line_writer(*streams: IO[str], prefix: str = "") -> Callable[[str], None]:
+    """A sink for `tee`: writes ``prefix`` + each line to every stream, flushed at once."""
     def write(line: str) -> None:
-        stream.write(prefix + line)
-        stream.flush()
+        for stream in streams:
+            stream.write(prefix + line)
+            stream.flush()
 
     return write
 

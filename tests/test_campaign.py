@@ -128,7 +128,8 @@ def test_prepare_counts_the_whole_checkout_and_refuses_what_would_not_fit(tiny_p
     printed = capsys.readouterr().out
     expected = luggage.travelling_bytes(root, [".whl", pack.PACK_FOLDER])
     assert f"the call sends {expected / 2**20:.1f} MiB" in printed
-    assert "--out=$OUT --seconds=480 --runs=aetv1,aetv2\", carry=['.whl', " in printed
+    assert printed.splitlines()[-1] == prepare.device_call()
+    assert prepare.device_call() in (REPO / "docs" / "campaign.md").read_text()  # as documented
     with open(root / ".whl" / "huge.whl", "wb") as f:
         f.truncate(62 * 2**20)
     assert prepare.main([]) == 2

@@ -142,6 +142,7 @@ class Leg:
         self.out = args.out
         self.console = open(self.out / "console.txt", "a")  # noqa: SIM115 - the leg's own log
         self.lock = threading.Lock()  # the runs' output threads and the leg write to it
+        self.write = line_writer(sys.stdout, self.console)
         self.record = dict(started=time.strftime("%Y-%m-%d %H:%M:%S %Z"), device=device(),
                            seconds=args.seconds, mode=args.mode, leg_flags=list(LEG_FLAGS),
                            train_flags=args.train_flag, runs={})
@@ -150,12 +151,9 @@ class Leg:
         self.echo(f"[leg +{time.monotonic() - self.started:5.0f} s] {text}\n")
 
     def echo(self, line: str) -> None:
-        """``line`` (ending in a newline) to the console file and to stdout, at once."""
+        """``line`` (ending in a newline) to stdout and the console file, at once."""
         with self.lock:
-            sys.stdout.write(line)
-            sys.stdout.flush()
-            self.console.write(line)
-            self.console.flush()
+            self.write(line)
 
     def save(self) -> None:
         self.record["ended"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")

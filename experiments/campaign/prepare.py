@@ -18,9 +18,12 @@ import argparse
 import pathlib
 import sys
 
+from benchmarks.device_step import SETUP
 from experiments.campaign import leg as legs
 from experiments.campaign import luggage, pack
 
+#: What the leg's call carries beside the checkout (both ignored there).
+CARRY = [".whl", pack.PACK_FOLDER]
 WHEELS = ("keras-3.15.1-", "namex-", "optree-")
 WHEEL_HELP = (
     "python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 "
@@ -30,11 +33,16 @@ WHEEL_HELP = (
 
 
 def device_command(seconds: float, runs: str) -> str:
-    """The shell command of the device call (the tool takes at most 2,000 characters)."""
-    return ("python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir "
-            "--upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD "
-            "KERAS_BACKEND=jax PYTHONUNBUFFERED=1 && python3 -m experiments.campaign.leg "
-            f"--out=$OUT --seconds={seconds:.0f} --runs={runs}")
+    """The shell command of the device call (the tool takes at most 2,000 characters): the
+    wheels' install and Keras on JAX as for every device command (`device_step.SETUP`), then
+    the leg."""
+    return (SETUP.format(python="python3", site="/tmp/site") + " && python3 -m "
+            f"experiments.campaign.leg --out=$OUT --seconds={seconds:.0f} --runs={runs}")
+
+
+def device_call(seconds: float = 480.0, runs: str = ",".join(legs.RUNS)) -> str:
+    """The `run` tool call of a leg, as docs/campaign.md writes it."""
+    return f'run(command="{device_command(seconds, runs)}", carry={CARRY}, timeout_s=600)'
 
 
 def check(repo: pathlib.Path, pack_dir: pathlib.Path, results: pathlib.Path) -> list[str]:
@@ -76,16 +84,14 @@ def main(argv: list[str] | None = None) -> int:
         for problem in problems:
             print(f"error: {problem}", file=sys.stderr)
         return 2
-    carry = [".whl", pack.PACK_FOLDER]
-    total = luggage.travelling_bytes(repo, carry)
+    total = luggage.travelling_bytes(repo, CARRY)
     print(f"the call sends {total / 2**20:.1f} MiB of the tool's "
           f"{luggage.TOOL_LIMIT / 2**20:.0f} MiB (the checkout's tracked and untracked-not-"
-          f"ignored files, {' and '.join(carry)})")
-    if problem := luggage.luggage_problem(total, f"the checkout, {' and '.join(carry)}"):
+          f"ignored files, {' and '.join(CARRY)})")
+    if problem := luggage.luggage_problem(total, f"the checkout, {' and '.join(CARRY)}"):
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    print(f'run(command="{device_command(args.seconds, args.runs)}", carry={carry}, '
-          "timeout_s=600)")
+    print(device_call(args.seconds, args.runs))
     return 0
 
 
