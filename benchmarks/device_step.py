@@ -22,6 +22,7 @@ end before the part's deadline, its compilation counted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -134,7 +135,8 @@ def part_command(part: str, args: argparse.Namespace, deadline: float) -> list[s
 
 def run_part(part: str, args: argparse.Namespace, limit: float, say) -> dict:
     """The part in a child process of its own session, its output copied line by line to
-    ``say``, killed (with whatever it started) at ``limit`` seconds; its exit and wall time."""
+    ``say``, killed at ``limit`` seconds; whatever it started and left running is ended with it
+    (the device tool would leave a new session's processes running); its exit and wall time."""
     command = part_command(part, args, time.time() + limit - 5)
     say(f"== {part} (limit {limit:.0f} s): {' '.join(command[1:3])}\n")
     start = time.perf_counter()
@@ -144,9 +146,10 @@ def run_part(part: str, args: argparse.Namespace, limit: float, say) -> dict:
     try:
         code = proc.wait(timeout=limit)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
         code = "timed out"
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
     copier.join(10)
     return {"exit": code, "wall_s": round(time.perf_counter() - start, 1)}
 
