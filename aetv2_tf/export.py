@@ -94,5 +94,7 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
+    from aetv2_tf.program.flagfiles import parse_command_line
+
     _define_flags()
-    app.run(main)
+    app.run(main, flags_parser=parse_command_line)  # flagfiles checked before absl reads them

@@ -347,11 +347,13 @@ def run() -> None:
     from absl import app, flags
 
     from aetv2_tf.program.flag_support import PathParser
+    from aetv2_tf.program.flagfiles import parse_command_line
 
     flags.DEFINE(PathParser(), "output", None, "Also write the markdown report to this file "
                  "(a new one; an existing file only with --overwrite; never through a link).")
     flags.DEFINE_boolean("overwrite", False, "Let --output replace an existing file.")
-    app.run(lambda argv: main(argv, flags.FLAGS.output, flags.FLAGS.overwrite))
+    app.run(lambda argv: main(argv, flags.FLAGS.output, flags.FLAGS.overwrite),
+            flags_parser=parse_command_line)  # flagfiles checked before absl reads them
 
 
 if __name__ == "__main__":

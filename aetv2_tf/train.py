@@ -39,7 +39,7 @@ from absl import app, flags
 from aetv2_tf.data.sources import DataError
 from aetv2_tf.errors import UsageError
 from aetv2_tf.program import console
-from aetv2_tf.program.flags import FLAGS
+from aetv2_tf.program.flags import FLAGS, parse_command_line
 
 #: The flags that ``--help`` (and ``--helpshort``) describe, by purpose: the README's.
 KEY_FLAGS = (
@@ -226,4 +226,4 @@ def exit_code(summary: dict, model_dir: str = "", max_loss_growth: float = 10.0)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_command_line)  # flagfiles checked before absl reads them

@@ -36,6 +36,8 @@ import tempfile
 
 from absl import logging
 
+from aetv2_tf.files.safe_paths import read_json
+
 MANIFEST = "aetv2_export.json"
 FORMAT = "aetv2_tf export"
 
@@ -87,8 +89,7 @@ def export_record(directory: str) -> dict | None:
     signature applies) and ``shapes`` (of ``encoder.variables``, in order: the SavedModel's
     ``variables/<i>`` entries); None when the manifest has none or it is malformed."""
     try:
-        with open(os.path.join(directory, MANIFEST)) as f:
-            record = json.load(f).get("encoder")
+        record = read_json(os.path.join(directory, MANIFEST)).get("encoder")
         ok = isinstance(record, dict) and isinstance(record.get("name"), str) and all(
             isinstance(record.get(k), list) for k in ("input_shape", "mean", "std", "shapes"))
     except (OSError, ValueError, AttributeError):
@@ -103,8 +104,7 @@ def verify_export(directory: str) -> str | None:
     if not os.path.isfile(path):
         return f"it has no {MANIFEST} (not an export of this project, or of an earlier version)"
     try:
-        with open(path) as f:
-            manifest = json.load(f)
+        manifest = read_json(path)
         listed = manifest["sha256"]
         if manifest.get("format") != FORMAT or not isinstance(listed, dict):
             raise ValueError("not an export manifest")

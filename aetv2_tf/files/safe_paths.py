@@ -15,6 +15,12 @@ parent or a report's `--output` goes through this module:
 * `process_alive`: whether the process whose pid names a temporary still runs (a killed
   process's temporaries are removed by the next writer, a live one's never).
 
+What the project reads back whole (a flagfile, flags.json, budget.json, results.json, an export
+manifest, a checksum) goes through `read_regular_file` or `read_json`: a path that is not a
+regular file is refused before it is opened for reading (a FIFO would block the reader forever,
+``/dev/zero`` would never end), and so is one over `MAX_RECORD_BYTES` (no such record is
+larger than a few KB), without reading it into memory.
+
 The folder given by the user (``--model_dir``, the folders above it) may be or contain links
 (a run on another disk): what is refused is a link INSIDE what the project writes, e.g.
 ``<model_dir>/.lock``, ``checkpoints/`` or ``results.json``, which would make it write into a
@@ -24,9 +30,10 @@ file it did not create. Nothing here imports TensorFlow or Keras.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import stat
-from typing import IO
+from typing import IO, Any
 
 from aetv2_tf.errors import UsageError
 
@@ -98,3 +105,52 @@ def process_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+#: The most bytes of a record read whole (`read_regular_file`): the project's flagfiles,
+#: flags.json, budget.json, results.json and export manifests hold a few KB.
+MAX_RECORD_BYTES = 2**20
+READ_FIX = "pass the file this project wrote (or a text file of your own), not this one"
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO, whose reader waits for a writer"),
+          (stat.S_ISCHR, "a device, whose bytes may never end"),
+          (stat.S_ISBLK, "a device, whose bytes may never end"), (stat.S_ISSOCK, "a socket"))
+
+
+def _not_regular(path: str, mode: int, fix: str) -> UsageError | None:
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((name for test, name in _KINDS if test(mode)), "not a file")
+    return UsageError(f"{path}: not a regular file ({kind}); {fix}")
+
+
+def read_regular_file(path: str | os.PathLike, fix: str = READ_FIX,
+                      max_bytes: int = MAX_RECORD_BYTES, what: str = "") -> bytes:
+    """The bytes of `path`, a regular file (a link to one is followed) of at most `max_bytes`;
+    else a UsageError naming `path`, what it is and `fix` (``what``: added after the size, e.g.
+    ", not a results file (about 1 KB)"). Checked by ``stat`` before it is opened, then opened
+    with ``O_NONBLOCK`` and checked again (a FIFO put there in between opens at once and is
+    refused), and at most ``max_bytes + 1`` bytes are read. An OSError (no such file, no
+    permission) is the caller's to name."""
+    path = os.fspath(path)
+    if error := _not_regular(path, os.stat(path).st_mode, fix):
+        raise error
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as handle:
+        if error := _not_regular(path, os.fstat(fd).st_mode, fix):
+            raise error
+        data = handle.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise UsageError(f"{path}: larger than {max_bytes} bytes{what}; {fix}")
+    return data
+
+
+def read_json(path: str | os.PathLike, fix: str = READ_FIX,
+              max_bytes: int = MAX_RECORD_BYTES) -> Any:
+    """The JSON value of the UTF-8 file `path` (`read_regular_file`): a ValueError for a file
+    that is not regular or too large (UsageError), not UTF-8, not JSON or nested too deeply
+    for Python (which would otherwise end in a RecursionError); an OSError as it comes."""
+    data = read_regular_file(path, fix, max_bytes)
+    try:
+        return json.loads(data.decode("utf-8"))
+    except RecursionError:
+        raise ValueError(f"{os.fspath(path)}: JSON nested too deeply; {fix}") from None

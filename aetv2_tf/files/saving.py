@@ -37,7 +37,13 @@ from absl import logging
 from aetv2_tf.data.constants import normalization_constants
 from aetv2_tf.files import presets
 from aetv2_tf.files.provenance import file_digest
-from aetv2_tf.files.safe_paths import process_alive, refuse_link, write_text_atomically
+from aetv2_tf.files.safe_paths import (
+    process_alive,
+    read_json,
+    read_regular_file,
+    refuse_link,
+    write_text_atomically,
+)
 from aetv2_tf.method.recipes import Recipe, as_recipe
 
 ENCODER_WEIGHTS = "encoder.weights.h5"
@@ -140,8 +146,7 @@ def load_saved_flags(model_dir: str) -> dict:
         raise FileNotFoundError(f"{path} not found: --model_dir must be a directory written by "
                                 "`python -m aetv2_tf.train`.")
     try:
-        with open(path) as f:
-            saved = json.load(f)
+        saved = read_json(path)
     except (UnicodeDecodeError, ValueError) as e:
         raise ValueError(f"{path} is not a readable JSON record of a run ({e}); pass a directory "
                          "written by `python -m aetv2_tf.train`, or restore its flags.json.") from e
@@ -267,8 +272,10 @@ def damage(path: str, required: bool = False) -> str | None:
             return f"it has no {os.path.basename(sidecar)} (the SHA-256 written with it), so " \
                    "it cannot be told from a file changed after it was written"
         return None
-    with open(sidecar) as f:
-        expected = f.read().split()[:1]
+    try:
+        expected = read_regular_file(sidecar).decode("utf-8", "replace").split()[:1]
+    except (OSError, ValueError) as e:  # a FIFO, a device, a huge file: not a checksum
+        return f"its {os.path.basename(sidecar)} cannot be read as a checksum ({e})"
     if expected != [file_digest(path)]:
         return f"its SHA-256 is not the one in {os.path.basename(sidecar)}: the file changed " \
                "on disk after it was written"

@@ -41,7 +41,7 @@ class CsvLog:
         if os.path.islink(path) or not os.path.isfile(path):
             return  # not read: the writes refuse it (`open_for_writing`)
         with open(path) as f:
-            header = f.readline().strip().split(",")
+            header = f.readline(100_000).strip().split(",")  # a line of column names
         if len(header) > 1 and header[0] == step_name:
             self.columns = tuple(header[1:])
 

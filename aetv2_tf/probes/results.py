@@ -34,7 +34,7 @@ import os
 import tempfile
 from typing import Any
 
-from aetv2_tf.files.safe_paths import refuse_link
+from aetv2_tf.files.safe_paths import read_json, refuse_link
 
 RESULTS_FILENAME = "results.json"
 
@@ -126,12 +126,13 @@ def read_results(path: str | os.PathLike) -> dict[str, Any]:
     """Load and validate one ``results.json`` (raises `ResultsError` with the path on problems)."""
     path = os.fspath(path)
     try:
-        with open(path, encoding="utf-8") as handle:
-            results = json.load(handle)
+        results = read_json(path)
     except FileNotFoundError as err:
         raise ResultsError(f"{path}: no such file") from err
     except json.JSONDecodeError as err:
         raise ResultsError(f"{path}: not valid JSON ({err})") from err
+    except ValueError as err:  # not a regular file, too large, not UTF-8, nested too deeply
+        raise ResultsError(str(err)) from err
     return validate_results(results, source=path)
 
 

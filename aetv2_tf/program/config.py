@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import os
 import types
 from collections.abc import Mapping, Sequence
@@ -30,9 +29,10 @@ from typing import Any
 from absl import logging
 
 from aetv2_tf.errors import UsageError
+from aetv2_tf.files.safe_paths import read_json
 from aetv2_tf.method.recipes import LossSpec, OptimizerSpec, Recipe
 from aetv2_tf.models.backbones import BACKBONES, Backbone
-from aetv2_tf.program import flag_support
+from aetv2_tf.program import flag_support, flagfiles, step_sizes
 from aetv2_tf.program import flags as program_flags
 
 
@@ -255,9 +255,10 @@ def _drop_epochs(values: Mapping[str, Any]) -> tuple[int, ...]:
     return epochs
 
 
-def _last_given(argv: Sequence[str], names: Sequence[str], flag_values) -> str | None:
-    """Of ``names``, the flag given last on the command line, flagfiles expanded in place."""
-    expanded = flag_values.read_flags_from_files(list(argv[1:]), force_gnu=False)
+def _last_given(argv: Sequence[str], names: Sequence[str]) -> str | None:
+    """Of ``names``, the flag given last on the command line, flagfiles expanded in place
+    (`flagfiles.expand`: read with its limits)."""
+    expanded = flagfiles.expand(argv[1:])
     last = {}
     for i, arg in enumerate(expanded):
         for name in names:
@@ -266,13 +267,13 @@ def _last_given(argv: Sequence[str], names: Sequence[str], flag_values) -> str |
     return max(last, key=last.get) if len(last) == len(names) else None
 
 
-def _run_length(values: Mapping[str, Any], argv: Sequence[str], flag_values) -> dict[str, int]:
+def _run_length(values: Mapping[str, Any], argv: Sequence[str]) -> dict[str, int]:
     """--train_steps and --train_seconds both > 0: the one given LAST wins, the other is 0
     (``--flagfile=configs/quickstart.cfg --train_steps=20`` trains 20 steps); the flag set to
     0, or nothing."""
     if not (values["train_steps"] > 0 and values["train_seconds"] > 0):
         return {}
-    winner = _last_given(argv, ("train_steps", "train_seconds"), flag_values)
+    winner = _last_given(argv, ("train_steps", "train_seconds"))
     if winner is None:
         return {}
     loser = "train_seconds" if winner == "train_steps" else "train_steps"
@@ -308,8 +309,23 @@ def _check_values(v: Mapping[str, Any]) -> None:
     if v["mse_target"] == "official" and v["decoder_scale"]:
         raise UsageError("--mse_target=official regresses the AETv1 code's own normalised "
                          "targets: drop --decoder_scale.")
-    if v["pretext"] == "rotation" and v["loss"] == "mse" and v["stage"] == "pretext":
-        logging.info("--loss is ignored by --pretext=rotation (cross-entropy over 4 rotations).")
+
+
+def _warnings(v: Mapping[str, Any], given: frozenset[str]) -> list[str]:
+    """What the flags ``v`` (``given``: named on the command line) make of the run that
+    trains, but not as meant: flags RotNet ignores, an Adam step too small for float32."""
+    said = [step_sizes.small_step_warning(v)]
+    ignored = [name for name in program_flags.AET_ONLY if name in given]
+    if v["stage"] == "pretext" and v["pretext"] == "rotation" and ignored:
+        shown = ", ".join(f"--{name}={_shown(v[name])}" for name in ignored)
+        said.append(f"{shown}: ignored by --pretext=rotation (RotNet: a cross-entropy over 4 "
+                    "rotations of each image, no homography, no decoder); drop them, or pass "
+                    "--pretext=aet to train with them.")
+    return [text for text in said if text]
+
+
+def _shown(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _recorded_values(flag_values: Any, argv: Sequence[str]) -> dict[str, Any]:
@@ -320,7 +336,7 @@ def _recorded_values(flag_values: Any, argv: Sequence[str]) -> dict[str, Any]:
 
     values = {flag.name: tuple(flag.value) if isinstance(flag.value, list) else flag.value
               for flag in program_flags.program_flags(flag_values)}
-    values.update(_run_length(values, argv, flag_values))
+    values.update(_run_length(values, argv))
     for name in ("model_dir", "data_dir"):
         values[name] = os.path.expanduser(values[name]) if values[name] else values[name]
     if values["stage"] == "probe":
@@ -333,13 +349,16 @@ def from_flags(flag_values: Any, argv: Sequence[str]) -> RunConfig:
     fix for what no machine is needed to refuse. ``argv``: the command line (flagfiles
     unexpanded), for which of two flags came last."""
     values = _recorded_values(flag_values, argv)
+    given = frozenset(f.name for f in program_flags.program_flags(flag_values) if f.present)
     _check_values(values)
     recipe = recipe_of(values)
+    step_sizes.check(values)
+    for text in _warnings(values, given):
+        logging.warning("%s", text)
     backbone = BACKBONES[values["backbone"]]
     fields = dict(values, backbone=backbone, feature=values["feature"] or backbone.probe_feature,
                   dataset_name=values["dataset_name"] or values["dataset"])
     groups = {name: _filled(cls, fields) for name, cls in GROUP_TYPES.items()}
-    given = frozenset(f.name for f in program_flags.program_flags(flag_values) if f.present)
     return _filled(RunConfig, {**fields, **groups, "recipe": recipe,
                                "values": types.MappingProxyType(values), "given": given})
 
@@ -352,10 +371,17 @@ def recorded_budget(config: RunConfig) -> dict | None:
     """The ``--train_seconds`` record of ``--model_dir`` (None: none); refuses another
     budget."""
     path = os.path.join(config.outputs.model_dir, BUDGET_FILE)
-    if config.stage != "pretext" or not os.path.isfile(path):
+    if config.stage != "pretext" or not os.path.lexists(path):
         return None
-    with open(path) as f:
-        recorded = json.load(f)
+    fix = ("it is the record a run sized by --train_seconds writes: move it away (its run "
+           "then starts afresh), or choose another --model_dir")
+    try:
+        recorded = read_json(path, fix)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{path} is not a readable budget record ({e}); {fix}.") from e
+    if not isinstance(recorded, dict):
+        raise UsageError(f"{path} holds a JSON {type(recorded).__name__}, not the budget "
+                         f"record of a run; {fix}.")
     seconds = config.train.train_seconds
     if recorded.get("train_seconds") != seconds:
         raise UsageError(f"--train_seconds={seconds:g} differs from the "
@@ -377,9 +403,8 @@ def check_run_version(model_dir: str) -> None:
     naming the version that resumes it; a missing or unreadable record is left to `rundir`."""
     path = os.path.join(model_dir, "flags.json")
     try:
-        with open(path) as f:
-            saved = json.load(f)
-    except (OSError, ValueError):
+        saved = read_json(path)
+    except (OSError, ValueError):  # a FIFO, a device, a huge file too: `rundir` names it
         return
     if isinstance(saved, dict) and "version" not in saved:
         raise UsageError(

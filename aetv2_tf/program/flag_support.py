@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import struct
 import types
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,26 +29,38 @@ from aetv2_tf.errors import UsageError
 
 _ESSENTIAL: list[str] = []
 _TRAJECTORY: list[str] = []
+_AET_ONLY: list[str] = []
 
 
 def defined(holder: flags.FlagHolder, *, essential: bool = False, trajectory: bool = False,
-            minimum: int | None = None, finite: bool = False,
+            aet_only: bool = False, minimum: int | None = None, finite: bool = False,
+            float32: bool = False,
             valid: Sequence[tuple[Callable[[Any], bool], str]] = ()) -> flags.FlagHolder:
     """Records, where the flag of ``holder`` is defined, what the program needs to know of it
     beside its value; returns ``holder``. ``essential``: a run resumes only with the value it
     started with (`essential_flags`); ``trajectory``: a pretraining run that has trained
-    resumes with another value only under ``--allow_flag_changes`` (`trajectory_flags`). The
-    checks absl runs while parsing, in this order: ``finite`` (no inf or nan), ``minimum`` (an
-    integer flag's lower bound) and each ``(test, message)`` of ``valid``; None (the flag not
-    set) passes the first two."""
+    resumes with another value only under ``--allow_flag_changes`` (`trajectory_flags`);
+    ``aet_only``: only the AET pretext reads it (`aet_only_flags`: RotNet ignores it). The
+    checks absl runs while parsing, in this order: ``finite`` (no inf or nan), ``float32`` (a
+    number the loss or the optimizer computes with: 0, or a size float32 holds, `in_float32`),
+    ``minimum`` (an integer flag's lower bound) and each ``(test, message)`` of ``valid``; None
+    (the flag not set) passes the first three."""
     name = holder.name
     if essential:
         _ESSENTIAL.append(name)
     if trajectory:
         _TRAJECTORY.append(name)
+    if aet_only:
+        _AET_ONLY.append(name)
     if finite:
         flags.register_validator(name, lambda v: v is None or math.isfinite(v),
                                  message=f"--{name} must be a finite number, not inf or nan.")
+    if float32:
+        flags.register_validator(
+            name, lambda v: v is None or v == 0 or in_float32(abs(v)),
+            message=f"--{name} must be 0 or of a size from {FLOAT32_TINY:.3g} to "
+                    f"{FLOAT32_MAX:.3g}: the loss and the optimizer compute in float32, where "
+                    "a smaller size is 0 and a larger one infinite.")
     if minimum is not None:
         kind = "non-negative" if minimum == 0 else "positive"
         flags.register_validator(name, lambda v: v is None or v >= minimum,
@@ -65,6 +78,11 @@ def essential_flags() -> tuple[str, ...]:
 def trajectory_flags() -> tuple[str, ...]:
     """The flags marked ``trajectory`` (`defined`), in the order they were defined."""
     return tuple(_TRAJECTORY)
+
+
+def aet_only_flags() -> tuple[str, ...]:
+    """The flags marked ``aet_only`` (`defined`), in the order they were defined."""
+    return tuple(_AET_ONLY)
 
 
 @dataclass(frozen=True)
@@ -177,6 +195,29 @@ def check(backend: str, values: Mapping[str, Any], given: Collection[str]) -> No
 
 # --- the limits and parsers every program's flags share ----------------------------------------
 
+#: float32 is the dtype of the weights, of their updates and of the learning rate under every
+#: --mixed_precision: a mixed policy computes the layers in bfloat16 or float16 but keeps the
+#: variables and the optimizer in float32 (tests/test_flag_values_are_in_range.py trains at a
+#: rate that is 0 in float16). Its smallest normal number (a smaller one is 0 where denormals
+#: are flushed, as TensorFlow does on CPUs) and its largest.
+FLOAT32_TINY = 2.0**-126
+FLOAT32_MAX = (2.0 - 2.0**-23) * 2.0**127
+
+
+def in_float32(value: float) -> bool:
+    """Whether ``value`` is a positive normal float32 number: from `FLOAT32_TINY` to
+    `FLOAT32_MAX` (neither 0 nor a denormal nor infinite there)."""
+    return FLOAT32_TINY <= value <= FLOAT32_MAX
+
+
+def as_float32(value: float) -> float:
+    """``value`` rounded to the nearest float32 (infinite beyond its range), as a Python float."""
+    try:
+        return struct.unpack("f", struct.pack("f", value))[0]
+    except OverflowError:
+        return math.copysign(math.inf, value)
+
+
 #: The largest value of an integer flag (steps, epochs, examples, seeds, intervals, seconds):
 #: int32's. A step counter is an int32 under Keras on JAX (no x64) and NumPy's seeds stop at
 #: 2**32: a larger count (`--train_steps=10**21`) would end in a traceback deep in the run.
@@ -209,7 +250,9 @@ class PathParser(flags.ArgumentParser):
     expanded them on the command line already."""
 
     def parse(self, argument: str) -> str:
-        """`argument` with `~` expanded."""
+        """`argument` with `~` expanded; a ValueError for a NUL byte (no path holds one)."""
+        if "\0" in str(argument):
+            raise ValueError("a path cannot hold a NUL byte")
         return os.path.expanduser(super().parse(argument))
 
 

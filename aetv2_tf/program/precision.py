@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
+from aetv2_tf.files.safe_paths import read_json
+
 MARGIN = 1.1  # bfloat16 must beat float32 by 10% to be chosen: rounding costs something
 PROBE_POLICIES = ("float32", "mixed_bfloat16")
 
@@ -146,8 +148,7 @@ def probe_rates(batch: int = 16, steps: int = 4, rounds: int = 3) -> dict[str, f
 
 def _load_cache(path: str) -> dict:
     try:
-        with open(path) as f:
-            data = json.load(f)
+        data = read_json(path)  # a regular file of at most 1 MiB
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
         return {}

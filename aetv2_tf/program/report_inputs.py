@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import stat
 from typing import Any
 
+from aetv2_tf.errors import UsageError
+from aetv2_tf.files.safe_paths import read_regular_file
 from aetv2_tf.probes.results import RESULTS_FILENAME, validate_results
 
 #: A results.json is about 1 KB; a larger file is not one (and is not read into memory).
@@ -33,23 +33,16 @@ class ReportError(ValueError):
 
 def _read_bytes(path: str) -> bytes:
     """The bytes of the regular file `path`, refused before reading when it is anything else
-    (a FIFO or a device would block or never end) or over `MAX_RESULTS_BYTES`."""
+    (a FIFO or a device would block or never end) or over `MAX_RESULTS_BYTES`
+    (`safe_paths.read_regular_file`)."""
     fix = f"pass the {RESULTS_FILENAME} a probe wrote, or remove this one"
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            raise ReportError(f"{path}: not a regular file; {fix}")
-        # O_NONBLOCK: a FIFO swapped in after the stat opens at once, and fstat refuses it.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        return read_regular_file(path, fix, MAX_RESULTS_BYTES,
+                                 what=", not a results file (about 1 KB)")
+    except UsageError as err:
+        raise ReportError(str(err)) from None
     except OSError as err:
         raise ReportError(f"{path}: cannot be read ({err.strerror}); {fix}") from err
-    with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ReportError(f"{path}: not a regular file; {fix}")
-        data = handle.read(MAX_RESULTS_BYTES + 1)
-    if len(data) > MAX_RESULTS_BYTES:
-        raise ReportError(f"{path}: larger than {MAX_RESULTS_BYTES} bytes, not a results file "
-                          f"(about 1 KB); {fix}")
-    return data
 
 
 def _check_values(result: dict[str, Any], path: str) -> list[str]:

@@ -24,7 +24,12 @@ import shutil
 import tempfile
 
 from aetv2_tf.errors import UsageError  # the library's (`rundir.UsageError` is the same class)
-from aetv2_tf.files.safe_paths import open_for_writing, write_text_atomically
+from aetv2_tf.files.safe_paths import (
+    open_for_writing,
+    read_json,
+    read_regular_file,
+    write_text_atomically,
+)
 
 MIN_FREE_BYTES = 64 * 2**20
 
@@ -94,7 +99,7 @@ def lock(model_dir: str) -> None:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         handle.seek(0)
-        holder = handle.read().strip() or "another process"
+        holder = handle.read(1000).strip() or "another process"  # one line, by `lock`
         handle.close()
         raise UsageError(f"--model_dir={model_dir} is in use by {holder}; wait for it to end "
                          "or stop it (a run stopped by a signal resumes from its checkpoint), "
@@ -123,9 +128,8 @@ def _effective_flags(model_dir: str, saved: dict) -> dict:
     flags = dict(saved)
     path = os.path.join(model_dir, HISTORY)
     if os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                flags.update({k: new for k, (_, new) in json.loads(line)["changed"].items()})
+        for line in read_regular_file(path).decode("utf-8").splitlines():
+            flags.update({k: new for k, (_, new) in json.loads(line)["changed"].items()})
     return flags
 
 
@@ -295,8 +299,7 @@ def read_flags_record(path: str, run_flags: dict | None = None) -> dict:
     fix = ("move it away (or restore it from a backup), or choose another --model_dir; a "
            "folder holding a run of this project has the flags.json its first start wrote")
     try:
-        with open(path) as f:
-            saved = json.load(f)
+        saved = read_json(path, fix)
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise UsageError(f"{path} is not a readable JSON record of a run ({e}); {fix}.") from e
     if not isinstance(saved, dict):

@@ -6,9 +6,11 @@ seed), the machine, the outputs and the probe stages. Each module names the `GRO
 `program.config.RunConfig` its flags fill, and writes beside each flag what else the program
 knows of it (`flag_support.defined`: essential, trajectory, its checks). A flagfile is just
 these flags, one per line (`configs/*.cfg`), and flags given after ``--flagfile`` on the
-command line override it. A value out of its range stops the program while parsing (exit 1),
-with a message that names the flag and the fix; `program.config` reads the parsed flags once,
-into a `RunConfig`, and checks their combinations.
+command line override it; every flagfile is read first by `parse_command_line`
+(`program.flagfiles`: a regular text file of at most 1 MiB, no loop, else exit 2). A value out
+of its flag's domain stops the program while parsing (exit 1), with a message that names the
+flag, the range and the fix; `program.config` reads the parsed flags once, into a `RunConfig`,
+and checks their combinations (`program.step_sizes`: the learning rates in float32).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from types import ModuleType
 from absl import flags
 
 from aetv2_tf.program import flag_support
+from aetv2_tf.program.flagfiles import parse_command_line as parse_command_line  # app.run's
 from aetv2_tf.program.flags import (
     data,
     loss,
@@ -56,6 +59,8 @@ def _in_order(names: tuple[str, ...]) -> tuple[str, ...]:
 TRAJECTORY = _in_order(flag_support.trajectory_flags())
 #: Flags a run keeps: a --model_dir holding a run with other values is refused (`rundir`).
 ESSENTIAL = _in_order(flag_support.essential_flags())
+#: Flags only the AET pretext reads: given with --pretext=rotation, a warning names them.
+AET_ONLY = _in_order(flag_support.aet_only_flags())
 
 
 def flags_of_group(group: str, flag_values: flags.FlagValues = FLAGS) -> list[flags.Flag]:

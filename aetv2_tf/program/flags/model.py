@@ -11,18 +11,21 @@ defined(flags.DEFINE_bool(
     "decoder_scale", None,
     "The decoder regresses parameters divided by their std under the sampler (a fixed "
     "Rescaling turns them back). Default: on for --loss=mse (the AETv1 code), off for "
-    "geodesic."), essential=True)
+    "geodesic."), essential=True, aet_only=True)
 defined(flags.DEFINE_float(
     "decoder_init_rotation", 0.0,
     "The decoder starts at the rotation by this many degrees about the image centre instead of "
     "the identity (45 keeps every quarter turn off the geodesic loss's cut locus at "
-    "theta = pi)."), essential=True, finite=True)
+    "theta = pi)."), essential=True, aet_only=True, finite=True,
+    valid=[(lambda v: -360 <= v <= 360, "--decoder_init_rotation is in degrees: pass a value "
+                                        "from -360 to 360 (45 keeps the quarter turns off "
+                                        "theta = pi).")])
 defined(flags.DEFINE_enum(
     "siamese_batch_norm", "per_branch", ["per_branch", "joint"],
     "AET pretext: per_branch (default: two encoder calls, x then t(x), each with its own "
     "BatchNorm statistics and moving-average update, as the published AETv1 code; better "
     "features than joint at both seeds measured, docs/reproduction.md) or joint (one call on x "
-    "and t(x) together: one set of statistics)."), essential=True)
+    "and t(x) together: one set of statistics)."), essential=True, aet_only=True)
 defined(flags.DEFINE_enum("backbone", "nin", ["nin", "alexnet"],
                           "Encoder: NIN (CIFAR) or AlexNet."), essential=True)
 defined(flags.DEFINE_enum(

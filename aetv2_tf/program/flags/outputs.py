@@ -38,4 +38,7 @@ defined(flags.DEFINE_integer("quick_knn_test", 2000,
                              "pretext: the quick KNN's queries, the first N test images."),
         minimum=1)
 flags.DEFINE_bool("export", True, "Export the encoder as a SavedModel at the end of training.")
-flags.DEFINE_integer("verbose", 1, "Keras progress: 0 silent, 1 progress bar, 2 one line/epoch.")
+defined(flags.DEFINE_integer("verbose", 1,
+                             "Keras progress: 0 silent, 1 progress bar, 2 one line/epoch."),
+        valid=[(lambda v: v in (0, 1, 2), "--verbose must be 0 (silent), 1 (a progress bar) "
+                                          "or 2 (one line per epoch).")])

@@ -39,7 +39,10 @@ defined(flags.DEFINE_float(
     "started (start-up and compilation count), with a checkpoint; 0: run to the end. For job "
     "slots of a fixed length: the learning-rate schedule stays that of the whole run; rerun the "
     "same command to continue."),
-    finite=True, valid=[(lambda v: v >= 0, "--stop_after_seconds must be >= 0 (0: off).")])
+    finite=True, valid=[(lambda v: v >= 0, "--stop_after_seconds must be >= 0 (0: off)."),
+                        (lambda v: v <= MAX_TRAIN_SECONDS,
+                         f"--stop_after_seconds must be at most {MAX_TRAIN_SECONDS:.0f} (a "
+                         "year); 0 runs to the end.")])
 defined(flags.DEFINE_integer("steps_per_execution", 1,
                              "Steps run inside one tf.function call (fewer Python round trips)."),
         minimum=1)
