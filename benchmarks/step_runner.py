@@ -127,7 +127,6 @@ class StepRunner:
             self.model = build_aet_model(self.encoder)
         finally:
             keras.mixed_precision.set_global_policy(previous)
-        optimizers.add_l2_decay(self.model, 5e-4)
         optimizer = optimizers.build_optimizer(
             "adam", optimizers.Schedule("constant", learning_rate, 1), weight_decay=5e-4)
         tensorflow = keras.backend.backend() == "tensorflow"

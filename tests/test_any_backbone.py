@@ -49,7 +49,7 @@ def _pretrain(encoder: keras.Model, feature, size: int) -> keras.Model:
     """Two steps of the README's AETv2 pretraining on `feature`."""
     model = build_pairs_model(encoder, seed=0, feature=feature)
     recipe = dataclasses.replace(aetv2_tf.AETV2, warmup_steps=0)  # 2 steps: no warm-up
-    _, optimizer = recipe.build_optimizer(model, steps=2)
+    _, optimizer = recipe.build_optimizer(steps=2)
     model.compile(optimizer=optimizer, loss=recipe.build_loss(image_size=size),
                   metrics=recipe.metrics())
     history = model.fit(_uint8_images(16, size), batch_size=8, epochs=1, verbose=0)

@@ -144,7 +144,7 @@ class OptimizerSpec:
     ``lr_schedule`` ("constant", "aetv1", "cosine", "step": `optimizers.Schedule`),
     ``warmup_steps``, ``lr_drops`` (fractions of the run for "step"; () = 30/60/80 %),
     ``lr_drop_factor``, ``momentum``, ``adam_beta1/2``, ``weight_decay`` and ``weight_decay_mode``
-    ("l2": added to the model's losses, as PyTorch's coupled decay; "decoupled")."""
+    ("l2": added to the gradient, PyTorch's coupled decay; "decoupled": Keras's)."""
 
     name: str = "adam"
     learning_rate: float = 1e-5
@@ -169,18 +169,17 @@ class OptimizerSpec:
                              f"{self.warmup_steps}")
         object.__setattr__(self, "lr_drops", tuple(float(d) for d in self.lr_drops))
 
-    def build(self, model: keras.Model, steps: int, mixed_float16: bool | None = None, *,
-              _stacklevel: int = 2):
+    def build(self, steps: int, mixed_float16: bool | None = None, *,
+              _stacklevel: int = 2) -> tuple[Any, keras.optimizers.Optimizer]:
         """``(schedule, optimizer)`` for a run of ``steps`` optimizer steps (`training_steps`;
-        the schedules are fractions of it). ``weight_decay_mode="l2"`` adds the decay to
-        ``model``'s losses (once per model); call inside a distribution scope.
-        ``mixed_float16``: wrap for loss scaling (None: from Keras's dtype policy). A warm-up
-        longer than half the run warns (`errors.SettingWarning`) with the rate the run will
-        really reach."""
+        the schedules are fractions of it), touching no model: the weight decay is the
+        optimizer's (``weight_decay_mode="l2"``: PyTorch's coupled decay,
+        `optimizers.CoupledWeightDecay`). Build it inside the distribution scope the model is
+        built in. ``mixed_float16``: wrap for loss scaling (None: from Keras's dtype policy). A
+        warm-up longer than half the run warns (`errors.SettingWarning`) with the rate the run
+        will really reach."""
         from aetv2_tf.method import optimizers
 
-        if self.weight_decay_mode == "l2":
-            optimizers.add_l2_decay(model, self.weight_decay)
         schedule = optimizers.Schedule(self.lr_schedule, self.learning_rate, steps,
                                   self.warmup_steps, drops=self.lr_drops or optimizers.STEP_DROPS,
                                   drop_factor=self.lr_drop_factor)

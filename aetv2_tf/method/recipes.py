@@ -13,7 +13,7 @@ sampler shift, the decoder's parameter scale, the recipe), so the loss frame, th
 and the model cannot disagree, and nothing is read back from its layers. ``recipe.compile(model,
 steps)`` compiles any AET pretext model with this recipe (the same as ``model.compile(steps=...,
 recipe=recipe)``). The parts stay public: ``recipe.build_loss(image_size=32)``,
-``recipe.build_optimizer(model, steps)``, ``recipe.metrics()``; the command line builds its
+``recipe.build_optimizer(steps)``, ``recipe.metrics()``; the command line builds its
 recipe from the flags (`aetv2_tf.program.config`) and its model through `build_model`.
 
 `AETV2` (configs/cifar10_aetv2.cfg: the squared geodesic angle in the 4x zoomed model frame plus
@@ -97,10 +97,11 @@ class Recipe:
         """`LossSpec.build` of this recipe's loss."""
         return self.loss.build(image_size, param_std, step, shift)
 
-    def build_optimizer(self, model: keras.Model, steps: int, mixed_float16: bool | None = None,
-                        *, _stacklevel: int = 2):
-        """`OptimizerSpec.build` of this recipe's optimizer: ``(schedule, optimizer)``."""
-        return self.optimizer.build(model, steps, mixed_float16, _stacklevel=_stacklevel + 1)
+    def build_optimizer(self, steps: int, mixed_float16: bool | None = None, *,
+                        _stacklevel: int = 2) -> tuple[Any, keras.optimizers.Optimizer]:
+        """`OptimizerSpec.build` of this recipe's optimizer: ``(schedule, optimizer)`` for
+        ``steps`` optimizer steps, its weight decay its own (no model is touched)."""
+        return self.optimizer.build(steps, mixed_float16, _stacklevel=_stacklevel + 1)
 
     def metrics(self, image_size: int | Sequence[int] = 32,
                 param_std: Sequence[float] | None = None, step: Any = None,

@@ -126,7 +126,7 @@ def build_model(config: RunConfig, steps: int, *, inputs: str, mean, std, augmen
         if config.pretext == "rotation":
             model = build_rotations_model(encoder, seed, augment=augment, mean=mean, std=std) \
                 if inputs == "images" else build_rotation_classifier(encoder)
-            schedule, optimizer = config.recipe.build_optimizer(model, steps)
+            schedule, optimizer = config.recipe.build_optimizer(steps)
             loss, metrics = program.rotation_objective()
             model.compile(optimizer=optimizer, loss=loss, metrics=metrics, **compile_kwargs)
         else:

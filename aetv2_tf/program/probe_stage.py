@@ -318,7 +318,7 @@ def fit_head(config: RunConfig, model: keras.Model, data: ProbeData, batches: Ca
              chief: bool) -> dict:
     """`train_probe` with the run's settings; returns the selection and test numbers."""
     spec, model_dir = config.recipe.optimizer, config.outputs.model_dir
-    optimizer = probe_optimizer(model, spec.name, spec.learning_rate, momentum=spec.momentum,
+    optimizer = probe_optimizer(spec.name, spec.learning_rate, momentum=spec.momentum,
                                 weight_decay=spec.weight_decay)
     outcome = train_probe(
         model, batches(data.train, data.train_labels, True),
