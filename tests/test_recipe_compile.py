@@ -41,13 +41,13 @@ def test_aetv1_through_the_recipe_trains_where_the_unscaled_decoder_diverges(cif
     images = aetv2_tf.load_cifar10(str(cifar10_dir), "train")[0][:128]
     steps = training_steps(len(images), batch_size=32)
     assert steps == 4
-    # The README's earlier path: no decoder scale, so SGD at 0.1 diverges (2e20 measured).
+    # A pretext model without the decoder scale: SGD at 0.1 diverges (2e20 measured).
     keras.utils.set_random_seed(0)
-    old = aetv2_tf.build_pairs_model(aetv2_tf.build_backbone("nin"), seed=0)
+    unscaled = aetv2_tf.build_pairs_model(aetv2_tf.build_backbone("nin"), seed=0)
     _, optimizer = AETV1.build_optimizer(steps=steps)
-    old.compile(optimizer=optimizer, loss=AETV1.build_loss(32), metrics=AETV1.metrics())
-    old_loss = _fit_loss(old, images)
-    assert not np.isfinite(old_loss) or old_loss > 1e6, old_loss
+    unscaled.compile(optimizer=optimizer, loss=AETV1.build_loss(32), metrics=AETV1.metrics())
+    unscaled_loss = _fit_loss(unscaled, images)
+    assert not np.isfinite(unscaled_loss) or unscaled_loss > 1e6, unscaled_loss
     # The recipe's path: the decoder scale the command line uses (adapter_portable:
     # parameter_std(size, --shift)), the loss dividing by the same numbers.
     keras.utils.set_random_seed(0)
