@@ -199,6 +199,25 @@ def test_under_mirrored_strategy_the_replicas_skip_together_and_decay_once():
             assert np.all(np.isfinite(a))
 
 
+def test_the_optimizer_is_rebuilt_from_its_config():
+    """A `.keras` file's optimizer: `SkipNonFinite` around `AdamL2` / `SGDL2` comes back with
+    its decay and rate; a configuration with a loss scale's settings (fixed at 1: not used)
+    loads too, anything else is refused."""
+    for name in ("adam", "sgd"):
+        optimizer = optimizers.build_optimizer(name, 0.01, weight_decay=5e-4)
+        again = keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))
+        assert type(again) is optimizers.SkipNonFinite
+        assert type(again.inner_optimizer) is type(optimizer.inner_optimizer)
+        assert again.inner_optimizer.get_config() == optimizer.inner_optimizer.get_config()
+        assert optimizers.coupled_l2_decay(again) == 5e-4
+    config = {"name": "skip", "initial_scale": 1.0, "dynamic_growth_steps": 2**31 - 1,
+              "inner_optimizer": keras.optimizers.serialize(keras.optimizers.Adam(0.01))}
+    loaded = optimizers.SkipNonFinite.from_config(config)
+    assert loaded.name == "skip" and optimizers.coupled_l2_decay(loaded) == 0.0
+    with pytest.raises(TypeError, match="takes inner_optimizer and name"):
+        optimizers.SkipNonFinite(keras.optimizers.Adam(0.01), clipnorm=1.0)
+
+
 def test_skip_mode_stops_a_run_whose_every_step_is_non_finite():
     """Skipping is for the odd bad batch: 10 skipped steps in a row end the run as diverged."""
     from aetv2_tf.program.callbacks import StopOnSkippedStep

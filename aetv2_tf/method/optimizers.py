@@ -139,6 +139,13 @@ def l2_penalty(variables: Sequence, l2_decay: float):
     return ops.multiply(total, l2_decay / 2.0)
 
 
+#: The loss-scale settings a `SkipNonFinite` configuration may name (a loss scale fixed at 1,
+#: `keras.optimizers.LossScaleOptimizer`'s arguments), accepted and not used; and the loss
+#: scale's variables a checkpoint of it holds after the three of its own.
+LOSS_SCALE_CONFIG = ("initial_scale", "dynamic_growth_steps")
+LOSS_SCALE_VARIABLES = 2
+
+
 @keras.saving.register_keras_serializable(package="aetv2_tf")
 class SkipNonFinite(keras.optimizers.Optimizer):
     """Wraps ``inner_optimizer``: a step is applied only when every gradient is finite;
@@ -173,8 +180,14 @@ class SkipNonFinite(keras.optimizers.Optimizer):
         super().build(var_list)
 
     @property
+    def own_variables(self) -> list:
+        """Its own variables: iteration, learning rate (both unused: the inner optimizer's
+        count and rate), `skipped_steps`."""
+        return super().variables
+
+    @property
     def variables(self) -> list:
-        return [*self._variables, *self.inner_optimizer.variables]
+        return [*self.own_variables, *self.inner_optimizer.variables]
 
     @property
     def iterations(self):
@@ -237,8 +250,9 @@ class SkipNonFinite(keras.optimizers.Optimizer):
         """The JAX training step's: ``(trainable values, optimizer values)`` after the inner
         optimizer's ``stateless_apply`` if every gradient is finite, else the same values with
         `skipped_steps` one higher."""
-        own = len(self._variables)
-        own_values, inner_values = list(optimizer_variables[:own]), optimizer_variables[own:]
+        own_variables = self.own_variables
+        own_values = list(optimizer_variables[:len(own_variables)])
+        inner_values = optimizer_variables[len(own_variables):]
 
         def step():
             new_trainable, new_inner = self.inner_optimizer.stateless_apply(
@@ -246,17 +260,17 @@ class SkipNonFinite(keras.optimizers.Optimizer):
             return list(new_trainable), [*own_values, *new_inner]
 
         def skip():
-            mapping = list(zip(self._variables, own_values, strict=True))
+            mapping = list(zip(own_variables, own_values, strict=True))
             with keras.StatelessScope(state_mapping=mapping) as scope:
                 self.skipped_steps.assign_add(1)
             return list(trainable_variables), [
-                *(scope.get_current_value(v) for v in self._variables), *inner_values]
+                *(scope.get_current_value(v) for v in own_variables), *inner_values]
 
         return ops.cond(all_finite(grads), step, skip)
 
     def save_own_variables(self, store) -> None:
         """Its own variables (the inner optimizer saves its own under ``inner_optimizer``)."""
-        for i, variable in enumerate(self._variables):
+        for i, variable in enumerate(self.own_variables):
             store[str(i)] = ops.convert_to_numpy(variable)
 
     def load_own_variables(self, store) -> None:
@@ -266,7 +280,7 @@ class SkipNonFinite(keras.optimizers.Optimizer):
         followed by the inner optimizer's variables (which load from ``inner_optimizer``). A
         file of fewer (saved before the first step) leaves the state fresh, with a warning;
         other counts are refused: a silent skip would resume with a fresh optimizer."""
-        count, own = len(store.keys()), len(self._variables)
+        count, own = len(store.keys()), len(self.own_variables)
         if count < own:
             warnings.warn(f"optimizer {self.name!r}: the file holds {count} of its {own} "
                           "variables (saved before its first step): its state starts afresh",
@@ -279,7 +293,7 @@ class SkipNonFinite(keras.optimizers.Optimizer):
                              f"expected {' or '.join(map(str, layouts))} (or with the inner "
                              f"optimizer's {inner} after them): it is not a checkpoint of this "
                              "optimizer")
-        for i, variable in enumerate(self._variables):
+        for i, variable in enumerate(self.own_variables):
             variable.assign(store[str(i)])
 
     def get_config(self) -> dict:
@@ -294,16 +308,10 @@ class SkipNonFinite(keras.optimizers.Optimizer):
         return cls(inner, **config)
 
 
-#: The loss-scale settings a `SkipNonFinite` configuration may name (a loss scale fixed at 1,
-#: `keras.optimizers.LossScaleOptimizer`'s arguments), accepted and not used; and the loss
-#: scale's variables a checkpoint of it holds after the three of its own.
-LOSS_SCALE_CONFIG = ("initial_scale", "dynamic_growth_steps")
-LOSS_SCALE_VARIABLES = 2
-
-
 def all_finite(grads: Sequence):
     """Whether every value of every gradient (None: none) is finite, a boolean scalar."""
-    return ops.all(ops.stack([ops.all(ops.isfinite(g)) for g in grads if g is not None]))
+    checks = [ops.all(ops.isfinite(g)) for g in grads if g is not None]
+    return ops.all(ops.stack(checks)) if checks else ops.convert_to_tensor(True)
 
 
 def build_optimizer(name: str, schedule, *, momentum: float = 0.9, beta_1: float = 0.9,
