@@ -128,7 +128,7 @@ def runs(tmp_path_factory, cifar10_dir):
 
 
 def test_import_and_helpfull_without_tensorflow():
-    code = BLOCK_TF + ("import aetv2_tf.train, aetv2_tf.program.adapter_portable, "
+    code = BLOCK_TF + ("import aetv2_tf.train, aetv2_tf.program.keras_native_backend, "
                        "aetv2_tf.program.probe_stage, aetv2_tf.export, "
                        "aetv2_tf.probes.frozen_encoder; print('imported')")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
