@@ -1,4 +1,4 @@
-"""One program on every backend: what used to differ silently between the TensorFlow and the JAX
+"""One program on every backend: what could differ silently between the TensorFlow and the JAX
 programs, each checked on both (JAX in a child process with TensorFlow blocked, as on a machine
 without it; TensorFlow in this process or as a CLI run)."""
 
@@ -58,8 +58,7 @@ def skipped_steps() -> dict[str, subprocess.CompletedProcess]:
 @pytest.mark.parametrize("stop", [True, False])
 def test_a_skipped_step_counts_the_same_on_both_backends(stop, skipped_steps):
     """The step is the batches consumed (a skipped batch counts), the optimizer's iterations the
-    updates applied; --on_nonfinite=stop ends at the bad batch on JAX as on TensorFlow (before,
-    JAX had no such stop and counted steps differently)."""
+    updates applied; --on_nonfinite=stop ends at the bad batch on JAX as on TensorFlow."""
     expected = "RESULT True 3 1 2 True" if stop else "RESULT False 4 1 3 False"
     for backend, proc in skipped_steps.items():
         assert proc.returncode == 0, (backend, proc.stderr[-3000:])

@@ -1,7 +1,7 @@
 """The program's structure: the library never imports the program layer, no import cycle (the
 package, the benchmarks and the experiments; the package imports neither, the benchmarks never
 the experiments), modules that import alone, small modules, and a flag-support table
-with a row for every flag (issues "One program on every Keras backend", "One house, one suite")."""
+with a row for every flag, and no class defined inside a function."""
 
 from __future__ import annotations
 

@@ -107,7 +107,7 @@ def test_saved_model_loads_without_this_package(run_dir):
 
 @pytest.mark.parametrize("backend", ["tensorflow", "jax"])
 def test_the_keras_file_reloads_with_only_import_aetv2_tf(run_dir, backend):
-    """Issue 32's first finding: `import aetv2_tf` alone (no other module of the package, in
+    """`import aetv2_tf` alone (no other module of the package, in
     either order with Keras) registers every class the CLI's `.keras` file names, on both
     backends, in a fresh process (aetv2_tf/registry.py); under JAX with TensorFlow blocked."""
     path = str(run_dir[0] / "aet_model.keras")

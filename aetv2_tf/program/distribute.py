@@ -90,7 +90,7 @@ def _multi_worker_strategy(
 def signal_agreement(strategy: tf.distribute.Strategy):
     """Under `MultiWorkerMirroredStrategy`, a function `(sigint, sigterm) -> (sigint, sigterm)`
     that sums every worker's counts of received signals (one collective, a few ms), so that all
-    workers stop after the same step when any is signalled (`callbacks.StopOnSignal`); None
+    workers stop after the same step when any is signalled (`signal_stop.SignalStop`); None
     elsewhere (one process receives its own signals)."""
     if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return None
