@@ -245,7 +245,7 @@ def train(config: RunConfig, backend: Backend, data: PretextData) -> StageResult
     if backend.chief and start < stop:
         check_disk(config, model, encoder, backend.other_writers)
         discard_encoder_weights(outputs.model_dir)  # it would describe an older end of the run
-    control = run_control(config, backend, store, (start, stop, steps))
+    control = run_control_of(config, backend, store, (start, stop, steps))
     summary, outcome = fit(config, model, backend.batches(data, start, stop), control,
                            backend.summaries(data, lambda: control.step, schedule), per_epoch,
                            backend.fit_kwargs)
@@ -262,8 +262,8 @@ def train(config: RunConfig, backend: Backend, data: PretextData) -> StageResult
     return StageResult(summary, outcome, export_failed=export_failed)
 
 
-def run_control(config: RunConfig, backend: Backend, store: CheckpointStore,
-                span: tuple[int, int, int]) -> RunControl:
+def run_control_of(config: RunConfig, backend: Backend, store: CheckpointStore,
+                   span: tuple[int, int, int]) -> RunControl:
     """The run's `RunControl` over ``span`` (from step ``start`` to ``stop`` of ``steps``):
     checkpoints every ``--checkpoint_every_steps`` into ``store``, ``--on_nonfinite``,
     ``--max_loss_growth``, ``--stop_after_seconds`` and the signals (agreed among workers)."""
