@@ -23,8 +23,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import app  # noqa: E402
 
 import aetv2_tf.models  # noqa: E402
-from aetv2_tf import recipes  # noqa: E402
-from aetv2_tf.models import aet, pairs  # noqa: E402
+from aetv2_tf.method import recipes  # noqa: E402
+from aetv2_tf.models import aet  # noqa: E402
+from aetv2_tf.models import pretext as pairs  # noqa: E402
 from aetv2_tf.probes import knn  # noqa: E402
 from aetv2_tf.program import probe_stage  # noqa: E402
 
