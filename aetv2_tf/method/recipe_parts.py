@@ -195,12 +195,11 @@ class OptimizerSpec:
                                        drop_epochs=self.lr_drop_epochs, epochs=self.epochs)
         if self.warmup_steps > int(steps) // 2:
             shorter, longer = int(steps) // 10, 2 * self.warmup_steps
-            warnings.warn(SettingWarning(*(
-                f"{at}warmup_steps={self.warmup_steps} in a run of {int(steps)} steps: the "
-                f"learning rate peaks at {schedule.reached_peak():.3g}, not at {at}learning_rate="
-                f"{self.learning_rate:.3g}; shorten the warm-up ({to}{shorter}, say), or train "
-                f"for at least {longer} steps{run}" for at, to, run in (
-                    ("", "to ", ""), ("--", "--warmup_steps=", f" (--train_steps={longer})")))),
+            warnings.warn(SettingWarning(
+                f"warmup_steps={self.warmup_steps} in a run of {int(steps)} steps: the learning "
+                f"rate peaks at {schedule.reached_peak():.3g}, not at learning_rate="
+                f"{self.learning_rate:.3g}; shorten the warm-up (to {shorter}, say), or train "
+                f"for at least {longer} steps", ("warmup_steps", "steps")),
                 stacklevel=_stacklevel)
         if mixed_float16 is None:
             mixed_float16 = keras.mixed_precision.dtype_policy().name == "mixed_float16"
