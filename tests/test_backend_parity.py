@@ -1,4 +1,4 @@
-"""One program on every backend: what used to differ silently between the TensorFlow and the JAX
+"""One program on every backend: what could differ silently between the TensorFlow and the JAX
 programs, each checked on both (JAX in a child process with TensorFlow blocked, as on a machine
 without it; TensorFlow in this process or as a CLI run)."""
 
@@ -32,7 +32,8 @@ SKIP_STEPS = """
 import json
 import numpy as np, keras
 from aetv2_tf.method import optimizers
-from aetv2_tf.program.callbacks import StepCounter, StopOnSkippedStep
+from aetv2_tf.program.divergence import NonFiniteSteps
+from aetv2_tf.program.run_control import RunControl
 for stop in (True, False):
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(
@@ -41,13 +42,11 @@ for stop in (True, False):
     model.compile(optimizer=opt, loss="mse")
     x, y = np.ones((32, 2), np.float32), np.ones((32, 1), np.float32)
     x[16:24] = np.nan  # batch 3 of 4 is non-finite
-    counter = StepCounter(0, 4)
-    skips = StopOnSkippedStep(opt, counter, stop=stop)
-    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, callbacks=[counter, skips],
-              verbose=0)
+    control = RunControl(0, 4, 4, nonfinite=NonFiniteSteps(stop=stop))
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, callbacks=[control], verbose=0)
     value = lambda v: int(keras.ops.convert_to_numpy(v.value))
-    print("RESULT", stop, counter(), value(opt.skipped_steps), value(opt.iterations),
-          skips.stopped)
+    print("RESULT", stop, control.step, value(opt.skipped_steps), value(opt.iterations),
+          control.outcome().nonfinite_step)
     print("WEIGHTS", stop, json.dumps([w.numpy().tolist() for w in model.weights]))
 """
 

@@ -118,9 +118,10 @@ def test_folder_pretext_stream_resumes_exactly(tmp_path):
 @pytest.mark.parametrize("dataset", ["folder", "cifar10"])
 def test_pretext_pairs_are_normalised_with_the_datasets_constants(dataset, tmp_path, configured):
     """One rule (`normalization_constants`) for pretraining, probes and export: the TensorFlow
-    adapter's pairs of white and black images are (1 - mean) / std and -mean / std."""
+    backend's pairs of white and black images are (1 - mean) / std and -mean / std."""
     from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD, normalization_constants
-    from aetv2_tf.program.adapter_tensorflow import TensorFlowPretext
+    from aetv2_tf.program.pretext_data import PretextData
+    from aetv2_tf.program.tensorflow_backend import TensorFlowBackend
 
     size = 224 if dataset == "folder" else 32
     if dataset == "folder":
@@ -139,8 +140,9 @@ def test_pretext_pairs_are_normalised_with_the_datasets_constants(dataset, tmp_p
     config = configured(f"--model_dir={tmp_path / 'run'}", f"--dataset={dataset}",
                         f"--backbone={'alexnet' if dataset == 'folder' else 'nin'}",
                         "--train_steps=1")
-    adapter = TensorFlowPretext(config, tf.distribute.get_strategy(), True, images)
-    (x, _), _ = next(iter(adapter.dataset_from(0, batch_size=4, augment=False)))
+    backend = TensorFlowBackend(config)
+    data = PretextData.of(config, images)
+    (x, _), _ = next(iter(backend.dataset_from(data, 0, batch_size=4, augment=False)))
     assert x.shape == (4, size, size, 3)
     values = np.unique(np.round(x.numpy(), 4).reshape(-1, 3), axis=0)
     white = (1 - np.float32(mean)) / np.float32(std)

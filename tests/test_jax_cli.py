@@ -21,6 +21,7 @@ import sys
 import numpy as np
 import pytest
 
+from aetv2_tf import __version__
 from tests.cli import BLOCK_TF, REPO, RUN_TRAIN, _env, finish_jax, start_jax, train_args
 
 # The fast tier (`-m "not slow"`) leaves this file out: every test reads the Keras-on-JAX
@@ -128,7 +129,7 @@ def runs(tmp_path_factory, cifar10_dir):
 
 
 def test_import_and_helpfull_without_tensorflow():
-    code = BLOCK_TF + ("import aetv2_tf.train, aetv2_tf.program.adapter_portable, "
+    code = BLOCK_TF + ("import aetv2_tf.train, aetv2_tf.program.keras_native_backend, "
                        "aetv2_tf.program.probe_stage, aetv2_tf.export, "
                        "aetv2_tf.probes.frozen_encoder; print('imported')")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
@@ -153,7 +154,8 @@ def test_tensorflow_only_flags_are_refused(tmp_path, cifar10_dir):
     # start that trained nothing would be set aside and started afresh:
     # test_untrusted_files_are_left_alone.py).
     (tmp_path / "tf_run" / "checkpoints").mkdir(parents=True)
-    (tmp_path / "tf_run" / "flags.json").write_text('{"stage": "pretext"}')
+    (tmp_path / "tf_run" / "flags.json").write_text(json.dumps({"stage": "pretext",
+                                                               "version": __version__}))
     (tmp_path / "tf_run" / "checkpoints" / "ckpt-4.weights.h5").write_bytes(b"weights")
     proc = subprocess.run([sys.executable, "-c", RUN_TRAIN,
                            *train_args(tmp_path / "tf_run", cifar10_dir, "--train_steps=6")],
@@ -196,7 +198,7 @@ def test_resumed_run_ends_with_the_same_weights(runs):
 def test_resume_is_exact_with_steps_per_execution(runs):
     """--steps_per_execution=3 --stop_after_steps=5: the run stops after exactly 5 batches (the
     second execution is short), writes ckpt-5, and the resumed run ends bitwise equal to the
-    uninterrupted one (before the fix it counted 6 after 5 batches and skipped one)."""
+    uninterrupted one (never 6 counted after 5 batches, one skipped)."""
     tmp, out = runs
     assert done_line(out["spe1"]).startswith("Stopped (pretext) at step 5 of 6: steps=5, "
                                              "start_step=0,")

@@ -43,7 +43,7 @@ def test_step_schedule_drops_at_the_given_epochs():
     assert [float(default(i)) for i in (29, 30, 60, 80)] == pytest.approx([1, 0.2, 0.04, 0.008])
     from aetv2_tf.probes.classifier import step_lr_schedule
 
-    rotnet = step_lr_schedule(35, base_lr=0.01, milestones=(5 / 35, 15 / 35, 25 / 35))
+    rotnet = step_lr_schedule(35, base_lr=0.01, drop_epochs=(5, 15, 25))
     assert [rotnet(e) for e in (0, 4, 5, 14, 15, 25, 34)] == pytest.approx(
         [0.01, 0.01, 0.002, 0.002, 0.0004, 0.00008, 0.00008])
 
@@ -216,70 +216,6 @@ def test_the_optimizer_is_rebuilt_from_its_config():
     assert loaded.name == "skip" and optimizers.coupled_l2_decay(loaded) == 0.0
     with pytest.raises(TypeError, match="takes inner_optimizer and name"):
         optimizers.SkipNonFinite(keras.optimizers.Adam(0.01), clipnorm=1.0)
-
-
-def test_skip_mode_stops_a_run_whose_every_step_is_non_finite():
-    """Skipping is for the odd bad batch: 10 skipped steps in a row end the run as diverged."""
-    from aetv2_tf.program.callbacks import StopOnSkippedStep
-
-    class Model:
-        stop_training = False
-
-    opt = optimizers.build_optimizer("sgd", 0.1)
-    opt.build([keras.Variable(np.ones(2, np.float32))])
-    step = [0]
-    callback = StopOnSkippedStep(opt, lambda: step[0], stop=False, patience=10)
-    callback.set_model(Model())
-    callback.on_train_begin()
-    stopped_at = None
-    for batch in range(30):
-        if batch != 3:  # a good step at batch 3 (the counter does not move) resets the count
-            opt.skipped_steps.assign_add(1)
-        step[0] = batch + 1
-        callback.on_train_batch_end(batch)
-        if callback.model.stop_training:
-            stopped_at = batch
-            break
-    assert stopped_at == 13 and callback.diverged  # skips at batches 4..13: ten in a row
-
-
-def test_a_resumed_run_counts_only_its_own_skipped_steps():
-    """`skipped_steps` is restored with the optimizer: the skips of an earlier invocation must
-    not stop (--on_nonfinite=stop) or divert a resumed run at its first check."""
-    from aetv2_tf.program.callbacks import StopOnSkippedStep
-
-    class Model:
-        stop_training = False
-
-    opt = optimizers.build_optimizer("sgd", 0.1)
-    opt.build([keras.Variable(np.ones(2, np.float32))])
-    opt.skipped_steps.assign(3)  # as restored from a checkpoint
-    step = [40]
-    callback = StopOnSkippedStep(opt, lambda: step[0], stop=True)
-    callback.set_model(Model())
-    callback.on_train_begin()
-    step[0] = 41
-    callback.on_train_batch_end(0)
-    assert not callback.model.stop_training and not callback.stopped
-    opt.skipped_steps.assign_add(1)
-    step[0] = 42
-    callback.on_train_batch_end(1)
-    assert callback.stopped and callback.model.stop_training
-
-
-@pytest.mark.parametrize("outcome, code", [({}, 0), ({"interrupted_by": "SIGTERM"}, 143),
-                                           ({"interrupted_by": "SIGINT"}, 130),
-                                           ({"diverged": True}, 3),
-                                           ({"stopped_nonfinite": True}, 3),
-                                           ({"nonfinite_weights": True}, 3),
-                                           ({"loss_grew": "7.2e+13 at step 8"}, 7)])
-def test_exit_codes(outcome, code, capsys):
-    from aetv2_tf.train import exit_code
-
-    assert exit_code({"steps": 7, **outcome}) == code
-    if code in (3, 7):  # what is kept, named: never "step None"
-        err = capsys.readouterr().err
-        assert "no checkpoint was written" in err and "None" not in err, err
 
 
 #: ``save_weights`` of `_adam_model` (Adam 1e-2) fitted on three batches of 4, the second

@@ -48,7 +48,7 @@ def test_aetv1_through_the_recipe_trains_where_the_unscaled_decoder_diverges(cif
     unscaled.compile(optimizer=optimizer, loss=AETV1.build_loss(32), metrics=AETV1.metrics())
     unscaled_loss = _fit_loss(unscaled, images)
     assert not np.isfinite(unscaled_loss) or unscaled_loss > 1e6, unscaled_loss
-    # The recipe's path: the decoder scale the command line uses (adapter_portable:
+    # The recipe's path: the decoder scale the command line uses (keras_native_backend:
     # parameter_std(size, --shift)), the loss dividing by the same numbers.
     keras.utils.set_random_seed(0)
     model = AETV1.build_model(aetv2_tf.build_backbone("nin"), seed=0)
@@ -176,9 +176,9 @@ def test_recipes_by_name_and_run_lengths():
         training_steps(0, 64)
 
 
-def test_one_decoder_rule_for_the_recipe_and_both_adapters():
+def test_one_decoder_rule_for_the_recipe_and_both_backends():
     """`Recipe.decoder_options` is the decoder's one rule: `build_model` builds through it, and
-    both program adapters (adapter_portable, adapter_tensorflow) build through `build_model`
+    both program backends (keras_native_backend, tensorflow_backend) build through `build_model`
     (`program.pretext_stage.build_model`), none restates it."""
     std = parameter_std(32, "integer")
     options = AETV1.decoder_options(32)
@@ -192,9 +192,9 @@ def test_one_decoder_rule_for_the_recipe_and_both_adapters():
     with pytest.raises(ValueError, match="no decoder_scale"):
         AETV1_OFFICIAL.decoder_options(32, decoder_scale=True)
     program = pathlib.Path(aetv2_tf.__file__).parent / "program"
-    for adapter in ("adapter_portable.py", "adapter_tensorflow.py"):
-        text = (program / adapter).read_text()
-        assert "pretext_stage.build_model(" in text, adapter
-        assert "decoder_options(" not in text and "param_scale=" not in text, adapter
-        assert "mse_target" not in text and ".compile(" not in text, adapter
+    for backend in ("keras_native_backend.py", "tensorflow_backend.py"):
+        text = (program / backend).read_text()
+        assert "pretext_stage.build_model(" in text, backend
+        assert "decoder_options(" not in text and "param_scale=" not in text, backend
+        assert "mse_target" not in text and ".compile(" not in text, backend
     assert "recipe.build_model(" in (program / "pretext_stage.py").read_text()

@@ -308,7 +308,7 @@ def load_encoder_weights(model_dir: str, saved: dict, batch_norm: str) -> keras.
 
     Reads `model_dir/encoder.weights.h5`, else the newest `checkpoints/ckpt-*.weights.h5`: the
     run's whole pretext model is rebuilt to read it (the pairs/rotations model of
-    `program.adapter_portable`, the AET/rotation model of the TensorFlow program, with the
+    `program.keras_native_backend`, the AET/rotation model of the TensorFlow program, with the
     run's batch norm). FileNotFoundError when neither exists.
     """
     from aetv2_tf.models import (

@@ -8,7 +8,7 @@
 * `tensorboard_writer`: a ``tf.summary`` file writer, or None where TensorFlow cannot be imported,
   so that the caller keeps the CSV alone.
 
-Library code: the probes (`probes.classifier`) and the program (`program.adapter_portable`) log
+Library code: the probes (`probes.classifier`) and the program (`program.monitoring`) log
 through it. The program has imported TensorFlow quietly before (`tensorflow_importable` of
 `program.flag_support`), so the import here finds it loaded.
 """

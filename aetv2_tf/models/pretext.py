@@ -147,11 +147,10 @@ class PairsModel(ChecksInputs, ShowsDataLoss, keras.Model):
                 rate = recipe.optimizer.learning_rate
                 warnings.warn(SettingWarning(
                     "this recipe's MSE is meant for a decoder that regresses std-normalised "
-                    "parameters (the command line's default) and the model has none: SGD at its "
-                    "learning rate diverges; build the model with recipe.build_model(encoder)",
-                    f"--loss=mse with --decoder_scale=false: the AETv1 MSE is meant for a "
-                    f"decoder that regresses std-normalised parameters, and SGD at "
-                    f"--learning_rate={rate:g} diverges without one; drop --decoder_scale=false"),
+                    "parameters and the model has none (decoder_scale=False): SGD at its "
+                    f"learning_rate={rate:g} diverges; build the model with "
+                    "recipe.build_model(encoder), whose decoder_scale follows the loss",
+                    ("decoder_scale", "learning_rate")),
                     stacklevel=3)
             self.schedule, optimizer = recipe.build_optimizer(steps, _stacklevel=4)
         if "loss" in auto:

@@ -25,7 +25,7 @@ A Keras encoder is cut to the layers its feature needs (`truncate`): a probe on 
 not run blocks 3-4, an AlexNet conv probe skips fc6/fc7. Every failure is a `UsageError` naming
 the problem and the fix; `check_pretrained` makes the cheap checks (path, kind, backbone) before
 the run writes anything. TensorFlow is imported only for SavedModels and TensorFlow checkpoints:
-a `--pretrained` run of `program.adapter_portable` (Keras checkpoints) loads on any backend.
+a `--pretrained` run of `program.keras_native_backend` (Keras checkpoints) loads on any backend.
 """
 
 from __future__ import annotations

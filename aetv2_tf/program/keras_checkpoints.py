@@ -47,7 +47,7 @@ from aetv2_tf.files.saving import (  # noqa: F401 - the run directory's files, r
     tensorflow_run_unreadable,
     write_text_atomically,
 )
-from aetv2_tf.program.callbacks import CheckpointStore
+from aetv2_tf.program.checkpoint_saver import CheckpointStore
 
 BAD = ".bad"  # the suffix of a file set aside
 
@@ -86,7 +86,7 @@ def set_aside(path: str, reason: str) -> str:
 
 class KerasCheckpoints(CheckpointStore):
     """`ckpt-<step>.weights.h5` files in `directory`, written atomically; the `keep` newest are
-    kept (`callbacks.CheckpointEvery` saves into it, after its finiteness check)."""
+    kept (`checkpoint_saver.CheckpointSaver` saves into it, after its finiteness check)."""
 
     def __init__(self, directory: str, keep: int):
         self.directory, self.keep = directory, keep

@@ -12,8 +12,9 @@ Layout of a `--model_dir`:
                        with aetv2_export.json (`aetv2_tf.files.provenance`)
     overwritten-<time>/  a previous run, set aside by --overwrite (nothing is deleted)
 
-Runs of earlier versions of the TensorFlow program have `tf.train.Checkpoint` files in
-checkpoints/ (ckpt-<step>.{index,data-*}, checkpoint); they resume under TensorFlow.
+A run whose checkpoints/ holds only `tf.train.Checkpoint` files (ckpt-<step>.{index,data-*},
+checkpoint: aetv2_tf 0.1) is refused, naming the version that resumes it
+(`pretext_stage.check_resumable`).
 """
 
 from __future__ import annotations
@@ -347,7 +348,7 @@ def prepare(model_dir: str, run_flags: dict, flagfile: str, essential: tuple[str
         # A flag newer than the saved run is absent from it: that run had its default behaviour.
         diff = {k: (saved.get(k), run_flags.get(k)) for k in essential
                 if k in saved and saved[k] != run_flags.get(k)}
-        # The Keras backend (recorded by program.adapter_portable; absent: tensorflow) fixes
+        # The Keras backend (recorded by program.keras_native_backend; absent: tensorflow) fixes
         # the checkpoint format, so a run continues only on the backend that started it.
         backends = saved.get("backend", "tensorflow"), run_flags.get("backend", "tensorflow")
         if backends[0] != backends[1]:
