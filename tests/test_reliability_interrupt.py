@@ -162,8 +162,8 @@ def to_legacy(config) -> tuple[int, list[str], str]:
     `weights_digest`)."""
     import tensorflow as tf
 
+    from aetv2_tf.files.digests import weights_digest
     from aetv2_tf.program.adapter_tensorflow import TensorFlowPretext
-    from aetv2_tf.program.callbacks import weights_digest
     from aetv2_tf.program.keras_checkpoints import list_checkpoints, load_model_part
 
     adapter = TensorFlowPretext(config, tf.distribute.get_strategy(), True, None)
@@ -198,7 +198,7 @@ def test_a_run_with_tf_checkpoints_of_an_earlier_version_resumes_exactly(referen
     step, files, digest = to_legacy(configured(*args))
     assert (step, files) == (4, ["checkpoint", "ckpt-4.data-00000-of-00001", "ckpt-4.index"])
     from aetv2_tf.export import restore_encoder
-    from aetv2_tf.program.callbacks import weights_digest
+    from aetv2_tf.files.digests import weights_digest
 
     encoder, _ = restore_encoder(str(model_dir))  # what the probes and the export read
     assert weights_digest(encoder.weights) == digest

@@ -27,7 +27,6 @@ Two uses, and what the digest does and does not promise:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -36,21 +35,15 @@ import tempfile
 
 from absl import logging
 
+from aetv2_tf.files.digests import file_digest
+from aetv2_tf.files.safe_paths import process_alive, write_atomically
+
 MANIFEST = "aetv2_export.json"
 FORMAT = "aetv2_tf export"
 
 
 class ExportTargetError(ValueError):
     """An export's output that is not ours to replace: the message names it and the fix."""
-
-
-def file_digest(path: str) -> str:
-    """SHA-256 (hex) of the file at `path`, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(2**20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _files(directory: str) -> list[str]:
@@ -76,9 +69,7 @@ def write_manifest(directory: str, encoder: dict | None = None) -> str:
     manifest = {"format": FORMAT, "version": 1, "sha256": files}
     if encoder is not None:
         manifest["encoder"] = encoder
-    with open(path, "w") as f:
-        json.dump(manifest, f, indent=1, sort_keys=True)
-    return path
+    return write_atomically(path, json.dumps(manifest, indent=1, sort_keys=True))
 
 
 def export_record(directory: str) -> dict | None:
@@ -195,8 +186,6 @@ def remove_dead_scratch(parent: str, name: str) -> list[str]:
     each holds only ``new`` (what that export wrote) and ``old`` (a previous export, moved aside:
     removed only when it verifies as ours, `verify_export`); any other content, a link, or a
     live process's folder is left as it is."""
-    from aetv2_tf.files.safe_paths import process_alive
-
     prefix, removed = f".{name}.tmp", []
     for entry in os.listdir(parent):
         pid = entry[len(prefix):].partition("-")[0]

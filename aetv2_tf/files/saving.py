@@ -36,8 +36,8 @@ from absl import logging
 
 from aetv2_tf.data.constants import normalization_constants
 from aetv2_tf.files import presets
-from aetv2_tf.files.provenance import file_digest
-from aetv2_tf.files.safe_paths import process_alive, refuse_link, write_text_atomically
+from aetv2_tf.files.digests import file_digest
+from aetv2_tf.files.safe_paths import process_alive, write_atomically
 from aetv2_tf.method.recipes import Recipe, as_recipe
 
 ENCODER_WEIGHTS = "encoder.weights.h5"
@@ -90,7 +90,7 @@ def save_encoder(encoder: keras.Model, directory: str, *, recipe: Recipe | str |
                       encoder_name=encoder.name, features=features,
                       input_shape=[None if d is None else int(d)
                                    for d in encoder.inputs[0].shape[1:]])
-    write_text_atomically(os.path.join(directory, "flags.json"),
+    write_atomically(os.path.join(directory, "flags.json"),
                           json.dumps(record, indent=2) + "\n")
     return directory
 
@@ -229,31 +229,24 @@ def list_checkpoints(directory: str) -> list[tuple[int, str]]:
 
 
 def save_atomically(saver, path: str) -> str:
-    """`saver(tmp)`, its bytes flushed to the disk, then `os.replace(tmp, path)`; tmp ends like
-    `path` (Keras checks suffixes). Temporaries that a killed process left beside it are
-    removed first (never those of a live process). A symbolic link at `path` or at the
-    temporary's name is refused (`safe_paths.refuse_link`), never written through."""
+    """`saver(tmp)` into `path` by `safe_paths.write_atomically` (a temporary beside it, fsync,
+    ``os.replace``; a link refused; the old file intact on any error), the file's SHA-256
+    written beside it (`CHECKSUM`) before the rename. Temporaries of `path` or of a checkpoint
+    (``.tmp<pid>-<name>``) that a killed process left are removed first, never those of a live
+    process."""
     directory, name = os.path.split(path)
     os.makedirs(directory or ".", exist_ok=True)
-    tmp = os.path.join(directory, f".tmp{os.getpid()}-{name}")
-    refuse_link(path, regular=True)
-    refuse_link(tmp)
     for other in os.listdir(directory or "."):  # `.tmp<pid>-<name or a checkpoint's name>`
         head, _, rest = other.partition("-")
         ours = rest == name or CHECKPOINT_NAME.match(rest)
         if head.startswith(".tmp") and head[4:].isdigit() and ours and \
                 not process_alive(int(head[4:])):
             os.remove(os.path.join(directory, other))
-    try:
-        saver(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        write_text_atomically(path + CHECKSUM, f"{file_digest(tmp)}  {name}\n")  # before the file
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return path
+
+    def checksum(tmp: str) -> None:
+        write_atomically(path + CHECKSUM, f"{file_digest(tmp)}  {name}\n")
+
+    return write_atomically(path, saver, before_replace=checksum)
 
 
 def damage(path: str, required: bool = False) -> str | None:

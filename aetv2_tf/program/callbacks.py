@@ -9,7 +9,6 @@ by what needs it (finiteness checks of distributed variables): the callbacks ser
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
 import threading
@@ -30,28 +29,6 @@ def all_finite(variables) -> bool:
                    for v in variables)
     return all(np.isfinite(keras.ops.convert_to_numpy(v).astype(np.float32)).all()
                for v in variables)
-
-
-def digest_arrays(arrays) -> str:
-    """A short SHA-256 (16 hex digits) of numpy arrays' bytes, in order."""
-    digest = hashlib.sha256()
-    for a in arrays:
-        digest.update(np.ascontiguousarray(a).tobytes())
-    return digest.hexdigest()[:16]
-
-
-def weights_digest(variables) -> str:
-    """A short SHA-256 of the variables' values (in order): equal digests mean bitwise-equal
-    weights, e.g. the trainable weights on every worker of a multi-worker run (BatchNorm moving
-    statistics are per replica, as in Keras, and differ), or in two `--deterministic` runs.
-    Any backend: the values are read with `keras.ops.convert_to_numpy` except under TensorFlow,
-    which reads them as it always has (`tf.convert_to_tensor(v).numpy()`, distributed variables
-    included)."""
-    if keras.backend.backend() == "tensorflow":
-        import tensorflow as tf
-
-        return digest_arrays(tf.convert_to_tensor(v).numpy() for v in variables)
-    return digest_arrays(keras.ops.convert_to_numpy(v) for v in variables)
 
 
 def due(step: int, previous: int, every: int) -> bool:

@@ -56,13 +56,13 @@ def fit_and_summarize(config: RunConfig, model: keras.Model, data, start: int, s
     whether it FINISHED (reached all ``steps`` cleanly: the stage then writes the encoder,
     exports, runs the quick KNN). ``callbacks`` holds the run's `StepCounter`, `StopOnSignal`,
     `StopOnSkippedStep` and checkpoint saver (with ``refused``)."""
+    from aetv2_tf.files.digests import weights_digest
     from aetv2_tf.method.metrics import shown_order
     from aetv2_tf.program.callbacks import (
         StepCounter,
         StopAtDeadline,
         StopOnSignal,
         StopOnSkippedStep,
-        weights_digest,
     )
     from aetv2_tf.program.loss_growth import StopOnLossGrowth
     from aetv2_tf.program.monitoring import ProgressBar
