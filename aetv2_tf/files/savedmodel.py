@@ -64,7 +64,7 @@ def export_encoder(encoder: keras.Model, output: str, dataset: str | None = "cif
         raise ValueError("export_encoder: pass both mean and std, or neither (dataset's)")
     if mean is None:
         mean, std = normalization_constants(dataset)
-    # What a reader needs to rebuild this encoder and read its variables as data (trust.py).
+    # What a reader needs to rebuild this encoder and read its variables as data (provenance).
     record = dict(name=encoder.name, input_shape=[int(d) for d in encoder.input_shape[1:]],
                   mean=[float(v) for v in mean], std=[float(v) for v in std],
                   shapes=[[int(d) for d in v.shape] for v in encoder.variables],
@@ -74,7 +74,7 @@ def export_encoder(encoder: keras.Model, output: str, dataset: str | None = "cif
 
     def serve(images):
         # First: TensorFlow runs a signature on inputs of any rank, and an unbatched image
-        # (H, W, 3) reached the oneDNN convolution, whose failed check aborted the caller's
+        # (H, W, 3) would reach the oneDNN convolution, whose failed check aborts the caller's
         # process; this raises InvalidArgumentError, naming the shape, before anything runs.
         images = tf.ensure_shape(images, [None, height, width, 3])
         x = (tf.cast(images, tf.float32) / 255.0 - mean) / std

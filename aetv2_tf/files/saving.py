@@ -60,8 +60,11 @@ def save_encoder(encoder: keras.Model, directory: str, *, recipe: Recipe | str |
     fixes the normalisation the probes, the export and `preprocessing` apply ("cifar10":
     CIFAR-10's mean and std; anything else: ImageNet's). The record's ``image_size`` is the
     side of the encoder's input, ``null`` for an encoder of any size (``keras.Input(shape=(None,
-    None, 3))``). Everything is checked before ``directory`` is made.
+    None, 3))``; `models.backbones.input_side`: square images only). Everything is checked
+    before ``directory`` is made.
     """
+    from aetv2_tf.models.backbones import input_side
+
     recipe = None if recipe is None else as_recipe(recipe)
     if pretext not in ("aet", "rotation"):
         raise ValueError(f"pretext must be 'aet' or 'rotation', got {pretext!r}")
@@ -77,9 +80,9 @@ def save_encoder(encoder: keras.Model, directory: str, *, recipe: Recipe | str |
     record = {"stage": "pretext", "pretext": pretext, "backbone": encoder.name,
               "dataset": dataset, "batch_norm": "keras", "backend": keras.backend.backend(),
               "loss": recipe.loss.kind if recipe else None, "saved_by": "aetv2_tf.save_encoder",
-              "image_size": _image_size(encoder)}
+              "image_size": input_side(encoder, any_size=True)}
     os.makedirs(directory, exist_ok=True)
-    if twin is not None:  # the run layout, as today
+    if twin is not None:  # the run layout
         twin.set_weights(encoder.get_weights())
         save_atomically(twin.save_weights, os.path.join(directory, ENCODER_WEIGHTS))
         _remove(os.path.join(directory, ENCODER_FILE))
@@ -90,24 +93,8 @@ def save_encoder(encoder: keras.Model, directory: str, *, recipe: Recipe | str |
                       encoder_name=encoder.name, features=features,
                       input_shape=[None if d is None else int(d)
                                    for d in encoder.inputs[0].shape[1:]])
-    write_atomically(os.path.join(directory, "flags.json"),
-                          json.dumps(record, indent=2) + "\n")
+    write_atomically(os.path.join(directory, "flags.json"), json.dumps(record, indent=2) + "\n")
     return directory
-
-
-def _image_size(encoder: keras.Model) -> int | None:
-    """The side of the images ``encoder`` takes (its input's height), None when it takes any
-    size (``keras.Input(shape=(None, None, 3))``); ValueError for an input that is not an
-    image batch ``(B, H, W, C)``."""
-    try:
-        shape = tuple(encoder.inputs[0].shape)
-    except (AttributeError, IndexError, TypeError, ValueError) as e:
-        raise ValueError(f"save_encoder: encoder {encoder.name!r} has no symbolic input: pass a "
-                         "functional or Sequential keras.Model built on keras.Input") from e
-    if len(shape) != 4:
-        raise ValueError(f"save_encoder: encoder {encoder.name!r} takes inputs of shape "
-                         f"{shape}; expected images (B, H, W, C)")
-    return None if shape[1] is None else int(shape[1])
 
 
 def _package_twin(encoder: keras.Model) -> keras.Model | None:

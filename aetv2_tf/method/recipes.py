@@ -141,7 +141,9 @@ class Recipe:
             if name in kwargs:
                 raise TypeError(f"build_model: the recipe decides {name} (decoder_scale=True / "
                                 "False overrides the scale); call build_pairs_model to set it")
-        options = self.decoder_options(image_size_of(encoder), shift, decoder_scale, param_std)
+        from aetv2_tf.models.backbones import input_side
+
+        options = self.decoder_options(input_side(encoder), shift, decoder_scale, param_std)
         count_steps = bool(kwargs.pop("count_steps", False)) or self.loss.counts_steps
         return build_pairs_model(encoder, seed, inputs=inputs, shift=shift, recipe=self,
                                  count_steps=count_steps, **options, **kwargs)
@@ -164,17 +166,6 @@ class Recipe:
                 "SparseCategoricalCrossentropy(from_logits=True))")
         model.compile(steps=steps, recipe=self, **compile_kwargs)
         return model.schedule
-
-
-def image_size_of(model: keras.Model) -> int:
-    """The side of the square images ``model`` (an encoder or a pretext model) takes, read
-    from ``model.inputs[0]`` ``(batch, side, side, channels)``; else a ValueError."""
-    shape = tuple(model.inputs[0].shape)
-    if len(shape) != 4 or shape[1] is None or shape[1] != shape[2]:
-        raise ValueError(f"{model.name!r} takes inputs of shape {shape}: the recipe needs "
-                         "square images of a known size, e.g. build_backbone('nin', "
-                         "input_shape=(64, 64, 3))")
-    return int(shape[1])
 
 
 def training_steps(examples: int, batch_size: int, epochs: int = 1) -> int:

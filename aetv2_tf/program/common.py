@@ -123,6 +123,7 @@ def quick_knn_summary(config: RunConfig, encoder: keras.Model, images, labels) -
     returned (`probes.quick_knn`)."""
     from aetv2_tf.data.constants import normalization_constants
     from aetv2_tf.data.sources import load_source
+    from aetv2_tf.models.backbones import build_backbone
     from aetv2_tf.probes.quick_knn import quick_knn
 
     if labels is None:
@@ -131,7 +132,8 @@ def quick_knn_summary(config: RunConfig, encoder: keras.Model, images, labels) -
     data, backbone = config.data, config.model.backbone
     test_images, test_labels = load_source(data.dataset, data.data_dir, "test")
     keras.utils.set_random_seed(config.train.seed)  # the random init of --pretrained=none
-    random_encoder = backbone.build(tuple(images.shape[1:]), config.model.batch_norm)
+    random_encoder = build_backbone(backbone.name, tuple(images.shape[1:]),
+                                    config.model.batch_norm)
     n, m = config.outputs.quick_knn_train, config.outputs.quick_knn_test
     train_set, test_set = (images[:n], labels[:n]), (test_images[:m], test_labels[:m])
     feature = backbone.probe_feature

@@ -116,13 +116,14 @@ def build_model(config: RunConfig, steps: int, *, inputs: str, mean, std, augmen
     per-branch BatchNorm is computed (`models.aet.build_aet_model`; None: one encoder call on
     a GPU); ``compile_kwargs``: ``model.compile``'s (``jit_compile``)."""
     from aetv2_tf.models.aet import build_rotation_classifier
+    from aetv2_tf.models.backbones import build_backbone
     from aetv2_tf.models.pretext import build_rotations_model
 
     seed, model_config = config.train.seed, config.model
     keras.utils.set_random_seed(seed)  # the same weights whatever was built before
     compile_kwargs["steps_per_execution"] = config.train.steps_per_execution
     with scope or contextlib.nullcontext():
-        encoder = model_config.backbone.build(batch_norm=model_config.batch_norm)
+        encoder = build_backbone(model_config.backbone.name, batch_norm=model_config.batch_norm)
         if config.pretext == "rotation":
             model = build_rotations_model(encoder, seed, augment=augment, mean=mean, std=std) \
                 if inputs == "images" else build_rotation_classifier(encoder)
