@@ -70,7 +70,7 @@ class Preset:
 _AETV1 = ("configs/cifar10_aetv1.cfg --optimizer=adam --learning_rate=1e-4 --lr_schedule=cosine "
           "--warmup_steps=1000 --adam_beta1=0.9 --adam_beta2=0.999")
 #: The presets by name, best first (module docstring).
-_ZOOM16 = "AETv2, the angle in the 16x zoomed frame (the default before 0.2)"
+_ZOOM16 = "AETv2, the angle in the 16x zoomed frame (AETV2_ZOOM16)"
 PRESETS: dict[str, Preset] = {p.name: p for p in (
     Preset("aetv1_cifar10", "aetv1_lr1e-4", "AETv1 (MSE), Adam 1e-4", _AETV1, 0, 66.33,
            "036045a4f5edcc0fd9eed23fcfa78c10730e8fdc",

@@ -94,9 +94,10 @@ def restore_encoder(model_dir: str) -> tuple[keras.Model, dict]:
     """The encoder of the pretraining run in `model_dir` and its flags: its `encoder.weights.h5`
     (a finished run), else the encoder inside its newest `ckpt-*.weights.h5` checkpoint
     (`keras_checkpoints.load_encoder_weights`), under TensorFlow with the run's `--batch_norm`
-    (fused for runs of other backends), elsewhere with Keras's. A run of an earlier version of
-    the TensorFlow program, whose checkpoints are `tf.train.Checkpoint` files, is read from its
-    newest one under TensorFlow.
+    (fused for runs of other backends), elsewhere with Keras's. A run of the TensorFlow program
+    whose checkpoints are `tf.train.Checkpoint` files (``checkpoint``, ``ckpt-N.index``,
+    ``ckpt-N.data-*``: what `program.adapter_tensorflow` resumes from) is read from its newest
+    one under TensorFlow.
     """
     from aetv2_tf.files.saving import (
         encoder_source,
@@ -124,7 +125,8 @@ def restore_encoder(model_dir: str) -> tuple[keras.Model, dict]:
 
 
 def _restore_tf_checkpoint(model_dir: str, saved: dict) -> keras.Model:
-    """The encoder in the newest `tf.train.Checkpoint` of a run of an earlier version."""
+    """The encoder in the newest `tf.train.Checkpoint` of the run in ``model_dir``, read into
+    the model those checkpoints hold (the joint-batch AET model unless ``saved`` says)."""
     import tensorflow as tf
 
     from aetv2_tf.models import build_aet_model, build_rotation_classifier
@@ -132,7 +134,7 @@ def _restore_tf_checkpoint(model_dir: str, saved: dict) -> keras.Model:
     encoder = build_backbone(saved["backbone"], batch_norm=saved["batch_norm"])
     model = build_rotation_classifier(encoder) if saved.get("pretext") == "rotation" else \
         build_aet_model(encoder, siamese_batch_norm=saved.get("siamese_batch_norm", "joint"),
-                        one_pass=False)  # the layout those checkpoints were written with
+                        one_pass=False)  # the layout of those checkpoints
     latest = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
     if latest is None:
         raise FileNotFoundError(f"no checkpoint in {model_dir}/checkpoints: train first.")

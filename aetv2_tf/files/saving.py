@@ -240,7 +240,7 @@ def damage(path: str, required: bool = False) -> str | None:
     """Why the file at `path` cannot be trusted (its SHA-256 is not the one written with it;
     with `required`, also a missing `.sha256`: the project writes one beside every checkpoint
     and `.keras` file, so without it a changed file cannot be told from the one written), or
-    None: intact (or, unless `required`, written before checksums existed)."""
+    None: intact (or, unless `required`, a file without a `.sha256`)."""
     sidecar = path + CHECKSUM
     if not os.path.exists(sidecar):
         if required:
@@ -269,8 +269,8 @@ def save_encoder_weights(encoder: keras.Model, backbone: str, model_dir: str) ->
 def encoder_source(model_dir: str) -> str | None:
     """Where `load_encoder_weights` reads: `encoder.weights.h5`, else the newest checkpoint;
     a file whose checksum does not match, or a checkpoint without one, is skipped with a
-    warning (readers do not rename). An `encoder.weights.h5` without a checksum is read (the
-    presets of `results/` and runs of versions before checksums have none)."""
+    warning (readers do not rename). An `encoder.weights.h5` without a checksum is read: only
+    a checksum that differs refuses it."""
     candidates = [os.path.join(model_dir, ENCODER_WEIGHTS)] + [
         path for _, path in reversed(list_checkpoints(os.path.join(model_dir, "checkpoints")))]
     for path in candidates:
@@ -354,14 +354,14 @@ def load_model_part(model: keras.Model, path: str) -> None:
 
 def tensorflow_run_unreadable(model_dir: str, saved: dict) -> str | None:
     """Why a run of the TensorFlow program cannot be read on this (non-TensorFlow) backend, or
-    None: its checkpoints hold TensorFlow's layers (fused batch norm) or are in the
-    `tf.train.Checkpoint` format of earlier versions; its `encoder.weights.h5` (finished runs)
-    is read everywhere; a custom encoder's ``encoder.keras`` too."""
+    None: its checkpoints hold TensorFlow's layers (fused batch norm) or are
+    `tf.train.Checkpoint` files; its `encoder.weights.h5` (finished runs) is read everywhere;
+    a custom encoder's ``encoder.keras`` too."""
     if saved.get("custom_encoder") or saved.get("backend", "tensorflow") != "tensorflow" or \
             keras.backend.backend() == "tensorflow" or \
             os.path.isfile(os.path.join(model_dir, ENCODER_WEIGHTS)):
         return None
     return (f"{model_dir} is a run of the TensorFlow program without {ENCODER_WEIGHTS} (it is "
-            f"unfinished, or older than that file): its TensorFlow checkpoints load under "
+            f"unfinished): its TensorFlow checkpoints load under "
             f"KERAS_BACKEND=tensorflow only; finish the run (rerun its command) or run this "
             f"with KERAS_BACKEND=tensorflow.")

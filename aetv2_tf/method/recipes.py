@@ -21,10 +21,11 @@ recipe from the flags (`aetv2_tf.program.config`) and its model through `build_m
 decay, L2 decay 5e-4: the best AETv2 measured, docs/reproduction.md), `AETV2_PAPER` (the paper's
 literal Eq. 11, lambda = 1, Adam 1e-5 constant: below a random init in our measurements) and
 `AETV1` (the std-normalised parameter MSE, SGD Nesterov 0.1 on the AETv1 code's piecewise
-schedule) are the three of the paper's tables. `AETV2_ZOOM16` is the default AETv2 of versions
-before 0.2 (the angle in the 16x zoomed frame, no residual: blind to scale, shear and keystone
-errors); `AETV2_SQ4` and `AETV2_HYBRID` are the variants screened beside `AETV2`
-(docs/reproduction.md, "AETv2 that earns its name"; `AETV2_SQ4_UNITRES` is `AETV2`'s earlier name).
+schedule) are the three of the paper's tables. `AETV2_ZOOM16` is the angle in the 16x zoomed
+frame without a residual (blind to scale, shear and keystone errors; the presets
+``aetv2_cifar10`` were trained with it); `AETV2_SQ4` and `AETV2_HYBRID` are the variants
+screened beside `AETV2` (docs/reproduction.md, "AETv2 that earns its name"; `AETV2_SQ4_UNITRES`
+is `AETV2` under the name of its config, configs/cifar10_aetv2_sq4_unitres.cfg).
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ import keras
 from aetv2_tf.method.recipe_parts import LossSpec, OptimizerSpec, square_side  # noqa: F401 - square_side: API
 
 _DEFAULT_LOSS, _DEFAULT_OPTIMIZER = LossSpec(), OptimizerSpec()
-#: The names a recipe took before its two parts existed, and where each lives now.
+#: The fields of the two parts by name (what `Recipe(...)` and `replace` take), and where each
+#: lives: ``(part, field)``.
 _FLAT = {**{f.name: ("loss", f.name) for f in dataclasses.fields(LossSpec)},
          **{f.name: ("optimizer", f.name) for f in dataclasses.fields(OptimizerSpec)}}
 _FLAT.update(loss=("loss", "kind"), optimizer=("optimizer", "name"))
@@ -188,8 +190,8 @@ AETV1 = Recipe(LossSpec("mse", mse_normalize=True),
 #: MSE on its own targets (PIL's inverse map, fixed normalisation), otherwise as `AETV1`.
 AETV1_OFFICIAL = AETV1.replace(mse_target="official")
 
-#: theta in the 16x zoomed frame, no residual (configs/cifar10_aetv2_zoom16.cfg): the default
-#: AETv2 before version 0.2, and the optimiser and schedule of every AETv2 below.
+#: theta in the 16x zoomed frame, no residual (configs/cifar10_aetv2_zoom16.cfg), with the
+#: optimiser and schedule of every AETv2 below.
 AETV2_ZOOM16 = Recipe(LossSpec("geodesic", projection_weight=0.0, frame_scale=16.0),
                       OptimizerSpec("adam", learning_rate=1e-4, lr_schedule="cosine",
                                     warmup_steps=1000))
@@ -202,7 +204,7 @@ AETV2_SQ4 = AETV2_ZOOM16.replace(angle_power=2, frame_scale=4.0)
 #: The AETv2 recipe (configs/cifar10_aetv2.cfg): theta^2 at 4x + 10 ||M - P||_F^2 of M in the
 #: UNIT frame, so that scale, shear and keystone errors weigh at their own size.
 AETV2 = AETV2_SQ4.replace(projection_weight=10.0, residual_frame="unit")
-#: `AETV2`'s name while it was a variant (configs/cifar10_aetv2_sq4_unitres.cfg).
+#: `AETV2` under the name of configs/cifar10_aetv2_sq4_unitres.cfg.
 AETV2_SQ4_UNITRES = AETV2
 #: A labelled hybrid: theta^2 at 4x + 0.3 x AETv1's normalised parameter MSE
 #: (configs/cifar10_aetv2_hybrid.cfg).

@@ -32,7 +32,7 @@ Choices:
   when the encoder allows it and the backend computes on a GPU; two calls on a CPU, where the
   numerics of CI and the tests stay those of two calls. Both layouts have the same variables:
   weights and checkpoints load across them (and across "joint").
-* `siamese_batch_norm="joint"` (the default of earlier versions): ONE encoder call on the joint
+* `siamese_batch_norm="joint"`: ONE encoder call on the joint
   batch `concat([x, t(x)], axis=0)`; batch norm normalizes with the joint statistics of the
   original and the transformed images (in training mode) and updates its moving averages once a
   step. The same variables either way: checkpoints of one load into the other.
