@@ -9,12 +9,12 @@ Batches are `(B, H, W, 3)` uint8 arrays: augmentation, homographies and normalis
 the device inside the compiled step (`aetv2_tf.data.preprocessing_layers.HomographyPairs`). The
 order differs from the TensorFlow program's (another RNG); the distribution is the same.
 
-`FileBatches` is the same stream over a checked file list (`data.image_folders.ImageFiles`, a folder
-of JPEGs: ImageNet on an accelerator machine without TensorFlow): each image decoded with Pillow
-to the pixels TensorFlow's decoder gives (`rgb_image`),
-its shorter side resized to `round(S * 256 / 224)`, a random `S x S` crop and flip (the
-224-pixel protocol of the tf.data pipelines), seeded by `(seed, 1, global element index)`;
-Keras runs `__getitem__` in `workers` threads (Pillow releases the GIL while it decodes).
+`FileBatches` is the same stream over a checked file list (`data.image_folders.ImageFiles`, a
+folder of JPEGs: ImageNet on an accelerator machine without TensorFlow): each image decoded with
+Pillow to the pixels TensorFlow's decoder gives (`rgb_image`), its shorter side resized to
+`round(S * 256 / 224)`, a random `S x S` crop and flip (the 224-pixel protocol of the tf.data
+pipelines), seeded by `(seed, 1, global element index)`; Keras runs `__getitem__` in `workers`
+threads (Pillow releases the GIL while it decodes).
 
 `LabelledBatches` serves the probe stages: one epoch of `(uint8 images, int64 labels)` batches
 per `fit` epoch, in the same epoch orders (training) or in order (evaluation); their
