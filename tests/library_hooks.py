@@ -23,8 +23,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import app  # noqa: E402
 
 import aetv2_tf.models  # noqa: E402
-from aetv2_tf import recipes  # noqa: E402
-from aetv2_tf.models import aet, pairs  # noqa: E402
+from aetv2_tf.method import recipes  # noqa: E402
+from aetv2_tf.models import aet, pretext  # noqa: E402
 from aetv2_tf.probes import knn  # noqa: E402
 from aetv2_tf.program import probe_stage  # noqa: E402
 
@@ -51,8 +51,8 @@ watch([recipes.Recipe], "build_model", record_recipe=True)
 watch([recipes.Recipe], "build_loss", record_recipe=True)
 watch([recipes.Recipe], "build_optimizer", record_recipe=True)
 watch([recipes.Recipe], "decoder_options", record_recipe=True)
-watch([aet, pairs, aetv2_tf.models], "build_aet_model")
-watch([pairs, aetv2_tf.models], "build_pairs_model")
+watch([aet, pretext, aetv2_tf.models], "build_aet_model")
+watch([pretext, aetv2_tf.models], "build_pairs_model")
 watch([knn, probe_stage], "knn_accuracy")
 watch([knn, probe_stage], "pooled_features")
 
