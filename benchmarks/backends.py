@@ -43,7 +43,7 @@ class Worker:
         if backend == "tensorflow":  # before TensorFlow is imported there
             env["TF_ENABLE_ONEDNN_OPTS"] = "0" if eigen else "1"
         self.log = tempfile.TemporaryFile("w+")  # the worker's stderr, for error messages
-        module = "benchmarks.torch_step" if backend == "torch" else "benchmarks.backends"
+        module = "benchmarks.torch_peer" if backend == "torch" else "benchmarks.backends"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", module, f"--configs={','.join(self.names)}",
              "--steps_per_execution=" + ",".join(str(s.steps_per_execution) for s in specs),
@@ -127,33 +127,41 @@ def main() -> None:
     from aetv2_tf.program.precision import onednn_state
     from benchmarks.step_runner import Spec, StepRunner, example_batch
 
-    p = argparse.ArgumentParser(description="A benchmarks.step worker of one Keras backend.")
+    args = worker_parser("one Keras backend").parse_args()
+    tensorflow = keras.backend.backend() == "tensorflow"
+    if tensorflow:
+        common.configure_threads(args)
+    batch = example_batch(args.batch_size)
+    kernels = f" oneDNN={onednn_state()}" if tensorflow else ""
+    specs = [Spec.parse(config, int(spe)) for config, spe in zip(
+        args.configs.split(","), args.steps_per_execution.split(","), strict=True)]
+    serve(specs, lambda spec: StepRunner(spec, batch), args.warmup,
+          lambda runner: f"{runner.spec.precision}{kernels}")
+
+
+def worker_parser(kind: str) -> argparse.ArgumentParser:
+    """The flags `Worker` starts a worker of ``kind`` with."""
+    p = argparse.ArgumentParser(description=f"A benchmarks.step worker of {kind}.")
     p.add_argument("--configs", required=True)
     p.add_argument("--batch_size", type=int, required=True)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps_per_execution", required=True, help="One per config, comma-separated.")
     p.add_argument("--intra_op", type=int, default=0, help="TensorFlow workers: intra-op threads.")
     p.add_argument("--inter_op", type=int, default=0, help="TensorFlow workers: inter-op threads.")
-    args = p.parse_args()
-    if keras.backend.backend() == "tensorflow":
-        common.configure_threads(args)
-    batch = example_batch(args.batch_size)
-    kernels = f" oneDNN={onednn_state()}" if keras.backend.backend() == "tensorflow" else ""
+    return p
+
+
+def serve(specs: list, make, warmup: int, describe) -> None:
+    """The worker's side of the protocol: a runner made (``make(spec)``) and warmed up for each
+    spec, `@@built` with ``describe(runner)``, `@@ready`, then one timed round per `run NAME
+    STEPS` line until the end of input."""
     runners = {}
-    for config, spe in zip(args.configs.split(","), args.steps_per_execution.split(","),
-                           strict=True):
-        spec = Spec.parse(config, int(spe))
+    for spec in specs:
         t0 = time.perf_counter()
-        runners[spec.name] = StepRunner(spec, batch)
-        runners[spec.name].run(args.warmup)
-        print(f"@@built {spec.name} {time.perf_counter() - t0:.3f} {spec.precision}{kernels}",
-              flush=True)
-    serve(runners)
-
-
-def serve(runners: dict) -> None:
-    """The worker's side of the protocol once its `runners` are built: `@@ready`, then one timed
-    round per `run NAME STEPS` line until the end of input."""
+        runners[spec.name] = make(spec)
+        runners[spec.name].run(warmup)
+        print(f"@@built {spec.name} {time.perf_counter() - t0:.3f} "
+              f"{describe(runners[spec.name])}", flush=True)
     print(f"@@ready {next(iter(runners.values())).flops_per_pair()}", flush=True)
     for line in sys.stdin:
         _, name, steps = line.split()

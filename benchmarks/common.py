@@ -27,9 +27,10 @@ import platform
 import shlex
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import NamedTuple
+from typing import IO, NamedTuple
 
 import aetv2_tf  # noqa: F401  (first: it asks for oneDNN before TensorFlow is imported)
 
@@ -224,6 +225,30 @@ def machine_line() -> str:
 
 
 # --------------------------------------------------------------------------------- output
+def line_writer(*streams: IO[str], prefix: str = "") -> Callable[[str], None]:
+    """A sink for `tee`: writes ``prefix`` + each line to every stream, flushed at once."""
+    def write(line: str) -> None:
+        for stream in streams:
+            stream.write(prefix + line)
+            stream.flush()
+
+    return write
+
+
+def tee(stream: IO[str], *sinks: Callable[[str], object]) -> threading.Thread:
+    """Copies each line of ``stream`` (a child process's text output) to every sink as soon as
+    it is read, in a daemon thread, until the stream ends; returns the thread (join it once the
+    child has ended). What a killed command leaves in a file is then all but its last line."""
+    def copy() -> None:
+        for line in stream:
+            for sink in sinks:
+                sink(line)
+
+    thread = threading.Thread(target=copy, daemon=True)
+    thread.start()
+    return thread
+
+
 def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
     """A GitHub markdown table; floats keep the caller's formatting (pass strings)."""
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]

@@ -1,192 +1,195 @@
-"""The prepared GPU measurement of the AETv2 pretraining step: today's step, the new steps and
-a PyTorch peer side by side, with where a step's time goes, in one command of <= 8 minutes.
+"""The prepared GPU measurement of the AETv2 pretraining step, in ONE device command: today's
+step, the new steps and a PyTorch peer side by side, and where a step's time goes.
 
-    python3 -m benchmarks.device_step --output=$OUT     # the device (Keras on JAX, no TF)
-    python -m benchmarks.device_step --tiny --output=DIR  # a CPU: batch 8, a few steps
+    python3 -m benchmarks.device_step --output=$OUT          # the device (Keras on JAX, no TF)
+    python -m benchmarks.device_step --tiny --output=DIR     # a CPU dry run: batch 8, a few steps
+    python -m benchmarks.device_step --summary=DIR           # the table of a returned folder
 
-BENCHMARKS.md, "GPU step: the prepared measurement", has the device call. Three parts, each a
-child process with its own time limit (a part cut short reports what it finished):
+BENCHMARKS.md, "GPU step: the prepared measurement", has the call (`device_call`), its time
+within a loan and what to do with its numbers. Three parts, each a child process stopped at its
+limit (`LIMITS`): ``keras`` (`benchmarks.keras_step`: the default AETv2 step through
+``model.fit`` in three forms, pairs/s and numerics), ``breakdown`` (`benchmarks.step_breakdown`:
+the step without ``fit`` and its jitted pieces) and ``torch`` (`benchmarks.torch_peer`).
 
-* ``keras``: the default AETv2 pretext model built as the training program builds it
-  (`aetv2_tf.program.pretext_stage.build_model`: the flags of configs/cifar10_aetv2.cfg, the
-  recipe's `Recipe.build_model` and the model's own ``compile(steps=...)``), mixed_bfloat16,
-  per-branch BatchNorm, the pairs sampled and warped inside the jitted step, ``steps_per_execution``
-  ``--spe``, fed by ``model.fit`` from a NumPy array of uint8 images as the program feeds it.
-  `VARIANTS`: today's two encoder calls (``two_pass``), one call with per-half statistics
-  (``one_pass``), and that with the SVD-free projection (``one_pass_newton``). For each: the
-  first execution (compilation, reported apart), then pairs/s over ``--seconds``; first, on one
-  batch, each variant's loss and gradients against ``two_pass``'s and against the float32
-  ``two_pass`` step's (the numerics: same weights, same pairs; the second says how far
-  bfloat16 alone moves them).
-* ``breakdown`` (`benchmarks.step_breakdown`): separately jitted pieces at the same shapes, and
-  the whole train step without ``fit``: ms per step of each.
-* ``torch`` (`benchmarks.torch_peer`): the same NIN, decoder and loss in PyTorch
-  (torch.compile, channels_last, bfloat16 autocast, CUDA when there is one).
-
-Writes ``console.txt`` (everything printed) and ``device_step.json`` (every number) to
-``--output``. ``--tiny``: batch 8, short limits, for a test on a CPU.
+A part prints each number and appends it as one JSON line to ``device_step.jsonl`` the moment
+it exists (`Records`, flushed and synced); this process copies every line the parts print into
+``console.txt`` as it comes (`common.tee`); at the end ``device_step.json`` gathers the records
+(`gather`) with each part's exit, and the summary table closes the console: a command cut at
+any second returns all but the piece in flight. A part's `Clock` skips a piece that would not
+end before the part's deadline, its compilation counted.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import time
 
-from benchmarks.device_model import build, run_config
+from benchmarks.common import REPO, line_writer, tee
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-#: The Keras steps timed: how per-branch BatchNorm is computed and how P is projected.
-VARIANTS = {"two_pass": (False, "svd"), "one_pass": (True, "svd"),
-            "one_pass_newton": (True, "newton")}
-#: Each part's time limit in seconds on a device (``--tiny``: `TINY_LIMITS`).
-LIMITS = {"keras": 200, "breakdown": 130, "torch": 110}
-TINY_LIMITS = {"keras": 300, "breakdown": 300, "torch": 120}
-
-
-def loss_and_gradients(model, images) -> tuple:
-    """The training loss and every trainable gradient at the model's weights, one batch,
-    through the jitted stateless step (nothing of the model changes)."""
-    import functools
-
-    import jax
-    import numpy as np
-
-    values = [[v.value for v in vs] for vs in (model.trainable_variables,
-                                               model.non_trainable_variables,
-                                               model.metrics_variables,
-                                               model.optimizer.variables)]
-    fn = jax.jit(jax.value_and_grad(functools.partial(model.compute_loss_and_updates,
-                                                      training=True), has_aux=True))
-    (_, (loss, *_)), grads = fn(values[0], values[1], values[2], images, None, None,
-                                optimizer_variables=values[3])
-    return float(loss), [np.asarray(g, np.float32) for g in grads]
+#: The first execution (mostly its compilation) of the default AETv2 step, batch 512 and
+#: ``steps_per_execution`` 10: 18.0 s on an H200, 20.8 s on an H100 (the first 200 steps' time
+#: less 200 steps at the next interval's rate: results/scale/aetv2_recipe/train/log.csv,
+#: results/loss_screen/recipe_s0/train/log.csv). A `Clock` counts compilations in these units
+#: until it has timed one.
+STEP_COMPILE_S = 21.0
+#: Each part's limit on a device in seconds, `PLAN_S` in all; the command's ``timeout_s`` adds
+#: the wheels' install (~10 s) and a margin.
+LIMITS = {"keras": 190, "breakdown": 130, "torch": 110}
+TINY_LIMITS = {"keras": 400, "breakdown": 400, "torch": 200}
+PLAN_S, TIMEOUT_S = sum(LIMITS.values()), 480
+#: What a device command runs first: the wheels of Keras, namex and optree (carried in the
+#: ignored ``.whl/``), and the environment of Keras on JAX.
+SETUP = ("{python} -m pip install -q --no-index --no-deps --no-compile --no-cache-dir "
+         "--upgrade --target {site} .whl/*.whl && export PYTHONPATH={site}:$PWD "
+         "KERAS_BACKEND=jax PYTHONUNBUFFERED=1")
+JSONL, JSON, CONSOLE = "device_step.jsonl", "device_step.json", "console.txt"
 
 
-def _distance(grads: list, reference: list) -> float:
-    """The largest gradient difference over the largest reference gradient entry."""
-    import numpy as np
+def device_command(python: str = "python3", site: str = "/tmp/site", flags: str = "",
+                   install: bool = True) -> str:
+    """The device call's command; ``install=False`` leaves the wheels' install out (a CPU dry
+    run, whose ``site`` holds what replaces them there)."""
+    setup = SETUP.format(python=python, site=site)
+    if not install:
+        setup = setup.split(" && ", 1)[1]
+    return f"{setup} && {python} -m benchmarks.device_step --output=$OUT{flags}"
 
-    scale = max(float(np.max(np.abs(g))) for g in reference)
-    return max(float(np.max(np.abs(a - b))) for a, b in zip(grads, reference, strict=True)) \
-        / scale
+
+def device_call() -> str:
+    """The `run` tool call, as BENCHMARKS.md writes it."""
+    return (f'run(command="{device_command()}", carry=[".whl"], timeout_s={TIMEOUT_S})')
 
 
-def keras_part(args, deadline: float) -> dict:
-    import keras
-    import numpy as np
+class Records:
+    """A part's measurements: each printed and appended at once to the JSON-lines file
+    ``path`` (None: printed only) as ``{"part", "name", "event", "at_s", **fields}``."""
 
-    config = run_config(args.batch, args.spe)
-    rng = np.random.default_rng(0)
-    size = config.image_size
-    images = rng.integers(0, 256, (args.batch * args.spe * 4, size, size, 3), np.uint8)
-    out = {"batch": args.batch, "spe": args.spe, "policy": "mixed_bfloat16",
-           "backend": keras.backend.backend(), "variants": {}}
-    # The float32 two-call step on the same batch: how far bfloat16 alone moves the numbers.
-    _, model = build(config, False, "svd", "float32")
-    exact = loss_and_gradients(model, images[:args.batch])
-    del model
-    keras.backend.clear_session()
-    reference = None
-    for name, (one_pass, projection) in VARIANTS.items():
-        if time.time() + args.seconds + 20 > deadline:
-            out["variants"][name] = {"skipped": "the part's time limit"}
-            print(f"{name}: skipped (the part's time limit)", flush=True)
+    def __init__(self, path: pathlib.Path | None, part: str):
+        self.path, self.part, self.start = path, part, time.time()
+
+    def add(self, name: str, event: str, text: str, **fields) -> None:
+        print(text, flush=True)
+        if self.path is None:
+            return
+        line = json.dumps({"part": self.part, "name": name, "event": event,
+                           "at_s": round(time.time() - self.start, 1), **fields}, default=float)
+        with open(self.path, "a") as f:
+            f.write(line + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+class Clock:
+    """A part's deadline (``time.time()`` seconds) and what one step-sized compilation is
+    expected to take here (`STEP_COMPILE_S` until the part has measured one)."""
+
+    def __init__(self, deadline: float, compile_s: float = STEP_COMPILE_S):
+        self.deadline, self.compile_s = deadline, compile_s
+
+    def left(self) -> float:
+        return self.deadline - time.time()
+
+    def allows(self, records: Records, name: str, compiles: float, seconds: float) -> bool:
+        """Whether ``name``, ``compiles`` step-sized compilations and ``seconds`` of running,
+        ends before the deadline; if not, its skip is recorded."""
+        need, left = compiles * self.compile_s + seconds, self.left()
+        if need <= left:
+            return True
+        records.add(name, "skipped", f"{name}: skipped: it needs about {need:.0f} s "
+                    f"(compilation included), {left:.0f} s are left", need_s=round(need, 1),
+                    left_s=round(left, 1))
+        return False
+
+    def compiled(self, seconds: float, compiles: float = 1.0) -> None:
+        """A compilation of ``compiles`` steps' size took ``seconds``: later estimates use it."""
+        self.compile_s = seconds / compiles
+
+
+def part_parser(doc: str) -> argparse.ArgumentParser:
+    """The flags a part takes (`part_command` gives them)."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--batch", type=int, default=512, help="pairs (probe: images) per step")
+    p.add_argument("--spe", "--steps_per_execution", type=int, default=10)
+    p.add_argument("--seconds", type=float, default=4.0, help="timed seconds per variant")
+    p.add_argument("--records", type=pathlib.Path, default=None, help="a JSON-lines file")
+    p.add_argument("--deadline", type=float, default=float("inf"), help="time.time() to end by")
+    p.add_argument("--tiny", action="store_true", help="a CPU dry run")
+    return p
+
+
+def part_command(part: str, args: argparse.Namespace, deadline: float) -> list[str]:
+    module = {"keras": "benchmarks.keras_step", "breakdown": "benchmarks.step_breakdown",
+              "torch": "benchmarks.torch_peer"}[part]
+    return [sys.executable, "-m", module, f"--batch={args.batch}", f"--spe={args.spe}",
+            f"--seconds={args.seconds}", f"--records={args.output / JSONL}",
+            f"--deadline={deadline:.0f}", *(["--numerics"] if part == "keras" else []),
+            *(["--tiny"] if args.tiny else [])]
+
+
+def run_part(part: str, args: argparse.Namespace, limit: float, say) -> dict:
+    """The part in a child process of its own session, its output copied line by line to
+    ``say``, killed at ``limit`` seconds; whatever it started and left running is ended with it
+    (the device tool would leave a new session's processes running); its exit and wall time."""
+    command = part_command(part, args, time.time() + limit - 5)
+    say(f"== {part} (limit {limit:.0f} s): {' '.join(command[1:3])}\n")
+    start = time.perf_counter()
+    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, errors="replace", start_new_session=True)
+    copier = tee(proc.stdout, say)
+    try:
+        code = proc.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+        code = "timed out"
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    copier.join(10)
+    return {"exit": code, "wall_s": round(time.perf_counter() - start, 1)}
+
+
+def gather(jsonl: pathlib.Path) -> dict:
+    """The records of ``jsonl`` as ``{part: {name: fields}}``: each name's records merged in
+    order (a ``repeat`` record's rate appended to ``repeats``); unreadable lines (a line cut by
+    a kill) left out."""
+    out: dict = {}
+    lines = jsonl.read_text(errors="replace").splitlines() if jsonl.is_file() else []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
             continue
-        start = time.perf_counter()
-        _, model = build(config, one_pass, projection)
-        row = {"batch_groups": model.batch_groups, "projection": projection,
-               "build_s": time.perf_counter() - start}
-        loss, grads = loss_and_gradients(model, images[:args.batch])
-        if reference is None:
-            reference = (loss, grads)
-        row["numerics"] = {"loss": loss, "loss_vs_two_pass": abs(loss - reference[0]),
-                           "grad_vs_two_pass": _distance(grads, reference[1]),
-                           "loss_vs_float32": abs(loss - exact[0]),
-                           "grad_vs_float32": _distance(grads, exact[1])}
-
-        def fit(steps: int, model=model) -> float:
-            begin = time.perf_counter()
-            history = model.fit(images, batch_size=args.batch, epochs=max(1, steps // args.spe),
-                                steps_per_epoch=min(steps, args.spe), shuffle=False, verbose=0)
-            float(history.history["loss"][-1])  # the last step has finished
-            return time.perf_counter() - begin
-
-        row["first_execution_s"] = fit(args.spe)  # compilation
-        row["warm_s"] = fit(args.spe)
-        repeats = 1 if args.tiny else 3
-        steps = args.spe * max(1, round(args.seconds / repeats / max(row["warm_s"], 1e-3)))
-        rates = [steps * args.batch / fit(steps) for _ in range(repeats)]
-        row.update(steps_per_repeat=steps, pairs_per_s=sorted(rates)[len(rates) // 2],
-                   rates=rates)
-        out["variants"][name] = row
-        print(f"{name}: {row['pairs_per_s']:,.0f} pairs/s (repeats "
-              f"{', '.join(f'{r:,.0f}' for r in rates)}; {steps} steps each), first execution "
-              f"{row['first_execution_s']:.1f} s, batch_groups {model.batch_groups}, loss "
-              f"{loss:.5f}; vs two_pass: loss {row['numerics']['loss_vs_two_pass']:.2e}, "
-              f"gradients {row['numerics']['grad_vs_two_pass']:.2e} of the largest; vs the "
-              f"float32 two_pass: {row['numerics']['loss_vs_float32']:.2e}, "
-              f"{row['numerics']['grad_vs_float32']:.2e}", flush=True)
-        del model
-        keras.backend.clear_session()
+        row = out.setdefault(record.pop("part"), {}).setdefault(record.pop("name"), {})
+        if record.pop("event") == "repeat":
+            row.setdefault("repeats", []).append(record["pairs_per_s"])
+        else:
+            row.update({k: v for k, v in record.items() if k != "at_s"})
     return out
 
 
-def run_part(part: str, args, limit: float, output: pathlib.Path, console: list) -> dict:
-    """The part in a child process, stopped at ``limit`` seconds; its JSON (or why none)."""
-    result_file = output / f"{part}.json"
-    result_file.unlink(missing_ok=True)
-    module = "benchmarks.torch_peer" if part == "torch" else "benchmarks.device_step"
-    command = [sys.executable, "-m", module, f"--batch={args.batch}", f"--spe={args.spe}",
-               f"--seconds={args.seconds}", f"--json={result_file}",
-               f"--deadline={time.time() + limit - 5:.0f}"]
-    if part != "torch":
-        command.append(f"--part={part}")
-    if args.tiny:
-        command.append("--tiny")
-    header = f"== {part} (limit {limit:.0f} s): {' '.join(command[1:3])}"
-    print(header, flush=True)
-    console.append(header)
-    start = time.perf_counter()
-    log = output / f"{part}.log"
-    with open(log, "w") as stream:
-        try:
-            code = subprocess.run(command, cwd=REPO, stdout=stream, stderr=subprocess.STDOUT,
-                                  timeout=limit).returncode
-        except subprocess.TimeoutExpired:
-            code = "timed out"
-    text = log.read_text(errors="replace")
-    log.unlink()
-    shown = [line for line in text.splitlines() if not line.startswith(("WARNING:", "I0000"))]
-    print("\n".join(shown), flush=True)
-    console.extend(shown)
-    result = json.loads(result_file.read_text()) if result_file.is_file() else {}
-    result_file.unlink(missing_ok=True)
-    result.update(exit=code, wall_s=round(time.perf_counter() - start, 1))
-    if code != 0:
-        result.setdefault("error", text.strip().splitlines()[-1:] or [f"exit {code}"])
-    return result
-
-
 def summary(results: dict) -> list[str]:
-    """The comparison table: pairs/s of each Keras variant and of the PyTorch peer."""
-    variants = results.get("keras", {}).get("variants", {})
-    base = variants.get("two_pass", {}).get("pairs_per_s")
+    """The comparison table: pairs/s of each Keras variant and of the PyTorch peer against
+    today's step (``keras two_pass``), and the device-alone rate of the breakdown."""
+    base = results.get("keras", {}).get("two_pass", {}).get("pairs_per_s")
+
+    def row(name: str, rate: float | None) -> str:
+        ratio = f"{rate / base:.2f}" if rate and base else "-"
+        return f"| {name} | {f'{rate:,.0f}' if rate else 'skipped'} | {ratio} |"
+
     lines = ["| step | pairs/s | x today's |", "|---|---|---|"]
-    for name, row in variants.items():
-        rate = row.get("pairs_per_s")
-        ratio = f"{rate / base:.2f}" if rate and base else "-"
-        lines.append(f"| keras {name} | {f'{rate:,.0f}' if rate else row.get('skipped')} | "
-                     f"{ratio} |")
-    for name, row in results.get("torch", {}).get("variants", {}).items():
-        rate = row.get("pairs_per_s")
-        ratio = f"{rate / base:.2f}" if rate and base else "-"
-        lines.append(f"| torch {name} | {f'{rate:,.0f}' if rate else row.get('skipped')} | "
-                     f"{ratio} |")
+    for part in ("keras", "torch"):
+        lines += [row(f"{part} {name}", fields.get("pairs_per_s"))
+                  for name, fields in results.get(part, {}).items()
+                  if "pairs_per_s" in fields or "need_s" in fields]
+    loop = results.get("breakdown", {}).get("step_in_loop", {})
+    if "pairs_per_s" in loop:
+        lines.append(row("breakdown step_in_loop (no fit)", loop["pairs_per_s"]))
     return lines
 
 
@@ -194,46 +197,44 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--output", type=pathlib.Path,
                    default=pathlib.Path(os.environ.get("OUT", "device_step_out")))
-    p.add_argument("--tiny", action="store_true", help="batch 8, short runs: a CPU check")
+    p.add_argument("--tiny", action="store_true", help="batch 8, short runs: a CPU dry run")
     p.add_argument("--batch", type=int, default=512)
     p.add_argument("--spe", type=int, default=10, help="steps_per_execution")
-    p.add_argument("--seconds", type=float, default=8.0, help="timed seconds per variant")
-    p.add_argument("--parts", default="keras,breakdown,torch")
-    p.add_argument("--part", default=None, help=argparse.SUPPRESS)  # a child's
-    p.add_argument("--json", type=pathlib.Path, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--deadline", type=float, default=0.0, help=argparse.SUPPRESS)
+    p.add_argument("--seconds", type=float, default=4.0, help="timed seconds per variant")
+    p.add_argument("--parts", default=",".join(LIMITS))
+    p.add_argument("--summary", type=pathlib.Path, default=None,
+                   help="print the table of a returned folder (its device_step.jsonl) and exit")
     args = p.parse_args(argv)
-    if args.tiny and args.part is None:
+    if unknown := set(args.parts.split(",")) - set(LIMITS):
+        p.error(f"unknown parts {sorted(unknown)}; the parts: {list(LIMITS)}")
+    if args.tiny:
         args.batch, args.spe, args.seconds = 8, 2, 1.0
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    os.environ.setdefault("KERAS_BACKEND", "jax")
-    if args.part is not None:  # a child: one part, its JSON to --json
-        deadline = args.deadline or time.time() + 600
-        if args.part == "keras":
-            result = keras_part(args, deadline)
-        else:
-            from benchmarks.step_breakdown import breakdown_part
-
-            result = breakdown_part(args, deadline)
-        args.json.write_text(json.dumps(result, indent=1, default=str))
+    if args.summary is not None:
+        print("\n".join(summary(gather(args.summary / JSONL))))
         return 0
     args.output.mkdir(parents=True, exist_ok=True)
+    (args.output / JSONL).unlink(missing_ok=True)
     limits = TINY_LIMITS if args.tiny else LIMITS
-    console, results = [], {"command": " ".join(sys.argv), "tiny": args.tiny}
-    start = time.perf_counter()
-    for part in args.parts.split(","):
-        results[part] = run_part(part, args, limits[part], args.output, console)
-    results["wall_s"] = round(time.perf_counter() - start, 1)
-    table = summary(results)
-    tail = ["== summary", *table, f"wall {results['wall_s']} s"]
-    print("\n".join(tail), flush=True)
-    console.extend(tail)
-    (args.output / "console.txt").write_text("\n".join(console) + "\n")
-    (args.output / "device_step.json").write_text(json.dumps(results, indent=1, default=str))
+    with open(args.output / CONSOLE, "w") as console:
+        say = line_writer(sys.stdout, console)
+        say(f"device_step: {' '.join(sys.argv)}; parts {args.parts}, batch {args.batch}, "
+            f"steps_per_execution {args.spe}\n")
+        start, exits = time.perf_counter(), {}
+        for part in args.parts.split(","):
+            exits[part] = run_part(part, args, limits[part], say)
+            say(f"== {part}: exit {exits[part]['exit']} after {exits[part]['wall_s']} s\n")
+        results = gather(args.output / JSONL)
+        for part, outcome in exits.items():
+            results.setdefault(part, {})["exit"] = outcome
+        results.update(command=" ".join(sys.argv), tiny=args.tiny,
+                       wall_s=round(time.perf_counter() - start, 1))
+        (args.output / JSON).write_text(json.dumps(results, indent=1, default=str))
+        say("\n".join(["== summary", *summary(results), f"wall {results['wall_s']} s", ""]))
     return 0
 
 

@@ -1,10 +1,10 @@
 """One benchmark configuration and its compiled training step, in any process.
 
-`Spec` parses `[BACKEND:]BN/PRECISION/LOSS[/spe<N>][/xla][/eigen]` (`benchmarks.step`'s docstring
-says what each part means), `StepRunner` builds and runs its compiled AET step on one repeated
-batch, `example_batch` makes that batch. `benchmarks.step` (the parent, which times the rounds)
-and `benchmarks.backends` (a worker of another backend) both build on them, so that the parent
-imports the worker's module and never the other way round.
+`Spec` parses `[BACKEND:]BN/PRECISION/LOSS[/spe<N>][/xla][/eigen][/joint]` (`benchmarks.step`'s
+docstring says what each part means), `StepRunner` builds and runs its compiled AET step on one
+repeated batch, `example_batch` makes that batch. `benchmarks.step` (the parent, which times the
+rounds) and `benchmarks.backends` (a worker of another backend) both build on them, so that the
+parent imports the worker's module and never the other way round.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from benchmarks import common
 
 PRECISIONS = {"fp32": "float32", "bf16": "mixed_bfloat16"}
 #: `jax:` configurations run in a Keras-on-JAX worker, `torch:` ones in a PyTorch worker
-#: (`benchmarks.torch_step`: the AETv1 code's framework, the same NIN step).
+#: (`benchmarks.torch_peer`: the AETv1 code's framework, the same NIN step).
 BACKENDS = ("tensorflow", "jax", "torch")
 
 
@@ -31,6 +31,7 @@ class Spec:
     xla: bool
     backend: str = "tensorflow"
     onednn: bool = True  # TensorFlow's oneDNN kernels (False: `/eigen`)
+    siamese_batch_norm: str = "per_branch"  # "joint": `/joint`
 
     @classmethod
     def parse(cls, name: str, steps_per_execution: int = 1) -> Spec:
@@ -48,17 +49,19 @@ class Spec:
                              f"with BACKEND tensorflow|jax|torch, BN fused|keras (jax: keras; "
                              f"torch: torch), PRECISION fp32|bf16|auto (torch: fp32|bf16), LOSS "
                              f"geodesic|mse (torch: mse, the AETv1 code's)")
-        spe, xla, onednn = steps_per_execution, False, True
+        spe, xla, onednn, siamese = steps_per_execution, False, True, "per_branch"
         for extra in parts[3:]:
             if extra == "xla":
                 xla = True
             elif extra == "eigen" and backend == "tensorflow":
                 onednn = False
+            elif extra == "joint" and backend != "torch":
+                siamese = "joint"
             elif extra.startswith("spe") and extra[3:].isdigit() and int(extra[3:]) > 0:
                 spe = int(extra[3:])
             else:
-                raise ValueError(f"bad config suffix {extra!r} in {name!r}: spe<N>, xla or "
-                                 f"(TensorFlow only) eigen")
+                raise ValueError(f"bad config suffix {extra!r} in {name!r}: spe<N>, xla, "
+                                 f"joint (Keras only) or (TensorFlow only) eigen")
         if parts[1] != "auto":
             precision = PRECISIONS[parts[1]]
         elif backend != keras.backend.backend() or onednn != here_onednn():
@@ -67,7 +70,7 @@ class Spec:
             from aetv2_tf.program.precision import choose_precision
 
             precision = choose_precision("auto", backend).policy
-        return cls(name, parts[0], precision, parts[2], spe, xla, backend, onednn)
+        return cls(name, parts[0], precision, parts[2], spe, xla, backend, onednn, siamese)
 
     @property
     def worker(self) -> str:
@@ -124,7 +127,8 @@ class StepRunner:
         keras.mixed_precision.set_global_policy(spec.precision)
         try:
             self.encoder = build_backbone("nin", (32, 32, 3), batch_norm=spec.batch_norm)
-            self.model = build_aet_model(self.encoder)
+            self.model = build_aet_model(self.encoder,
+                                         siamese_batch_norm=spec.siamese_batch_norm)
         finally:
             keras.mixed_precision.set_global_policy(previous)
         optimizers.add_l2_decay(self.model, 5e-4)

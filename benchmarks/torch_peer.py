@@ -1,45 +1,73 @@
-"""The PyTorch peer of the AETv2 pretext step (the `benchmarks.device_step` part ``torch``).
+"""The PyTorch peer of the AET pretext step (the AETv1 code's framework): the same NIN and
+decoder, on a CPU in `benchmarks.step`'s rounds and on the device as the `benchmarks.device_step`
+part ``torch``.
 
-The NIN of `benchmarks.torch_step` (its blocks and poolings) with per-branch BatchNorm, the
-decoder Linear(384, 8) and the default AETv2 loss (`recipes.AETV2`: theta^2 of P in the 4x
-zoomed frame + 10 x ||M - P||_F^2 of M in the unit frame, M = T^-1 T_hat scaled to det +1),
-Adam with coupled weight decay 5e-4; batch ``--batch`` pairs of normalised 32x32 images already
-on the device (no sampling or warping: `benchmarks.step_breakdown`'s ``pairs`` times that part
-of the Keras step). On CUDA: ``torch.compile``, channels_last, bfloat16 autocast; elsewhere
-(``--tiny``) eager float32. `VARIANTS`:
+    python -m benchmarks.step --configs=fused/fp32/mse,torch:torch/fp32/mse   # a CPU worker
+    python3 -m benchmarks.torch_peer [--batch=512] [--records=FILE]         # the device part
 
-* ``two_pass_svd``: the encoder called on x, then on t(x) (the AETv1 code's way), P by
-  ``torch.linalg.svd`` (its own autograd);
-* ``one_pass_svd``: one call on ``[x; t(x)]`` whose BatchNorm layers normalise each half by its
-  own statistics (`GroupedBatchNorm2d`), the same SVD;
-* ``one_pass_newton``: that with P by the scaled Newton iteration of `aetv2_tf.method.polar`
-  (autograd through the iterations): whether the 3x3 SVD is what limits the step.
+The model (`build`): the NIN of `aetv2_tf.models.nin` in PyTorch (conv without bias + BatchNorm
++ ReLU, the AETv1 code's poolings, global average pooling of block 4), the pair's features
+concatenated, Linear(384, 8); the encoder called on x then on t(x) (``two_pass``), once on
+``[x; t(x)]`` with each half normalised by its own statistics (``one_pass``), or once with
+statistics over both (``joint``).
 
-Without PyTorch the part reports ``{"torch": "torch not installed"}`` and exits 0.
+* CPU worker (`TorchRunner`, the protocol of `benchmarks.backends`): ``joint``, the AETv1 loss
+  (MSE on the 8 parameters), Adam 1e-3 with coupled weight decay 5e-4 (as `benchmarks.step`'s
+  Keras step), channels_last; ``torch:torch/bf16/mse``: the forward pass under CPU autocast.
+* Device part (`device_part`): the default AETv2 loss (`recipes.AETV2`: theta^2 of P in the 4x
+  frame + 10 x ||M - P||_F^2 in the unit frame, P by `torch.linalg.svd` or by the scaled Newton
+  iteration of `aetv2_tf.method.polar`), Adam 1e-4 with coupled weight decay 5e-4, ``--batch``
+  pairs of images already on the device (no sampling or warping). On CUDA: channels_last,
+  bfloat16 autocast, the model compiled by ``torch.compile`` (the loss and the fused Adam
+  eager); on a CPU dry run the compile only captures the graph (backend "eager").
+  `DEVICE_VARIANTS` in order, each skipped when it would not end by ``--deadline`` with its
+  compilation (`TORCH_COMPILE_S`, `device_step.Clock`): the first eager (a number within
+  seconds), the next two sharing one compiled model. Without PyTorch the part says so.
+
+PyTorch is not a dependency of the project: `pip install torch==2.13.0` (a CPU build) for it.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import pathlib
 import sys
 import time
 
-VARIANTS = {"two_pass_svd": (1, "svd"), "one_pass_svd": (2, "svd"),
-            "one_pass_newton": (2, "newton")}
+from benchmarks import common
+from benchmarks.device_step import Clock, Records, part_parser
+
+BLOCKS = (((192, 5), (160, 1), (96, 1)), ((192, 5), (192, 1), (192, 1)),
+          ((192, 3), (192, 1), (192, 1)), ((192, 3), (192, 1), (192, 1)))
+POOLING = ("max", "avg", None, None)
 FRAME_SCALE, PROJECTION_WEIGHT = 4.0, 10.0
+#: The device part's variants in order: (model, projection, compiled).
+DEVICE_VARIANTS = {"one_pass_newton eager": ("one_pass", "newton", False),
+                   "one_pass_newton": ("one_pass", "newton", True),
+                   "one_pass_svd": ("one_pass", "svd", True),
+                   "two_pass_svd": ("two_pass", "svd", True)}
+#: ``torch.compile`` of the NIN's forward and backward pass on the device: an assumption (not
+#: measured there yet) until the part has timed its first compilation.
+TORCH_COMPILE_S = 60.0
 
 
-def build(torch, groups: int):
-    """NIN + decoder; ``groups``: 1 (two encoder calls) or 2 (one call, per-half BN)."""
-    from benchmarks.torch_step import BLOCKS, POOLING
+def import_torch():
+    """`torch`, or SystemExit with how to install it."""
+    try:
+        import torch
+    except ImportError as e:
+        raise SystemExit("benchmarks.torch_peer needs PyTorch, which the project does not "
+                         "install: `pip install torch==2.13.0` (a CPU build) in this venv, or "
+                         "drop the torch: configurations.") from e
+    return torch
 
-    nn = torch.nn
+
+def build(torch, mode: str):
+    """NIN + decoder (module docstring): ``model(x, tx) -> (B, 8)``, ``x``, ``tx`` (B, 3, 32,
+    32); ``mode``: "two_pass", "one_pass" or "joint"."""
+    nn, groups = torch.nn, 2 if mode == "one_pass" else 1
 
     class GroupedBatchNorm2d(nn.BatchNorm2d):
-        """BatchNorm2d whose training statistics are per half of the batch (running averages
-        updated for each half in turn), as two calls would."""
+        """BatchNorm2d whose training statistics are per part of the batch (``groups`` equal
+        parts; the running averages updated for each part in turn), as separate calls would."""
 
         def forward(self, x):
             if groups == 1 or not self.training:
@@ -65,7 +93,7 @@ def build(torch, groups: int):
             self.encoder, self.decoder = encoder, nn.Linear(2 * channels, 8)
 
         def forward(self, x, tx):
-            if groups == 1:
+            if mode == "two_pass":
                 first, second = self.encoder(x), self.encoder(tx)
             else:
                 first, second = self.encoder(torch.cat([x, tx])).chunk(2)
@@ -111,83 +139,145 @@ def geodesic_loss(torch, y_true, y_pred, method: str):
     return (torch.atan2(sin, cos).square() + PROJECTION_WEIGHT * residual).mean()
 
 
-def time_variant(torch, name: str, args, device: str) -> dict:
-    groups, method = VARIANTS[name]
-    torch.manual_seed(0)
+def forward_macs_per_pair() -> int:
+    """Multiply-accumulates of one forward pass per pair: each convolution's ``H W k^2 C_in
+    C_out`` on both 32x32 images (halved by each pooling), and the decoder's."""
+    total, channels, side = 0, 3, 32
+    for spec, pool in zip(BLOCKS, POOLING, strict=True):
+        for filters, kernel in spec:
+            total += side * side * kernel * kernel * channels * filters
+            channels = filters
+        side //= 2 if pool else 1
+    return 2 * total + 2 * channels * 8
+
+
+def training_step(torch, model, loss_fn, optimizer, inputs: tuple, target, autocast):
+    """One training step of ``model`` on the fixed ``inputs`` (x, t(x)) as a callable: the
+    forward pass under bfloat16 autocast on the device ``autocast`` (None: none), then
+    ``loss_fn(target, output)``, its backward pass and the optimizer's update."""
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(autocast or "cpu", dtype=torch.bfloat16, enabled=bool(autocast)):
+            output = model(*inputs)
+        loss_fn(target, output).backward()
+        optimizer.step()
+
+    return step
+
+
+class TorchRunner:
+    """`benchmarks.step_runner.StepRunner`'s interface for one `torch:` configuration."""
+
+    def __init__(self, spec, batch_size: int):
+        torch = import_torch()
+        if spec.loss != "mse":
+            raise SystemExit(f"{spec.name}: the PyTorch CPU step has the AETv1 loss only (mse)")
+        torch.manual_seed(0)
+        self.spec, self.bf16 = spec, spec.precision == "mixed_bfloat16"
+        model = build(torch, "joint").to(memory_format=torch.channels_last)
+        inputs = tuple(torch.randn(batch_size, 3, 32, 32).to(memory_format=torch.channels_last)
+                       for _ in range(2))
+        self.step = training_step(
+            torch, model, lambda target, output: torch.nn.functional.mse_loss(output.float(),
+                                                                              target),
+            torch.optim.Adam(model.parameters(), 1e-3, weight_decay=5e-4), inputs,
+            torch.randn(batch_size, 8), "cpu" if self.bf16 else None)
+
+    def round_steps(self, steps: int) -> int:
+        return steps
+
+    def run(self, steps: int) -> None:
+        for _ in range(steps):
+            self.step()
+
+    def flops_per_pair(self) -> float:
+        return common.train_step_flops(forward_macs_per_pair())
+
+
+def device_step(torch, model, method: str, batch: int, device: str):
+    """One training step of ``model`` on fixed device data (module docstring): a callable."""
     cuda = device == "cuda"
-    model = build(torch, groups).to(device)
-    if cuda:
-        model = model.to(memory_format=torch.channels_last)
-    optimizer = torch.optim.Adam(model.parameters(), 1e-4, weight_decay=5e-4,
-                                 **({"fused": True} if cuda else {}))
-    b = args.batch
-    x, tx = (torch.randn(b, 3, 32, 32, device=device) for _ in range(2))
+    x, tx = (torch.randn(batch, 3, 32, 32, device=device) for _ in range(2))
     if cuda:
         x, tx = (v.to(memory_format=torch.channels_last) for v in (x, tx))
     identity = torch.tensor([1.0, 0, 0, 0, 1, 0, 0, 0], device=device)
-    y_true = identity + 0.1 * torch.randn(b, 8, device=device) * torch.tensor(
+    y_true = identity + 0.1 * torch.randn(batch, 8, device=device) * torch.tensor(
         [1, 1, 1, 1, 1, 1, 0.1, 0.1], device=device)
+    optimizer = torch.optim.Adam(model.parameters(), 1e-4, weight_decay=5e-4,
+                                 **({"fused": True} if cuda else {}))
+    return training_step(torch, model, lambda t, y: geodesic_loss(torch, t, y, method),
+                         optimizer, (x, tx), y_true, device if cuda else None)
 
-    def step():
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device, dtype=torch.bfloat16, enabled=cuda):
-            y_pred = model(x, tx)
-        loss = geodesic_loss(torch, y_true, y_pred, method)
-        loss.backward()
-        optimizer.step()
-        return loss
 
-    if cuda:
-        step = torch.compile(step)
+def device_part(torch, args, clock: Clock, records: Records) -> None:
+    """`DEVICE_VARIANTS` in order (module docstring), each recorded as it is measured."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    cuda = device == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    begin = time.perf_counter()
-    for _ in range(3):
-        step()
-    sync()
-    row = {"first_steps_s": time.perf_counter() - begin, "device": device,
-           "compiled": cuda}
-    begin, steps = time.perf_counter(), 0
-    while steps < 2 or time.perf_counter() - begin < args.seconds:
-        step()
-        steps += 1
-        if steps % 10 == 0:
-            sync()
-    sync()
-    row.update(steps=steps, pairs_per_s=steps * b / (time.perf_counter() - begin))
-    print(f"torch {name}: {row['pairs_per_s']:,.0f} pairs/s ({steps} steps; first 3 steps "
-          f"{row['first_steps_s']:.1f} s, compiled {cuda})", flush=True)
-    return row
+    records.add("setup", "setup", f"torch {torch.__version__} on {device}"
+                f"{f' ({torch.cuda.get_device_name()})' if cuda else ''}, batch {args.batch}",
+                torch=torch.__version__, device=device, batch=args.batch)
+    models: dict = {}
+    for name, (mode, method, compiled) in DEVICE_VARIANTS.items():
+        new_compile = compiled and (mode, True) not in models
+        if not clock.allows(records, name, float(new_compile), args.seconds + 5):
+            continue
+        if (mode, False) not in models:
+            torch.manual_seed(0)
+            model = build(torch, mode).to(device)
+            models[mode, False] = model.to(memory_format=torch.channels_last) if cuda else model
+        if compiled and new_compile:
+            models[mode, True] = torch.compile(models[mode, False],
+                                               backend="inductor" if cuda else "eager")
+        step = device_step(torch, models[mode, compiled], method, args.batch, device)
+        begin = time.perf_counter()
+        for _ in range(3):
+            step()
+        sync()
+        first = time.perf_counter() - begin
+        if new_compile:
+            clock.compiled(first)
+        begin, steps = time.perf_counter(), 0
+        while steps < 2 or time.perf_counter() - begin < args.seconds:
+            step()
+            steps += 1
+            if steps % 10 == 0:
+                sync()
+        sync()
+        rate = steps * args.batch / (time.perf_counter() - begin)
+        records.add(name, "rate", f"torch {name}: {rate:,.0f} pairs/s ({steps} steps; the first "
+                    f"3 steps {first:.1f} s{', compilation included' if new_compile else ''})",
+                    pairs_per_s=rate, steps=steps, first_steps_s=first, compiled=compiled,
+                    device=device)
+
+
+def worker(argv: list[str]) -> None:
+    """The CPU worker of `benchmarks.step` (module docstring)."""
+    from benchmarks.backends import serve, worker_parser
+    from benchmarks.step_runner import Spec
+
+    args = worker_parser("PyTorch").parse_args(argv)
+    torch = import_torch()
+    serve([Spec.parse(config) for config in args.configs.split(",")],
+          lambda spec: TorchRunner(spec, args.batch_size), args.warmup,
+          lambda runner: f"torch-{torch.__version__}-{'bf16' if runner.bf16 else 'fp32'}-"
+                         f"threads{torch.get_num_threads()}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--batch", type=int, default=512)
-    p.add_argument("--seconds", type=float, default=8.0)
-    p.add_argument("--json", type=pathlib.Path, required=True)
-    p.add_argument("--deadline", type=float, default=0.0)
-    p.add_argument("--tiny", action="store_true")
-    p.add_argument("--spe", type=int, default=1, help="(ignored: one step a call)")
-    args = p.parse_args(argv)
-    deadline = args.deadline or time.time() + 600
-    try:
-        import torch
-    except ImportError:
-        print("torch: torch not installed (PyTorch is not a dependency of the project)",
-              flush=True)
-        args.json.write_text(json.dumps({"torch": "torch not installed"}))
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a.startswith("--configs") for a in argv):
+        worker(argv)
         return 0
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    out = {"torch": torch.__version__, "device": device, "batch": args.batch, "variants": {}}
-    if device == "cuda":
-        out["gpu"] = torch.cuda.get_device_name()
-    for name in ("one_pass_newton", "one_pass_svd", "two_pass_svd"):
-        if time.time() + args.seconds + 40 > deadline:
-            out["variants"][name] = {"skipped": "the part's time limit"}
-            print(f"torch {name}: skipped (the part's time limit)", flush=True)
-            continue
-        out["variants"][name] = time_variant(torch, name, args, device)
-        args.json.write_text(json.dumps(out, indent=1))
-    args.json.write_text(json.dumps(out, indent=1))
+    args = part_parser(__doc__).parse_args(argv)  # (--spe: one step a call here)
+    records = Records(args.records, "torch")
+    try:
+        torch = import_torch()
+    except SystemExit:
+        records.add("setup", "setup", "torch: torch not installed (PyTorch is not a dependency "
+                    "of the project)", torch="torch not installed")
+        return 0
+    device_part(torch, args, Clock(args.deadline, TORCH_COMPILE_S), records)
     return 0
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
 import sys
+import time
 
 import pytest
 
@@ -57,10 +59,14 @@ def test_spec_parsing():
     eigen = Spec.parse("fused/fp32/mse/spe2/eigen")
     assert (eigen.onednn, eigen.worker, eigen.steps_per_execution) == (False, "tensorflow-eigen", 2)
     assert (Spec.parse("fused/fp32/mse").worker, jax.worker) == ("tensorflow", "jax")
+    joint = Spec.parse("jax:keras/fp32/mse/joint/spe2")
+    assert (joint.siamese_batch_norm, joint.steps_per_execution) == ("joint", 2)
+    assert Spec.parse("keras/fp32/mse").siamese_batch_norm == "per_branch"
     for bad in ("fused/fp32", "fused/fp16/geodesic", "other/fp32/mse", "fused/fp32/mse/spe0",
                 "jax:fused/fp32/mse", "torch:keras/fp32/mse", "torch:torch/fp32/geodesic",
                 "torch:torch/auto/mse", "keras:torch/fp32/mse", "torch/fp32/mse",
-                "jax:keras/fp32/mse/eigen", "torch:torch/fp32/mse/eigen"):
+                "jax:keras/fp32/mse/eigen", "torch:torch/fp32/mse/eigen",
+                "torch:torch/fp32/mse/joint"):
         with pytest.raises(ValueError, match="bad config"):
             Spec.parse(bad)
 
@@ -68,11 +74,31 @@ def test_spec_parsing():
 def test_the_pytorch_worker_says_how_to_install_pytorch(monkeypatch):
     """PyTorch is not a dependency: a torch: configuration without it stops with the fix."""
 
-    from benchmarks.torch_step import import_torch
+    from benchmarks.torch_peer import import_torch
 
     monkeypatch.setitem(sys.modules, "torch", None)
     with pytest.raises(SystemExit, match=r"pip install torch==2\.13\.0"):
         import_torch()
+
+
+def test_tee_copies_each_line_as_it_comes(tmp_path):
+    """A child's lines reach the sinks while it still runs (a killed command keeps them)."""
+    child = subprocess.Popen([sys.executable, "-c", "import sys; print('first', flush=True); "
+                              "sys.stdin.read(); print('last')"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    seen, path = [], tmp_path / "console.txt"
+    with open(path, "w") as console:
+        thread = common.tee(child.stdout, seen.append, common.line_writer(console, prefix="[c] "))
+        for _ in range(600):  # until the first line is in, the child waiting for its input
+            if seen:
+                break
+            time.sleep(0.05)
+        assert seen == ["first\n"] and child.poll() is None
+        assert path.read_text() == "[c] first\n"
+        child.stdin.close()
+        child.wait(60)
+        thread.join(60)
+    assert seen == ["first\n", "last\n"] and path.read_text() == "[c] first\n[c] last\n"
 
 
 def test_helpers():
@@ -88,13 +114,16 @@ def test_helpers():
 @pytest.mark.slow
 def test_step_module(tmp_path, benchmarks_md_untouched):
     """Both backends, and TensorFlow with oneDNN off, in one run: the JAX and the `/eigen`
-    configurations are timed by worker processes of their kind."""
+    configurations are timed by worker processes of their kind; the joint Siamese BatchNorm
+    (`/joint`) side by side with the per-branch steps."""
     output = tmp_path / "bench.md"
     proc = run_module("benchmarks.step", "--batch_size=4", "--steps=1", "--repeats=2",
                       "--warmup=1", "--matmul_n=64", "--intra_op=2", "--inter_op=2",
-                      "--configs=fused/fp32/geodesic,jax:keras/auto/mse,fused/fp32/mse/eigen",
-                      f"--output={output}", timeout=300)
+                      "--configs=fused/fp32/geodesic,jax:keras/auto/mse,fused/fp32/mse/eigen,"
+                      "keras/fp32/mse/joint", f"--output={output}", timeout=300)
     assert "| fused/fp32/geodesic | tensorflow |" in proc.stdout
+    joint = next(r for r in proc.stdout.splitlines() if r.startswith("| keras/fp32/mse/joint |"))
+    assert float(joint.split("|")[3]) > 0 and float(joint.split("|")[-2].split("x")[0]) > 0
     assert "(tensorflow-eigen worker, float32, oneDNN=off)" in proc.stdout
     assert "| fused/fp32/mse/eigen | tensorflow |" in proc.stdout
     assert "matmul 64^3 bfloat16" in proc.stdout
@@ -140,20 +169,20 @@ def test_budget_module(tmp_path, cifar10_dir, benchmarks_md_untouched):
 
 
 @pytest.mark.slow
-def test_alexnet_step_module(benchmarks_md_untouched):
-    """The AlexNet 224 pair step (on the device under JAX; here the TensorFlow backend) runs and
-    reports a positive median rate; a step count that `steps_per_execution` does not divide is
-    refused by name."""
-    proc = run_module("benchmarks.alexnet_step", "--batch=2", "--steps=2", "--repeats=1",
-                      "--steps_per_execution=2", "--precision=float32", timeout=300)
+def test_keras_step_module_times_alexnet_and_a_probe(benchmarks_md_untouched):
+    """The training program's AlexNet 224 pair step (on the device under JAX; here the
+    TensorFlow backend) runs and reports a positive median rate; so does a probe's step; a step
+    count that `steps_per_execution` does not divide is refused by name."""
+    alexnet = ("--flagfile=configs/imagenet_alexnet_aetv2.cfg", "--batch=2", "--steps=2",
+               "--repeats=1", "--steps_per_execution=2", "--precision=float32")
+    proc = run_module("benchmarks.keras_step", *alexnet, "--variants=program", timeout=300)
     result = [r for r in proc.stdout.splitlines() if r.startswith("RESULT ")]
     assert len(result) == 1 and "batch=2 size=224 precision=float32" in result[0], proc.stdout
     assert float(result[0].split()[1].split("=")[1]) > 0
-    probe = run_module("benchmarks.alexnet_step", "--probe=linear", "--feature=conv2",
-                       "--batch=2", "--steps=2", "--repeats=1", "--steps_per_execution=2",
-                       "--precision=float32", timeout=300)
+    probe = run_module("benchmarks.keras_step", *alexnet, "--probe=linear", "--feature=conv2",
+                       timeout=300)
     assert "probe=linear feature=conv2" in probe.stdout.splitlines()[-1], probe.stdout
-    bad = run_module("benchmarks.alexnet_step", "--steps=5", "--steps_per_execution=2",
+    bad = run_module("benchmarks.keras_step", "--steps=5", "--steps_per_execution=2",
                      check=False, timeout=120)
     assert bad.returncode == 2 and "--steps=5 must be a multiple" in bad.stderr
 
@@ -184,15 +213,6 @@ def test_imagenet_input_module(tmp_path, benchmarks_md_untouched):
             if r.startswith("| ") and not r.startswith("| stage")}
     assert {"decode (the limit)", "now: crop for the device", "now: host pair",
             "before: host pair", "Pillow reader, 1 thread"} <= set(rows), proc.stdout
-
-
-@pytest.mark.slow
-def test_siamese_bn_speed_module():
-    """The two BatchNorm modes timed side by side: one table row with a positive ratio."""
-    proc = run_module("benchmarks.siamese_bn_speed", "--batch=8", "--batches=2", "--repeats=1",
-                      timeout=300)
-    row = [r for r in proc.stdout.splitlines() if r.startswith("| float32")]
-    assert len(row) == 1 and float(row[0].split("|")[4]) > 0, proc.stdout
 
 
 def test_the_quickstart_benchmark_reads_what_the_program_prints(configured, tmp_path,

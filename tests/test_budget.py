@@ -9,6 +9,7 @@ import re
 import pytest
 
 from aetv2_tf.program import callbacks, run_length
+from aetv2_tf.program.config import check_machine
 from aetv2_tf.program.rundir import UsageError
 from tests.cli import train, train_args
 
@@ -92,9 +93,13 @@ def test_a_budgeted_cli_run_records_its_size_and_resumes_with_it(tmp_path, cifar
 
 
 def test_another_budget_for_a_recorded_run_is_refused(configured, tmp_path):
+    """Refused by the checks the adapters run before anything is written (reading the flags
+    opens no file of the run)."""
     (tmp_path / "budget.json").write_text(json.dumps({"train_seconds": 150.0,
                                                       "train_steps": 503}))
+    other = configured(f"--model_dir={tmp_path}", "--train_seconds=60")
     with pytest.raises(UsageError, match="--train_seconds=60 differs from the 150.0"):
-        configured(f"--model_dir={tmp_path}", "--train_seconds=60")  # refused as it is read
+        check_machine(other, 1, "tensorflow", accelerator=False)
     config = configured(f"--model_dir={tmp_path}", "--train_seconds=150")
+    check_machine(config, 1, "tensorflow", accelerator=False)
     assert run_length.recorded_budget(config)["train_steps"] == 503

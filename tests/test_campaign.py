@@ -1,19 +1,26 @@
 """The campaign's tools at tiny size on the CPU, as a device machine runs them (Keras on JAX):
-the JPEG pack and its checks, a leg that resumes each run from the checkpoint it is given and
-returns the new one within the device tool's file limits, and the landing in results/ with its
-ledger rows; a leg's deadline (``--stop_after_seconds``) ends a run with a checkpoint."""
+what a device call carries, counted as the tool counts it and refused above 62 MiB; the JPEG
+pack and its checks; a leg that resumes each run from the checkpoint it is given, streams each
+run's output into its console and returns the new checkpoint within the device tool's file
+limits; and the landing in results/ with its ledger rows, a leg cut by the tool included; a
+leg's deadline (``--stop_after_seconds``) ends a run with a checkpoint."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import pathlib
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
 
 from aetv2_tf.data.sources import load_cifar10
-from experiments.campaign import land, leg, pack
-from tests.cli import run_module
+from experiments.campaign import land, leg, luggage, pack, prepare
+from experiments.scale import make_devdata
+from tests.cli import REPO, run_module
 
 #: A tiny leg: batches of 32 from 5 x 64 images, one step per process (the deadline has passed
 #: when the first step ends).
@@ -67,6 +74,96 @@ def test_a_damaged_or_other_pack_is_refused(tiny_pack, tmp_path):
     assert pack.main(["unpack", str(tmp_path / "nothing"), str(tmp_path / "out")]) == 2
 
 
+def git(folder: pathlib.Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                          cwd=folder, check=True, capture_output=True, text=True).stdout
+
+
+def test_the_luggage_is_what_the_tool_sends(tmp_path):
+    """Tracked and untracked-not-ignored files from the root git names, a carried folder
+    (a link in it as a link), nothing ignored and not carried; above 62 MiB: refused."""
+    root = tmp_path / "checkout"
+    (root / "sub").mkdir(parents=True)
+    git(root, "init", "-q")
+    (root / ".gitignore").write_text("/ignored/\n/.whl/\n")
+    (root / "sub" / "tracked.py").write_bytes(b"t" * 100)
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "x")
+    (root / "untracked.txt").write_bytes(b"u" * 200)
+    (root / "ignored").mkdir()
+    (root / "ignored" / "big.bin").write_bytes(b"i" * 300)
+    (root / ".whl" / "deep").mkdir(parents=True)
+    (root / ".whl" / "a.whl").write_bytes(b"w" * 400)
+    (root / ".whl" / "deep" / "b.whl").write_bytes(b"w" * 50)
+    os.symlink(tmp_path, root / ".whl" / "link")  # travels as a link, not what it points to
+    link = len(os.fsencode(str(tmp_path)))
+    assert luggage.repository_root(root / "sub") == root
+    gitignore = (root / ".gitignore").stat().st_size
+    assert luggage.travelling_bytes(root, []) == gitignore + 100 + 200
+    assert luggage.travelling_bytes(root, [".whl"]) == gitignore + 100 + 200 + 450 + link
+    assert luggage.luggage_problem(62 * 2**20, "x") is None
+    with open(root / ".whl" / "sparse.bin", "wb") as f:  # 62 MiB of nothing on disk
+        f.truncate(62 * 2**20)
+    total = luggage.travelling_bytes(root, [".whl"])
+    assert total > 62 * 2**20
+    assert "more than 62 MiB of the tool's 64 MiB" in luggage.luggage_problem(total, ".whl")
+
+
+def test_prepare_counts_the_whole_checkout_and_refuses_what_would_not_fit(tiny_pack, tmp_path,
+                                                                          monkeypatch, capsys):
+    root = tmp_path / "checkout"
+    root.mkdir()
+    git(root, "init", "-q")
+    (root / ".gitignore").write_text("/.whl/\n/.devdata/\n")
+    (root / "README.md").write_bytes(b"r" * 1000)
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "x")
+    (root / ".whl").mkdir()
+    for name in ("keras-3.15.1-py3-none-any.whl", "namex-0.1.0-py3-none-any.whl",
+                 "optree-0.17.0-cp312-cp312-manylinux_2_17_x86_64.whl"):
+        (root / ".whl" / name).write_bytes(b"w" * 1000)
+    shutil.copytree(tiny_pack, root / pack.PACK_FOLDER)
+    monkeypatch.setattr(luggage, "repository_root", lambda inside=None: root)
+    assert prepare.main([]) == 0
+    printed = capsys.readouterr().out
+    expected = luggage.travelling_bytes(root, [".whl", pack.PACK_FOLDER])
+    assert f"the call sends {expected / 2**20:.1f} MiB" in printed
+    assert printed.splitlines()[-1] == prepare.device_call()
+    assert prepare.device_call() in (REPO / "docs" / "campaign.md").read_text()  # as documented
+    with open(root / ".whl" / "huge.whl", "wb") as f:
+        f.truncate(62 * 2**20)
+    assert prepare.main([]) == 2
+    assert "more than 62 MiB of the tool's 64 MiB" in capsys.readouterr().err
+
+
+def test_make_devdata_finds_the_repository_and_counts_all_of_it(cifar10_dir, tmp_path, capsys):
+    """Run from experiments/scale, it counts the whole checkout (not its own folder)."""
+    assert luggage.repository_root(REPO / "experiments" / "scale") == REPO
+    make_devdata.main([f"--source={cifar10_dir}", f"--out={tmp_path / 'c10'}",
+                       "--per_batch=2"])
+    printed = capsys.readouterr().out
+    tracked = sum((REPO / name).lstat().st_size for name in git(
+        REPO, "ls-files", "-z").split("\0") if name and (REPO / name).exists())
+    total = luggage.travelling_bytes(REPO, [".whl", str(tmp_path / "c10")])
+    assert total > tracked and f"{total / 2**20:.1f} MiB of the 64 MiB" in printed, printed
+
+
+def test_cifar10_is_found_beside_the_checkout_or_beside_its_main_checkout(tmp_path,
+                                                                        monkeypatch):
+    monkeypatch.delenv("AETV2_CIFAR10_DIR", raising=False)
+    main, data = tmp_path / "main", tmp_path / luggage.CIFAR10_IN_SHARED
+    data.mkdir(parents=True)
+    (data / "data_batch_1").write_bytes(b"x")
+    main.mkdir()
+    git(main, "init", "-q")
+    git(main, "commit", "-q", "--allow-empty", "-m", "x")
+    git(main, "worktree", "add", "-q", str(tmp_path / "wt" / "helper"))
+    assert luggage.cifar10_source(main) == data
+    assert luggage.cifar10_source(tmp_path / "wt" / "helper") == data
+    monkeypatch.setenv("AETV2_CIFAR10_DIR", str(tmp_path / "elsewhere"))
+    assert luggage.cifar10_source(main) == tmp_path / "elsewhere"
+
+
 def ledger_rows(results: pathlib.Path) -> list[list[str]]:
     """The ledger's table rows as cells."""
     lines = (results / land.LEDGER).read_text().splitlines()
@@ -99,13 +196,34 @@ def test_legs_resume_each_run_from_its_checkpoint_and_land_in_the_ledger(tiny_pa
                                                                           "aetv2"]]
     assert rows[1][9] == f"`{first['runs']['aetv2']['checkpoint']['sha256'][:16]}`"
 
+    console = (tmp_path / "out1" / "console.txt").read_text()
+    assert "[aetv1] Stopped (pretext) at step 1" in console  # each run's own output
+    assert "[aetv2] Stopped (pretext) at step 1" in console
+
     run_leg(tmp_path / "out2", results, work, tiny_pack, "--runs=aetv2")
     second = json.loads((tmp_path / "out2" / "leg.json").read_text())
     assert list(second["runs"]) == ["aetv2"]
     entry = second["runs"]["aetv2"]
     assert entry["resumed_from"] == first["runs"]["aetv2"]["checkpoint"]
     assert (entry["start_step"], entry["steps"]) == (1, 2)
-    assert land.land(tmp_path / "out2", results) == 2
+    # The same leg cut by the tool before the run ended: leg.json as the leg writes it when it
+    # ships the checkpoint (no exit status, no summary) lands with its step and pairs.
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    cut_leg = leg.Leg(argparse.Namespace(out=cut, seconds=900, mode="sequential",
+                                         train_flag=[]))
+    cut_leg.record["runs"]["aetv2"] = {"resumed_from": entry["resumed_from"], "exit": None}
+    leg.record_shipment(cut_leg, "aetv2", work / "aetv2", wall=16.0)
+    cut_entry = json.loads((cut / "leg.json").read_text())["runs"]["aetv2"]
+    assert (cut_entry["exit"], cut_entry["steps"], cut_entry["pairs"]) == (None, 2, 64)
+    assert cut_entry["pairs_per_sec"] == 2.0 and "summary" not in cut_entry
+    assert land.land(cut, results) == 2
+    assert ledger_rows(results)[-1][3:8] == ["aetv2", "2", "64", "16", "2"]
+    without = {k: v for k, v in cut_entry.items() if k not in ("steps", "pairs")}
+    staged = tmp_path / "staged"
+    staged.mkdir()
+    (staged / "flags.json").write_text(json.dumps({"batch_size": 32}))
+    assert land.completed(without, staged) == dict(without, steps=2, pairs=64)
     assert sorted(p.name for p in (results / "aetv2" / "checkpoints").iterdir()) == [
         "ckpt-2.weights.h5", "ckpt-2.weights.h5.sha256"]
     assert sorted(p.name for p in (results / "aetv1" / "checkpoints").iterdir()) == [
@@ -113,6 +231,8 @@ def test_legs_resume_each_run_from_its_checkpoint_and_land_in_the_ledger(tiny_pa
     assert (results / "legs" / "leg-2.txt").is_file()
     assert [r[0] + r[3] + r[4] for r in ledger_rows(results)] == ["1aetv11", "1aetv21", "2aetv22"]
 
+    with pytest.raises(land.LandingError, match="not past the one"):
+        land.land(tmp_path / "out2", results)  # the same step again: refused
     with pytest.raises(land.LandingError, match="not past the one"):
         land.land(tmp_path / "out1", results)  # an older leg again: refused, nothing changed
     part = tmp_path / "out2" / entry["parts"][-1]

@@ -21,6 +21,7 @@ import sys
 import numpy as np
 import pytest
 
+from aetv2_tf import __version__
 from tests.cli import BLOCK_TF, REPO, RUN_TRAIN, _env, finish_jax, start_jax, train_args
 
 # The fast tier (`-m "not slow"`) leaves this file out: every test reads the Keras-on-JAX
@@ -153,7 +154,8 @@ def test_tensorflow_only_flags_are_refused(tmp_path, cifar10_dir):
     # start that trained nothing would be set aside and started afresh:
     # test_untrusted_files_are_left_alone.py).
     (tmp_path / "tf_run" / "checkpoints").mkdir(parents=True)
-    (tmp_path / "tf_run" / "flags.json").write_text('{"stage": "pretext"}')
+    (tmp_path / "tf_run" / "flags.json").write_text(json.dumps({"stage": "pretext",
+                                                               "version": __version__}))
     (tmp_path / "tf_run" / "checkpoints" / "ckpt-4.weights.h5").write_bytes(b"weights")
     proc = subprocess.run([sys.executable, "-c", RUN_TRAIN,
                            *train_args(tmp_path / "tf_run", cifar10_dir, "--train_steps=6")],

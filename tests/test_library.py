@@ -207,16 +207,18 @@ def test_a_mistyped_preset_is_refused_with_the_list_of_presets(configured, tmp_p
                                                                monkeypatch):
     """`load_encoder("aetv3")` and ``--pretrained=aetv3``: a name that is no preset and no
     path is refused naming the presets (and the closest), not read as a missing directory;
-    a path, an existing name and --pretrained=none are as before."""
+    a path, an existing name and --pretrained=none are read as given."""
     with pytest.raises(ValueError, match=r"'aetv3' is neither a preset nor an existing path: "
                                          r"did you mean 'aetv2_cifar10'\? the presets are "
                                          r"aetv1_cifar10, .*aetv2_paper_cifar10"):
         aetv2_tf.load_encoder("aetv3")
     from aetv2_tf.errors import UsageError
+    from aetv2_tf.program.probe_stage import check_probe
 
+    config = configured("--stage=probe", "--pretrained=aetv3", f"--model_dir={tmp_path / 'p'}")
     with pytest.raises(UsageError, match=r"--pretrained=aetv3: 'aetv3' is neither a preset nor"):
-        configured("--stage=probe", "--pretrained=aetv3", f"--model_dir={tmp_path / 'p'}")
-    with pytest.raises(FileNotFoundError, match="has no flags.json"):  # a path: as before
+        check_probe(config)  # the probe's first check, before anything is written
+    with pytest.raises(FileNotFoundError, match="has no flags.json"):  # a path: a directory
         aetv2_tf.load_encoder(str(tmp_path / "aetv3"))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "aetv3").mkdir()  # an existing folder of that name: a path

@@ -40,7 +40,7 @@ def test_step_schedule_drops_at_the_given_epochs():
     assert [float(default(i)) for i in (29, 30, 60, 80)] == pytest.approx([1, 0.2, 0.04, 0.008])
     from aetv2_tf.probes.classifier import step_lr_schedule
 
-    rotnet = step_lr_schedule(35, base_lr=0.01, milestones=(5 / 35, 15 / 35, 25 / 35))
+    rotnet = step_lr_schedule(35, base_lr=0.01, drop_epochs=(5, 15, 25))
     assert [rotnet(e) for e in (0, 4, 5, 14, 15, 25, 34)] == pytest.approx(
         [0.01, 0.01, 0.002, 0.002, 0.0004, 0.00008, 0.00008])
 

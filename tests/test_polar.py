@@ -212,7 +212,7 @@ y_true = np.float32(np.array([1, 0, 0, 0, 1, 0, 0, 0]) + 0.1 * rng.standard_norm
 y_true[:, 6:] *= 0.1
 y_pred = np.float32(y_true + 0.05 * rng.standard_normal((32, 8)))
 bad = y_pred.copy(); bad[0] = [1, 0, 0, 0, 1, 0, 0, 0]; bad[0, :3] *= 1e4  # kappa ~ 1e4
-assert not np.all(np.asarray(__import__('aetv2_tf.method.polar').polar.newton_polar(
+assert not np.all(np.asarray(__import__('aetv2_tf.method.polar').method.polar.newton_polar(
     losses.relative_homography(losses.params_to_matrix(y_true),
                                losses.params_to_matrix(bad)))[1]))
 out = []

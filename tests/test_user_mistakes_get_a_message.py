@@ -60,10 +60,10 @@ def parse():
 ], ids=["train_steps_1e21", "train_steps_10e21", "epochs", "seed_huge", "seed_negative",
         "train_seconds_1e21", "cpu_devices_100000"])
 def test_huge_counts_are_refused_with_the_range(parse, arg, message):
-    """Before: `--train_steps=<22 digits>` passed the flags and ended in a traceback deep in
-    TensorFlow (after writing the model_dir), `--cpu_devices=100000` hung before the first step;
-    `1e21` got Python's `invalid literal for int()`. Now absl refuses each while parsing
-    (exit 1, as every flag validator), naming the range."""
+    """A count past int32 (`--train_steps=<22 digits>`, a traceback deep in TensorFlow after
+    the model_dir is written if let through), `--cpu_devices=100000` (a hang before the first
+    step) and `1e21` (no whole number) are refused by absl while parsing (exit 1, as every flag
+    validator), naming the range."""
     with pytest.raises(flags.IllegalFlagValueError, match=message):
         parse(arg)
 
@@ -91,9 +91,8 @@ def test_cpu_devices_and_step_counts_are_bounded_below_the_flags(configured):
 
 # ------------------------------------------------------------------------- ~ in every path
 def test_a_flagfile_expands_home_in_every_path_flag(configured, tmp_path, monkeypatch):
-    """Before: `--data_dir=~/...` was expanded where it was read, `--model_dir=~/...` was not
-    (a directory named `~` appeared in the working directory). Now every path flag is expanded
-    when parsed, also in a flagfile, and the run's flags.cfg records the expanded paths."""
+    """Every path flag is expanded when parsed, also in a flagfile (no directory named `~` in
+    the working directory), and the run's flags.cfg records the expanded paths."""
     monkeypatch.setenv("HOME", str(tmp_path))
     flagfile = tmp_path / "run.cfg"
     flagfile.write_text("--model_dir=~/runs/a\n--data_dir=~/data\n--pretrained=~/runs/b\n")

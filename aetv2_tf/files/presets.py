@@ -7,12 +7,13 @@ Each preset is a pretraining run directory in ``results/scale/`` of the git chec
 the package): `load_encoder`, ``--pretrained`` and `saving.preprocessing` read it like any run
 directory. Its small files (flags, training log) are in the working tree; its weights
 (``encoder.weights.h5``, 5.8 MB each) are kept in the repository's git history only, so that the
-working tree stays small enough to travel to a device machine: the first use of a preset
-restores them from there (`restore_weights`: ``git cat-file`` of the recorded blob, checked
-against the recorded SHA-256, written beside the other files, which .gitignore ignores). All are
-NIN on CIFAR-10 (32x32 uint8 images, CIFAR-10's normalisation), trained on one H200 under Keras
-on JAX: batch 512, 8,000 steps = 4.1 million pairs (82 epochs' worth, on a 19,000-image subset),
-Adam, cosine schedule with 1,000 warm-up steps (docs/reproduction.md, "At scale (GPU)").
+working tree stays small enough to travel to a device machine: the first use of a preset, by its
+name or its directory (`resolve`), restores them from there (`restore_weights`: ``git cat-file``
+of the recorded blob, checked against the recorded SHA-256, written beside the other files,
+which .gitignore ignores). All are NIN on CIFAR-10 (32x32 uint8 images, CIFAR-10's
+normalisation), trained on one H200 under Keras on JAX: batch 512, 8,000 steps = 4.1 million
+pairs (82 epochs' worth, on a 19,000-image subset), Adam, cosine schedule with 1,000 warm-up
+steps (docs/reproduction.md, "At scale (GPU)").
 
 ``knn_top1``: CIFAR-10 test top-1 (%) of the authors' KNN protocol on their block-2 features
 (`configs/cifar10_probe_knn.cfg`: 2x2-pooled block 2, 3,072 values, Euclidean, k = 10, all
@@ -69,8 +70,8 @@ class Preset:
 
 _AETV1 = ("configs/cifar10_aetv1.cfg --optimizer=adam --learning_rate=1e-4 --lr_schedule=cosine "
           "--warmup_steps=1000 --adam_beta1=0.9 --adam_beta2=0.999")
+_ZOOM16 = "AETv2, the angle in the 16x zoomed frame, no residual (recipes.AETV2_ZOOM16)"
 #: The presets by name, best first (module docstring).
-_ZOOM16 = "AETv2, the angle in the 16x zoomed frame (AETV2_ZOOM16)"
 PRESETS: dict[str, Preset] = {p.name: p for p in (
     Preset("aetv1_cifar10", "aetv1_lr1e-4", "AETv1 (MSE), Adam 1e-4", _AETV1, 0, 66.33,
            "036045a4f5edcc0fd9eed23fcfa78c10730e8fdc",
@@ -157,13 +158,26 @@ class UnknownPreset(ValueError):
     of `PRESETS`: the message lists them (and the closest)."""
 
 
+def directory_of(name_or_directory: str | None) -> str | None:
+    """A preset's name -> its run directory, anything else as given; nothing is read (`resolve`
+    checks the directory and restores the weights)."""
+    return PRESETS[name_or_directory].directory if name_or_directory in PRESETS \
+        else name_or_directory
+
+
 def resolve(name_or_directory: str | os.PathLike) -> str:
-    """A preset name -> its run directory (`preset_directory`); an existing path, or one with a
-    path separator, -> as given; any other name (a mistyped preset, "aetv3") -> `UnknownPreset`
-    listing the presets (a directory of that name is then ``./name``)."""
+    """A preset name, or a preset's run directory, -> that directory, its weights restored
+    (`preset_directory`); another existing path, or one with a path separator, -> as given; any
+    other name (a mistyped preset, "aetv3") -> `UnknownPreset` listing the presets (a directory
+    of that name is then ``./name``)."""
     text = os.fspath(name_or_directory)
     if text in PRESETS:
         return preset_directory(text)
+    path = os.path.abspath(os.path.expanduser(text))
+    for preset in PRESETS.values():
+        if path == preset.directory:
+            preset_directory(preset.name)
+            return text
     separators = {os.sep, "/", *((os.altsep,) if os.altsep else ())}
     if os.path.lexists(text) or any(s in text for s in separators) or text.startswith("~"):
         return text

@@ -29,30 +29,39 @@ class Schedule(keras.optimizers.schedules.LearningRateSchedule):
     """Learning rate at a step: `constant`, `aetv1`, `cosine` or `step`, with linear warm-up.
 
     `step` multiplies by `drop_factor` (0.2) at each fraction `drops` of `total_steps` (30%, 60%
-    and 80%: the probe-head schedules; `--lr_drop_epochs` sets others).
+    and 80%: the probe-head schedules) or, given `drop_epochs` of a run of `epochs` epochs, from
+    the first step after each of those epochs: step ``ceil(e * total_steps / epochs)``
+    (`drop_steps`, converted once here; ``e * steps_per_epoch`` when the epochs size the run).
     """
 
     def __init__(self, kind: str, peak: float, total_steps: int, warmup_steps: int = 0,
-                 drops: Sequence[float] = STEP_DROPS, drop_factor: float = 0.2):
+                 drops: Sequence[float] = STEP_DROPS, drop_factor: float = 0.2,
+                 drop_epochs: Sequence[int] = (), epochs: int = 0):
         if kind not in ("constant", "aetv1", "cosine", "step"):
             raise ValueError(f"unknown lr schedule {kind!r}: constant, aetv1, cosine or step")
+        if drop_epochs and int(epochs) < 1:
+            raise ValueError(f"drop_epochs={tuple(drop_epochs)} are epochs of a run of `epochs` "
+                             f"epochs: pass epochs >= 1, not {epochs}")
         self.kind, self.peak = kind, float(peak)
         self.total_steps, self.warmup_steps = max(int(total_steps), 1), int(warmup_steps)
         self.drops, self.drop_factor = tuple(float(d) for d in drops), float(drop_factor)
+        self.drop_epochs, self.epochs = tuple(int(e) for e in drop_epochs), int(epochs)
+        self.drop_steps = tuple(-(-e * self.total_steps // self.epochs) for e in self.drop_epochs)
 
-    def _multiplier(self, frac):
+    def _multiplier(self, step, frac):
         if self.kind == "constant":
             return ops.ones_like(frac)
         if self.kind == "cosine":
             return 0.5 * (1.0 + ops.cos(math.pi * ops.minimum(frac, 1.0)))
+        at = frac
         if self.kind == "step":
-            bounds = self.drops
+            at, bounds = (step, self.drop_steps) if self.drop_steps else (frac, self.drops)
             mults = tuple(self.drop_factor ** i for i in range(len(bounds) + 1))
         else:
             bounds, mults = AETV1_BOUNDARIES, AETV1_MULTIPLIERS
         m = ops.full_like(frac, mults[0])
         for b, v in zip(bounds, mults[1:], strict=True):
-            m = ops.where(frac >= b, v, m)
+            m = ops.where(at >= b, v, m)
         if self.kind == "aetv1":  # linear decay over the last third of the run
             start, end = AETV1_DECAY_START, AETV1_MULTIPLIERS[-1]
             t = ops.clip((frac - start) / (1.0 - start), 0.0, 1.0)
@@ -62,7 +71,7 @@ class Schedule(keras.optimizers.schedules.LearningRateSchedule):
     def __call__(self, step):
         step = ops.cast(step, "float32")
         frac = step / float(self.total_steps)
-        lr = self.peak * self._multiplier(frac)
+        lr = self.peak * self._multiplier(step, frac)
         if self.warmup_steps > 0:
             lr = lr * ops.minimum(1.0, (step + 1.0) / float(self.warmup_steps))
         return lr
@@ -79,7 +88,8 @@ class Schedule(keras.optimizers.schedules.LearningRateSchedule):
     def get_config(self) -> dict:
         return dict(kind=self.kind, peak=self.peak, total_steps=self.total_steps,
                     warmup_steps=self.warmup_steps, drops=list(self.drops),
-                    drop_factor=self.drop_factor)
+                    drop_factor=self.drop_factor, drop_epochs=list(self.drop_epochs),
+                    epochs=self.epochs)
 
 
 @keras.saving.register_keras_serializable(package="aetv2_tf")

@@ -142,21 +142,24 @@ class LossSpec:
 class OptimizerSpec:
     """The optimizer: ``name`` "adam" or "sgd" (Nesterov), ``learning_rate`` (peak),
     ``lr_schedule`` ("constant", "aetv1", "cosine", "step": `optimizers.Schedule`),
-    ``warmup_steps``, ``lr_drops`` (fractions of the run for "step"; () = 30/60/80 %),
-    ``lr_drop_factor``, ``momentum``, ``adam_beta1/2``, ``weight_decay`` and ``weight_decay_mode``
-    ("l2": added to the model's losses, as PyTorch's coupled decay; "decoupled")."""
+    ``warmup_steps``, ``lr_drop_epochs`` (for "step": the rate drops after these epochs of a
+    run of ``epochs`` epochs, `optimizers.Schedule` turning them into steps; () = at 30/60/80 %
+    of the run), ``lr_drop_factor``, ``momentum``, ``adam_beta1/2``, ``weight_decay`` and
+    ``weight_decay_mode`` ("l2": added to the model's losses, as PyTorch's coupled decay;
+    "decoupled"); ``epochs``: the run's length in epochs, with ``lr_drop_epochs`` only."""
 
     name: str = "adam"
     learning_rate: float = 1e-5
     lr_schedule: str = "constant"
     warmup_steps: int = 0
-    lr_drops: tuple[float, ...] = ()
+    lr_drop_epochs: tuple[int, ...] = ()
     lr_drop_factor: float = 0.2
     momentum: float = 0.9
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
     weight_decay: float = 5e-4
     weight_decay_mode: str = "l2"
+    epochs: int = 0
 
     def __post_init__(self) -> None:
         for name, allowed in (("name", ("adam", "sgd")),
@@ -167,7 +170,13 @@ class OptimizerSpec:
             raise ValueError(f"OptimizerSpec needs learning_rate > 0, weight_decay >= 0 and "
                              f"warmup_steps >= 0; got {self.learning_rate}, {self.weight_decay}, "
                              f"{self.warmup_steps}")
-        object.__setattr__(self, "lr_drops", tuple(float(d) for d in self.lr_drops))
+        drops = tuple(int(e) for e in self.lr_drop_epochs)
+        if drops and (self.lr_schedule != "step" or list(drops) != sorted(set(drops))
+                      or drops[0] < 1 or self.epochs < 1):
+            raise ValueError(f"OptimizerSpec: lr_drop_epochs={drops} needs lr_schedule='step', "
+                             f"increasing epochs from 1 on and the run's epochs >= 1; got "
+                             f"lr_schedule={self.lr_schedule!r}, epochs={self.epochs}")
+        object.__setattr__(self, "lr_drop_epochs", drops)
 
     def build(self, model: keras.Model, steps: int, mixed_float16: bool | None = None, *,
               _stacklevel: int = 2):
@@ -182,8 +191,8 @@ class OptimizerSpec:
         if self.weight_decay_mode == "l2":
             optimizers.add_l2_decay(model, self.weight_decay)
         schedule = optimizers.Schedule(self.lr_schedule, self.learning_rate, steps,
-                                  self.warmup_steps, drops=self.lr_drops or optimizers.STEP_DROPS,
-                                  drop_factor=self.lr_drop_factor)
+                                       self.warmup_steps, drop_factor=self.lr_drop_factor,
+                                       drop_epochs=self.lr_drop_epochs, epochs=self.epochs)
         if self.warmup_steps > int(steps) // 2:
             shorter, longer = int(steps) // 10, 2 * self.warmup_steps
             warnings.warn(SettingWarning(*(

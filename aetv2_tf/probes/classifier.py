@@ -69,15 +69,16 @@ def step_lr_schedule(
     epochs: int,
     base_lr: float = 0.1,
     factor: float = 0.2,
-    milestones: Sequence[float] = STEP_DROPS,
+    drop_epochs: Sequence[int] = (),
 ) -> Callable[[int], float]:
     """Per-epoch step schedule ``epoch (0-based) -> lr``: `optimizers.Schedule`'s "step" (the
-    project's one schedule type) counted in epochs, its drops at the whole epochs
-    ``round(m * epochs)`` (``boundaries``); for 200 epochs 60, 120, 160 (lr 0.1, 0.02, 0.004,
-    0.0008), for 100 epochs 30, 60, 80."""
-    boundaries = [int(round(m * epochs)) for m in milestones]
-    per_epoch = optimizers.Schedule("step", base_lr, epochs, drops=[b / epochs for b in boundaries],
-                               drop_factor=factor)
+    project's one schedule type) counted in epochs, the rate multiplied by ``factor`` from each
+    epoch of ``drop_epochs`` on (``boundaries``); by default at the whole epochs
+    ``round(m * epochs)`` for m = 30%, 60%, 80% (`STEP_DROPS`): for 200 epochs 60, 120, 160 (lr
+    0.1, 0.02, 0.004, 0.0008), for 100 epochs 30, 60, 80."""
+    boundaries = list(drop_epochs) or [int(round(m * epochs)) for m in STEP_DROPS]
+    per_epoch = optimizers.Schedule("step", base_lr, epochs, drop_factor=factor,
+                                    drop_epochs=boundaries, epochs=epochs)
 
     def schedule(epoch: int, lr: float | None = None) -> float:
         del lr  # keras.callbacks.LearningRateScheduler also passes the current lr

@@ -3,17 +3,18 @@
     config = from_flags(FLAGS, sys.argv)        # every check that needs no machine; exit 2 else
     check_machine(config, replicas, backend, accelerator)   # the rest, once the adapter knows
 
-`from_flags` reads the flags of `program.flags` and nothing reads them again: the stages and
-their adapters take the `RunConfig`. It decides, in this order, everything the command line
-leaves open: the run length (`--train_steps` or `--train_seconds`, whichever comes last), the
-values a run of an earlier version trained with (`flags.adopt_earlier_defaults`,
-`flags.adopt_earlier_recipe`), a preset's run directory for `--pretrained`, the recipe
-(`recipes.Recipe`: the flag names mapped onto its `LossSpec` and `OptimizerSpec`, here and only
-here), the backbone's facts (`models.backbones`). The global FLAGS are never changed.
+`from_flags` is a function of the flag values and the command line alone (the flagfiles it
+names are read again, for which flag came last): no file of a run is opened, no preset
+restored, the global FLAGS never changed, and nothing reads the flags again. It decides the run
+length (`--train_steps` or `--train_seconds`, whichever comes last), the recipe (`recipe_of`)
+and the backbone's facts (`models.backbones`). What ``--model_dir`` holds of an earlier start
+is checked by `check_machine`, before anything is written; a preset's weights are restored
+where the probe's encoder is read (`program.probe_stage`).
 
-The groups: `recipe` (loss and optimizer), `model`, `data`, `train` (length, stops, seed),
-`machine`, `outputs` (model_dir, checkpoints, logs, exports) and `probe`; ``values`` holds every
-flag as the run records it (flags.json, flags.cfg, results.json).
+Each flags module names its group (`GROUP`), whose fields are its flags' names: `recipe`
+(`recipe_of`), `model`, `data`, `train`, `machine`, `outputs` and `probe`; ``stage`` and
+``pretext`` are the run's own. ``values``: every flag as the run records it (flags.json,
+flags.cfg, results.json: `RunConfig.flag_record`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import copy
 import dataclasses
 import json
 import os
+import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -124,10 +126,11 @@ class OutputsConfig:
 @dataclasses.dataclass(frozen=True)
 class ProbeConfig:
     """The probe stages: ``probe``, the frozen ``feature`` (the backbone's probe feature when
-    not given), ``pretrained`` (a preset already resolved to its directory), whether an
-    untrusted SavedModel may run (``trust_saved_model``), ``probe_pool``, the ``method`` label
-    (None: from the pretrained run), the KNN's ``knn_k``, ``knn_metric``, ``knn_pool``,
-    ``knn_ties``, and the heads' ``lr_drop_epochs``."""
+    not given), ``pretrained`` (a preset's name as its run directory, `presets.directory_of`;
+    its weights are restored where the encoder is read), whether an untrusted SavedModel may
+    run (``trust_saved_model``), ``probe_pool``, the ``method`` label (None: from the
+    pretrained run), and the KNN's ``knn_k``, ``knn_metric``, ``knn_pool``, ``knn_ties``. The
+    heads' learning-rate drops are the recipe's (``recipe.optimizer.lr_drop_epochs``)."""
 
     probe: str
     feature: str
@@ -139,13 +142,21 @@ class ProbeConfig:
     knn_metric: str
     knn_pool: str
     knn_ties: str
-    lr_drop_epochs: tuple[int, ...]
+
+
+#: The groups of `RunConfig` that are filled by name, by the `GROUP` their flags' modules name
+#: ("recipe" is `recipe_of`'s, "run" the run's own fields).
+GROUP_TYPES: Mapping[str, type] = types.MappingProxyType({
+    "model": ModelConfig, "data": DataConfig, "train": TrainConfig, "machine": MachineConfig,
+    "outputs": OutputsConfig, "probe": ProbeConfig})
 
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-    """A run of ``python -m aetv2_tf.train`` (module docstring). ``given``: the flags named on
-    the command line (or in a flagfile), which the backends' table reads."""
+    """A run of ``python -m aetv2_tf.train`` (module docstring). ``values``: every flag's
+    value as the run records it, read-only (lists as tuples; `flag_record` gives them as
+    flags.json holds them); ``given``: the flags named on the command line (or in a flagfile),
+    which the backends' table reads."""
 
     stage: str
     pretext: str
@@ -164,49 +175,84 @@ class RunConfig:
         """The side of the backbone's square input images."""
         return self.model.backbone.input_size
 
+    def flag_record(self) -> dict[str, Any]:
+        """A new dict of every flag's value as flags.json and results.json record it."""
+        return {name: list(value) if isinstance(value, tuple) else value
+                for name, value in self.values.items()}
+
     def recorded(self, precision: Mapping[str, Any], backend: str | None = None) -> dict:
         """What ``<model_dir>/flags.json`` records of the run: its flag values, the package's
         version, the precision chosen (and the Keras backend, where it is not TensorFlow's
         program)."""
         from aetv2_tf import __version__
 
-        record = dict(self.values, version=__version__, precision=dict(precision))
+        record = dict(self.flag_record(), version=__version__, precision=dict(precision))
         if backend is not None:
             record["backend"] = backend
         return record
 
     def flagfile_text(self) -> str:
         """The run's flags as a reusable flagfile (``--flagfile=<model_dir>/flags.cfg``)."""
-        lines = []
+        values, lines = self.flag_record(), []
         for flag in program_flags.program_flags():
-            value = self.values[flag.name]
-            if value is None:
+            if values[flag.name] is None:
                 continue
             flag = copy.deepcopy(flag)
-            flag.value = value
+            flag.value = values[flag.name]
             if line := flag.serialize():
                 lines.append(f"{line}\n")
         return "".join(lines)
 
 
-def recipe_of(values: Mapping[str, Any], lr_drops: Sequence[float] = ()) -> Recipe:
-    """The recipe of flag values (the flag names onto `LossSpec` and `OptimizerSpec`; the one
-    translation of the flags into a recipe)."""
-    loss = LossSpec(
-        kind=values["loss"], projection_weight=values["projection_weight"],
-        angle_power=values["angle_power"], residual_scale=values["residual_scale"],
-        chordal_weight=values["chordal_weight"], mse_weight=values["mse_weight"],
-        mse_decay_steps=values["mse_decay_steps"], frame=values["loss_frame"],
-        frame_scale=values["loss_frame_scale"], residual_frame=values["residual_frame"],
-        mse_normalize=values["mse_normalize"], mse_target=values["mse_target"])
-    optimizer = OptimizerSpec(
-        name=values["optimizer"], learning_rate=values["learning_rate"],
-        lr_schedule=values["lr_schedule"], warmup_steps=values["warmup_steps"],
-        lr_drops=tuple(lr_drops), lr_drop_factor=values["lr_drop_factor"],
-        momentum=values["momentum"], adam_beta1=values["adam_beta1"],
-        adam_beta2=values["adam_beta2"], weight_decay=values["weight_decay"],
-        weight_decay_mode=values["weight_decay_mode"])
-    return Recipe(loss, optimizer)
+def _filled(cls: type, values: Mapping[str, Any]) -> Any:
+    """``cls`` (a dataclass) with each field set to the value of that name in ``values``."""
+    return cls(**{field.name: values[field.name] for field in dataclasses.fields(cls)})
+
+
+#: The flags whose recipe field has another name (the flag says what it is among all flags).
+SPEC_FIELDS = types.MappingProxyType({"loss": "kind", "loss_frame": "frame",
+                                      "loss_frame_scale": "frame_scale", "optimizer": "name"})
+
+
+def recipe_of(values: Mapping[str, Any]) -> Recipe:
+    """The recipe of flag values: each flag of the "recipe" group onto the field of its name
+    (`SPEC_FIELDS` for the four named otherwise) of `LossSpec` or `OptimizerSpec`, and
+    ``--lr_drop_epochs`` as whole epochs of ``--epochs``; a UsageError naming the flags for a
+    combination the specs refuse."""
+    loss_fields = {field.name for field in dataclasses.fields(LossSpec)}
+    loss, optimizer = {}, {}
+    for flag in program_flags.flags_of_group("recipe"):
+        field = SPEC_FIELDS.get(flag.name, flag.name)
+        (loss if field in loss_fields else optimizer)[field] = values[flag.name]
+    drops = _drop_epochs(values)  # the run's epochs only where drops count them
+    optimizer.update(lr_drop_epochs=drops, epochs=values["epochs"] if drops else 0)
+    try:
+        return Recipe(LossSpec(**loss), OptimizerSpec(**optimizer))
+    except ValueError as e:  # the absl validators leave only combinations to the specs
+        raise UsageError(str(e)) from e
+
+
+def _drop_epochs(values: Mapping[str, Any]) -> tuple[int, ...]:
+    """`--lr_drop_epochs` as whole epochs of `--epochs` (drops at or past its end never
+    happen); () when empty (the schedule's 30/60/80%)."""
+    raw = values["lr_drop_epochs"] or ()
+    if not raw:
+        return ()
+    text = ",".join(raw)
+    try:
+        epochs = tuple(int(e) for e in raw)
+    except ValueError as e:
+        raise UsageError(f"--lr_drop_epochs={text}: whole epochs, e.g. 5,15,25.") from e
+    if values["lr_schedule"] != "step" or not values["epochs"]:
+        raise UsageError("--lr_drop_epochs needs --lr_schedule=step and --epochs (the drops are "
+                         f"epochs of it); got --lr_schedule={values['lr_schedule']} "
+                         f"--epochs={values['epochs']}.")
+    if list(epochs) != sorted(set(epochs)) or epochs[0] < 1:
+        raise UsageError(f"--lr_drop_epochs={text}: increasing epochs from 1 on, e.g. 5,15,25.")
+    if epochs[-1] >= values["epochs"]:  # a shortened run (--epochs=2 for a check) keeps it
+        logging.info("--lr_drop_epochs: the drops at epochs >= --epochs=%d do not happen.",
+                     values["epochs"])
+    return epochs
 
 
 def _last_given(argv: Sequence[str], names: Sequence[str], flag_values) -> str | None:
@@ -220,63 +266,18 @@ def _last_given(argv: Sequence[str], names: Sequence[str], flag_values) -> str |
     return max(last, key=last.get) if len(last) == len(names) else None
 
 
-def _run_length(values: dict, argv: Sequence[str], flag_values) -> None:
+def _run_length(values: Mapping[str, Any], argv: Sequence[str], flag_values) -> dict[str, int]:
     """--train_steps and --train_seconds both > 0: the one given LAST wins, the other is 0
-    (``--flagfile=configs/quickstart.cfg --train_steps=20`` trains 20 steps)."""
+    (``--flagfile=configs/quickstart.cfg --train_steps=20`` trains 20 steps); the flag set to
+    0, or nothing."""
     if not (values["train_steps"] > 0 and values["train_seconds"] > 0):
-        return
+        return {}
     winner = _last_given(argv, ("train_steps", "train_seconds"), flag_values)
-    if winner is not None:
-        loser = "train_seconds" if winner == "train_steps" else "train_steps"
-        values[loser] = 0
-        logging.info("--%s=%s was given after --%s: it sizes the run.", winner, values[winner],
-                     loser)
-
-
-def _continue_earlier_run(values: dict, given: frozenset[str], argv: Sequence[str]) -> None:
-    """A `--model_dir` holding a run of an earlier version resumes as it trained
-    (`flags.adopt_earlier_defaults`, `flags.adopt_earlier_recipe`), unless `--overwrite`. A
-    missing or unreadable flags.json changes nothing (`rundir`'s own checks report it)."""
-    path = os.path.join(values["model_dir"] or "", "flags.json")
-    if values["overwrite"] or values["stage"] != "pretext" or not os.path.isfile(path):
-        return
-    try:
-        with open(path) as f:
-            saved = json.load(f)
-    except (OSError, ValueError):
-        return
-    if not isinstance(saved, dict):
-        return
-    made = program_flags.adopt_earlier_defaults(saved, values, given) + \
-        program_flags.adopt_earlier_recipe(saved, values, argv)
-    if made:
-        logging.info("%s records a run of an earlier version: it continues with %s.", path,
-                     " ".join(made))
-        print(f"Resuming a run of an earlier version: {' '.join(made)} (as it trained).",
-              flush=True)
-
-
-def _lr_drops(values: Mapping[str, Any]) -> tuple[tuple[int, ...], tuple[float, ...]]:
-    """`--lr_drop_epochs` as whole epochs and as fractions of the run (epoch e of --epochs:
-    e / epochs; drops past the end never happen); () when empty (the schedule's 30/60/80%)."""
-    raw = values["lr_drop_epochs"] or []
-    if not raw:
-        return (), ()
-    text = ",".join(raw)
-    try:
-        epochs = [int(e) for e in raw]
-    except ValueError as e:
-        raise UsageError(f"--lr_drop_epochs={text}: whole epochs, e.g. 5,15,25.") from e
-    if values["lr_schedule"] != "step" or not values["epochs"]:
-        raise UsageError("--lr_drop_epochs needs --lr_schedule=step and --epochs (the drops are "
-                         f"epochs of it); got --lr_schedule={values['lr_schedule']} "
-                         f"--epochs={values['epochs']}.")
-    if epochs != sorted(set(epochs)) or epochs[0] < 1:
-        raise UsageError(f"--lr_drop_epochs={text}: increasing epochs from 1 on, e.g. 5,15,25.")
-    if epochs[-1] >= values["epochs"]:  # a shortened run (--epochs=2 for a check) keeps it
-        logging.info("--lr_drop_epochs: the drops at epochs >= --epochs=%d do not happen.",
-                     values["epochs"])
-    return tuple(epochs), tuple(e / values["epochs"] for e in epochs)
+    if winner is None:
+        return {}
+    loser = "train_seconds" if winner == "train_steps" else "train_steps"
+    logging.info("--%s=%s was given after --%s: it sizes the run.", winner, values[winner], loser)
+    return {loser: 0}
 
 
 def _check_values(v: Mapping[str, Any]) -> None:
@@ -311,75 +312,36 @@ def _check_values(v: Mapping[str, Any]) -> None:
         logging.info("--loss is ignored by --pretext=rotation (cross-entropy over 4 rotations).")
 
 
-def _expand(path: str | None) -> str | None:
-    return os.path.expanduser(path) if path else path
+def _recorded_values(flag_values: Any, argv: Sequence[str]) -> dict[str, Any]:
+    """Every flag's value as the run records it: lists as tuples, the run length decided
+    (`_run_length`), paths with ``~`` expanded, a preset's name as its run directory
+    (`presets.directory_of`: nothing read)."""
+    from aetv2_tf.files import presets
+
+    values = {flag.name: tuple(flag.value) if isinstance(flag.value, list) else flag.value
+              for flag in program_flags.program_flags(flag_values)}
+    values.update(_run_length(values, argv, flag_values))
+    for name in ("model_dir", "data_dir"):
+        values[name] = os.path.expanduser(values[name]) if values[name] else values[name]
+    if values["stage"] == "probe":
+        values["pretrained"] = presets.directory_of(values["pretrained"])
+    return values
 
 
 def from_flags(flag_values: Any, argv: Sequence[str]) -> RunConfig:
     """The `RunConfig` of parsed flags (module docstring); UsageError naming the flag and the
     fix for what no machine is needed to refuse. ``argv``: the command line (flagfiles
-    unexpanded), for which of two flags came last and which were typed."""
-    values = {f.name: f.value for f in program_flags.program_flags(flag_values)}
-    given = frozenset(f.name for f in program_flags.program_flags(flag_values) if f.present)
-    _run_length(values, argv, flag_values)
-    _continue_earlier_run(values, given, argv)
-    backbone = BACKBONES[values["backbone"]]
-    if values["stage"] == "probe":
-        values["pretrained"] = preset_resolved(values["pretrained"])
+    unexpanded), for which of two flags came last."""
+    values = _recorded_values(flag_values, argv)
     _check_values(values)
-    drop_epochs, drop_fractions = _lr_drops(values)
-    try:
-        recipe = recipe_of(values, drop_fractions)
-    except ValueError as e:  # the absl validators leave only combinations to the specs
-        raise UsageError(str(e)) from e
-    values["model_dir"], values["data_dir"] = _expand(values["model_dir"]), \
-        _expand(values["data_dir"])
-    feature = values["feature"] or backbone.probe_feature
-    config = RunConfig(
-        stage=values["stage"], pretext=values["pretext"], recipe=recipe,
-        model=ModelConfig(backbone, values["batch_norm"], values["decoder_scale"],
-                          values["decoder_init_rotation"], values["siamese_batch_norm"]),
-        data=DataConfig(values["dataset"], values["data_dir"], values["download"],
-                        values["train_examples"], values["val_examples"],
-                        values["test_examples"], values["shift"], values["augment"],
-                        values["warp"], values["data_service"],
-                        values["dataset_name"] or values["dataset"]),
-        train=TrainConfig(values["batch_size"], values["epochs"], values["train_steps"],
-                          values["train_seconds"], values["stop_after_steps"],
-                          values["stop_after_seconds"], values["steps_per_execution"],
-                          values["seed"], values["on_nonfinite"], values["max_loss_growth"]),
-        machine=MachineConfig(values["strategy"], values["tpu"],
-                              values["collective_timeout_seconds"], values["cpu_devices"],
-                              values["deterministic"], values["mixed_precision"]),
-        outputs=OutputsConfig(values["model_dir"], values["overwrite"],
-                              values["allow_flag_changes"], values["checkpoint_every_steps"],
-                              values["keep_checkpoints"], values["summary_every_steps"],
-                              values["image_summary_every_steps"], values["verbose"],
-                              values["export"], values["quick_knn_train"],
-                              values["quick_knn_test"]),
-        probe=ProbeConfig(values["probe"], feature, values["pretrained"],
-                          values["trust_saved_model"], values["probe_pool"], values["method"],
-                          values["knn_k"], values["knn_metric"], values["knn_pool"],
-                          values["knn_ties"], drop_epochs),
-        values=dict(values), given=given)
-    if config.stage == "pretext" and config.train.train_seconds and not config.outputs.overwrite:
-        recorded_budget(config)  # a resumed budgeted run keeps the budget that sized it
-    return config
-
-
-def preset_resolved(pretrained: str | None) -> str | None:
-    """``--pretrained``: a preset name (`aetv2_tf.presets()`, e.g. aetv1_cifar10) -> its run
-    directory in results/scale; "none" and paths as given. A preset whose directory (or
-    weights) is not in this checkout, or a name that is no preset and no path (a mistyped
-    preset), is a usage error (exit 2) that says where presets live or lists them."""
-    from aetv2_tf.files import presets
-
-    if not pretrained or pretrained.strip().lower() == "none":
-        return pretrained
-    try:
-        return presets.resolve(pretrained)
-    except (FileNotFoundError, presets.UnknownPreset) as e:
-        raise UsageError(f"--pretrained={pretrained}: {e}") from e
+    recipe = recipe_of(values)
+    backbone = BACKBONES[values["backbone"]]
+    fields = dict(values, backbone=backbone, feature=values["feature"] or backbone.probe_feature,
+                  dataset_name=values["dataset_name"] or values["dataset"])
+    groups = {name: _filled(cls, fields) for name, cls in GROUP_TYPES.items()}
+    given = frozenset(f.name for f in program_flags.program_flags(flag_values) if f.present)
+    return _filled(RunConfig, {**fields, **groups, "recipe": recipe,
+                               "values": types.MappingProxyType(values), "given": given})
 
 
 #: Where a run sized by ``--train_seconds`` records the step count it was given.
@@ -404,10 +366,47 @@ def recorded_budget(config: RunConfig) -> dict | None:
     return recorded
 
 
+#: The last commit of version 0.1.0 on the main line: it resumes the runs of 0.1 as they trained
+#: (their flags.json holds no "version"; its defaults of --siamese_batch_norm and of the AETv2
+#: loss are not this version's).
+RESUMES_VERSION_0_1 = "75f7d0f"
+
+
+def check_run_version(model_dir: str) -> None:
+    """Refuses a ``model_dir`` whose flags.json was written by version 0.1 (no "version"),
+    naming the version that resumes it; a missing or unreadable record is left to `rundir`."""
+    path = os.path.join(model_dir, "flags.json")
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        return
+    if isinstance(saved, dict) and "version" not in saved:
+        raise UsageError(
+            f"--model_dir={model_dir} holds a run of aetv2_tf 0.1 ({path} records no "
+            "version), whose defaults differ from this version's (--siamese_batch_norm, the "
+            "AETv2 loss): it would not continue as it trained. Resume it with version 0.1.0 "
+            f"(`git checkout {RESUMES_VERSION_0_1}`, then the same command), pass --overwrite to "
+            "start afresh there (its files are set aside, nothing is deleted), or choose a new "
+            "--model_dir.")
+
+
+def check_model_dir(config: RunConfig) -> None:
+    """What a pretraining run's ``--model_dir`` holds of an earlier start, read (never written)
+    before anything is written: a run of version 0.1 (`check_run_version`) and a
+    ``--train_seconds`` other than the one that sized the run (`recorded_budget`) are refused,
+    unless ``--overwrite``."""
+    if config.stage != "pretext" or config.outputs.overwrite:
+        return
+    check_run_version(config.outputs.model_dir)
+    if config.train.train_seconds:
+        recorded_budget(config)
+
+
 def check_machine(config: RunConfig, num_replicas: int, backend: str, accelerator: bool) -> None:
     """The checks that need the machine: the batch against the replicas, mixed_float16 against
-    an accelerator, and the backend's flag table (`flag_support`); before anything is
-    written."""
+    an accelerator, the backend's flag table (`flag_support`) and what ``--model_dir`` holds
+    (`check_model_dir`); before anything is written."""
     if config.train.batch_size % num_replicas:
         raise UsageError(f"--batch_size={config.train.batch_size} is not divisible by the "
                          f"{num_replicas} replicas of --strategy={config.machine.strategy}; use "
@@ -416,3 +415,4 @@ def check_machine(config: RunConfig, num_replicas: int, backend: str, accelerato
         raise UsageError("--mixed_precision=mixed_float16 needs a GPU; on a CPU use "
                          "mixed_bfloat16 (fast with AMX) or none.")
     flag_support.check(backend, config.values, config.given)
+    check_model_dir(config)

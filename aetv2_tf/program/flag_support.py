@@ -1,19 +1,23 @@
-"""Which flag values each Keras backend runs: one table, checked before anything is written.
+"""What the program knows of each flag beside its value, written where the flag is defined.
 
-Every flag of `aetv2_tf.program.flags` has a row (`tests/test_program_structure.py` walks them
-all). A row is either `EVERYWHERE` (the flag works on every backend) or a `Rule`: the values
-that the backends other than TensorFlow refuse, with what the flag needs there and the fix.
-TensorFlow runs every flag. A refusal is a `UsageError` that names the flag, the backend and
-the fix.
+`defined` records, in the flag's own module of `aetv2_tf.program.flags`, whether a resumed run
+must keep the flag (`essential`), whether it changes a pretraining run's course (`trajectory`)
+and the checks absl runs while parsing (exit 1 with a message that names the flag and the fix).
+
+`TABLE`: which flag values each Keras backend runs, checked before anything is written. A row
+is a `Rule`: the values that the backends other than TensorFlow refuse, with what the flag
+needs there and the fix; a flag without a row runs everywhere, and TensorFlow runs every flag.
+A refusal is a `UsageError` that names the flag, the backend and the fix.
 
 Also the limits and parsers that every program's flags share (`strict_flags`): integer flags
 take digits up to `MAX_INT`, and path flags expand `~` wherever they are given.
 """
-
 from __future__ import annotations
 
 import functools
+import math
 import os
+import types
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +25,46 @@ from typing import Any
 from absl import flags
 
 from aetv2_tf.errors import UsageError
+
+_ESSENTIAL: list[str] = []
+_TRAJECTORY: list[str] = []
+
+
+def defined(holder: flags.FlagHolder, *, essential: bool = False, trajectory: bool = False,
+            minimum: int | None = None, finite: bool = False,
+            valid: Sequence[tuple[Callable[[Any], bool], str]] = ()) -> flags.FlagHolder:
+    """Records, where the flag of ``holder`` is defined, what the program needs to know of it
+    beside its value; returns ``holder``. ``essential``: a run resumes only with the value it
+    started with (`essential_flags`); ``trajectory``: a pretraining run that has trained
+    resumes with another value only under ``--allow_flag_changes`` (`trajectory_flags`). The
+    checks absl runs while parsing, in this order: ``finite`` (no inf or nan), ``minimum`` (an
+    integer flag's lower bound) and each ``(test, message)`` of ``valid``; None (the flag not
+    set) passes the first two."""
+    name = holder.name
+    if essential:
+        _ESSENTIAL.append(name)
+    if trajectory:
+        _TRAJECTORY.append(name)
+    if finite:
+        flags.register_validator(name, lambda v: v is None or math.isfinite(v),
+                                 message=f"--{name} must be a finite number, not inf or nan.")
+    if minimum is not None:
+        kind = "non-negative" if minimum == 0 else "positive"
+        flags.register_validator(name, lambda v: v is None or v >= minimum,
+                                 message=f"--{name} must be >= {minimum}; pass a {kind} integer.")
+    for test, message in valid:
+        flags.register_validator(name, test, message=message)
+    return holder
+
+
+def essential_flags() -> tuple[str, ...]:
+    """The flags marked ``essential`` (`defined`), in the order they were defined."""
+    return tuple(_ESSENTIAL)
+
+
+def trajectory_flags() -> tuple[str, ...]:
+    """The flags marked ``trajectory`` (`defined`), in the order they were defined."""
+    return tuple(_TRAJECTORY)
 
 
 @dataclass(frozen=True)
@@ -41,9 +85,8 @@ class Rule:
     native: tuple[tuple[str, Any], ...] = ()
 
 
-EVERYWHERE = None
-
-TABLE: dict[str, Rule | None] = {
+#: The rules of the flags that a backend other than TensorFlow may refuse, by flag name.
+TABLE: Mapping[str, Rule] = types.MappingProxyType({
     "dataset": Rule(lambda v, _: v != "cifar10",
                     "is read by tf.data (tensorflow-datasets, image folders), which the probe "
                     "stages use beside this backend where TensorFlow is importable; pretraining "
@@ -84,28 +127,7 @@ TABLE: dict[str, Rule | None] = {
                    "--export=false (the encoder is in <model_dir>/encoder.weights.h5: export it "
                    "later with `python -m aetv2_tf.export --model_dir=...` where TensorFlow is "
                    "installed)", True, unless_tensorflow_importable=True),
-}
-for _name in (
-    "stage", "probe", "pretext", "loss", "projection_weight", "angle_power", "residual_scale",
-    "chordal_weight", "mse_weight", "mse_decay_steps", "loss_frame", "loss_frame_scale",
-    "residual_frame", "decoder_scale",
-    "decoder_init_rotation", "siamese_batch_norm", "mse_target", "mse_normalize", "backbone",
-    "batch_norm", "data_dir",
-    "train_examples", "shift", "augment", "model_dir", "overwrite", "batch_size", "epochs",
-    "train_steps", "train_seconds", "stop_after_steps", "stop_after_seconds",
-    "steps_per_execution", "optimizer",
-    "learning_rate", "lr_schedule", "lr_drop_epochs", "lr_drop_factor", "warmup_steps",
-    "momentum", "adam_beta1", "adam_beta2",
-    "weight_decay", "weight_decay_mode", "seed", "mixed_precision", "on_nonfinite",
-    "max_loss_growth",
-    "allow_flag_changes", "checkpoint_every_steps", "keep_checkpoints", "summary_every_steps",
-    "quick_knn_train",
-    "quick_knn_test", "verbose", "pretrained", "trust_saved_model", "feature", "probe_pool",
-    "method", "dataset_name",
-    "knn_k", "knn_metric", "knn_pool", "knn_ties", "val_examples", "test_examples",
-):
-    TABLE[_name] = EVERYWHERE
-del _name
+})
 
 
 @functools.cache
@@ -130,7 +152,7 @@ def refusals(backend: str, values: Mapping[str, Any], given: Collection[str]) ->
     out = []
     stage = values.get("stage")
     for name, rule in TABLE.items():
-        if rule is None or name not in values:
+        if name not in values:
             continue
         value = values[name]
         if not rule.refused(value, name in given):
@@ -156,12 +178,12 @@ def check(backend: str, values: Mapping[str, Any], given: Collection[str]) -> No
 # --- the limits and parsers every program's flags share ----------------------------------------
 
 #: The largest value of an integer flag (steps, epochs, examples, seeds, intervals, seconds):
-#: int32's. A step counter is an int32 under Keras on JAX (no x64), NumPy's seeds stop at 2**32,
-#: and a larger count (`--train_steps=10**21`) ended in a traceback deep in the run.
+#: int32's. A step counter is an int32 under Keras on JAX (no x64) and NumPy's seeds stop at
+#: 2**32: a larger count (`--train_steps=10**21`) would end in a traceback deep in the run.
 MAX_INT = 2**31 - 1
 #: `--cpu_devices`: logical devices on one CPU share its cores (they exercise the mirrored path,
 #: they add no speed) and Keras traces the train step once per replica, so more only stalls the
-#: start: 100000 hung before the first step. 64 starts within a minute here.
+#: start: 100000 hangs before the first step, 64 starts within a minute.
 MAX_CPU_DEVICES = 64
 #: `--train_seconds`: a year. A larger budget is a typo, and its step count would pass MAX_INT.
 MAX_TRAIN_SECONDS = 365 * 24 * 3600.0

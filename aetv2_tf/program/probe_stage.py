@@ -46,7 +46,6 @@ import numpy as np
 
 from aetv2_tf.data.constants import normalization_constants
 from aetv2_tf.errors import UsageError
-from aetv2_tf.method.optimizers import STEP_DROPS
 from aetv2_tf.models import BACKBONES, batch_norm_kind, build_head
 from aetv2_tf.probes import frozen_encoder
 from aetv2_tf.probes.classifier import (
@@ -123,6 +122,7 @@ def check_probe(config: RunConfig) -> None:
             raise UsageError("--stage=supervised trains from scratch: drop --pretrained (or "
                              "use --stage=probe to evaluate a pretrained encoder).")
     else:
+        restore_preset(probe.pretrained)
         check_pretrained_is_not_model_dir(probe.pretrained, config.outputs.model_dir)
         frozen_encoder.check_pretrained(probe.pretrained, backbone,
                                   trust_saved_model=probe.trust_saved_model)
@@ -141,6 +141,20 @@ def check_probe(config: RunConfig) -> None:
         if optimizer.weight_decay_mode != "l2":
             raise UsageError("probe heads use PyTorch-style (coupled) L2 weight decay; pass "
                              "--weight_decay_mode=l2.")
+
+
+def restore_preset(pretrained: str | None) -> None:
+    """``--pretrained`` that is a preset's run directory: its weights restored from the git
+    history if absent (`presets.resolve`); a name that is no preset and no path is refused,
+    listing the presets."""
+    from aetv2_tf.files import presets
+
+    if not pretrained or pretrained.strip().lower() == "none":
+        return
+    try:
+        presets.resolve(pretrained)
+    except (FileNotFoundError, presets.UnknownPreset) as e:
+        raise UsageError(f"--pretrained={pretrained}: {e}") from e
 
 
 def check_pretrained_is_not_model_dir(pretrained: str | None, model_dir: str | None) -> None:
@@ -239,7 +253,7 @@ def run(config: RunConfig, strategy: Any = None, chief: bool = True,
         num_classes=data.num_classes, train_examples=data.sizes["train"],
         val_examples=data.sizes["val"], test_examples=data.sizes["test"], **outcome,
         backend=keras.backend.backend(), wall_time_s=round(time.perf_counter() - start, 1),
-        flags=dict(config.values))
+        flags=config.flag_record())
     results["method"] = probe.method or results["method"]
     results["test_error"] = 100.0 - results["test_top1"]
     summary = {key: results[key] for key in ("probe", "feature", "method", "test_top1",
@@ -310,8 +324,7 @@ def probe_schedule(config: RunConfig) -> Callable[[int], float] | None:
     if optimizer.lr_schedule != "step":
         return None
     return step_lr_schedule(config.train.epochs, base_lr=optimizer.learning_rate,
-                            factor=optimizer.lr_drop_factor,
-                            milestones=optimizer.lr_drops or STEP_DROPS)
+                            factor=optimizer.lr_drop_factor, drop_epochs=optimizer.lr_drop_epochs)
 
 
 def fit_head(config: RunConfig, model: keras.Model, data: ProbeData, batches: Callable,

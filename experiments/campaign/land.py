@@ -123,6 +123,19 @@ def ledger_row(number: int, record: dict, run: str, entry: dict, knn: str = "-")
             f"{value('loss', '{:.4f}')} | `{entry['checkpoint']['sha256'][:16]}` | {knn} |\n")
 
 
+def completed(entry: dict, staged: pathlib.Path) -> dict:
+    """The run's entry with its steps and pairs after the leg: leg.json's, else (a record
+    written before the run's end, the leg cut by the tool) the step of the checkpoint it
+    shipped and that times the batch of the flags shipped with it."""
+    steps = entry.get("steps")
+    if steps is None:
+        steps = entry["checkpoint"]["step"]
+    pairs = entry.get("pairs")
+    if pairs is None:
+        pairs = steps * int(json.loads((staged / "flags.json").read_text())["batch_size"])
+    return dict(entry, steps=steps, pairs=pairs)
+
+
 def knn_top1(results: pathlib.Path, run: str, number: int, work: pathlib.Path) -> str:
     """The authors' KNN of the run's newest checkpoint (module docstring), as text."""
     model_dir = work / f"{run}-leg{number}"
@@ -157,6 +170,7 @@ def land(returned: pathlib.Path, results: pathlib.Path, knn: bool = False,
             new = install(run, pathlib.Path(tmp) / run, results / run)
             if new["sha256"] != entry["checkpoint"]["sha256"]:
                 raise LandingError(f"{run}: installed checkpoint differs from leg.json's")
+            landed[run] = completed(entry, pathlib.Path(tmp) / run)
     (results / "legs").mkdir(parents=True, exist_ok=True)
     pack.write_bytes(results / "legs" / f"leg-{number}.json", (returned / "leg.json").read_bytes())
     if (returned / "console.txt").is_file():
@@ -167,7 +181,7 @@ def land(returned: pathlib.Path, results: pathlib.Path, knn: bool = False,
         score = knn_top1(results, run, number, work or legs.REPO / "runs" / "campaign_knn") \
             if knn else "-"
         text += ledger_row(number, record, run, entry, score)
-        print(f"{run}: landed at step {entry.get('steps')} (KNN {score})")
+        print(f"{run}: landed at step {entry['steps']:,} (KNN {score})")
     pack.write_bytes(ledger, text.encode())
     return number
 

@@ -20,9 +20,12 @@ once, each process with its share of the device's memory):
    limit still returns the run's last checkpoint (what is under $OUT comes back).
 
 ``--out/leg.json`` (rewritten after every shipment) says what each run did: steps before and
-after, pairs, wall time, pairs/s, the final loss, the checkpoint's and the tar's SHA-256, the
-program's exit status; ``--out/console.txt`` has everything printed. The data is the JPEG pack
-(`experiments.campaign.pack`, carried as an ignored folder), unpacked and checked first.
+after, pairs, wall time, pairs/s, the checkpoint's and the tar's SHA-256 (from the moment a
+checkpoint is shipped: a leg cut by the tool still names its step, its pairs and its rate from
+the run's start to that checkpoint), and once the run's process has ended its final loss and
+exit status. ``--out/console.txt`` has everything printed, each run's output line by line while
+it trains (prefixed ``[<run>]``). The data is the JPEG pack (`experiments.campaign.pack`,
+carried as an ignored folder), unpacked and checked first.
 `experiments.campaign.land` puts the returned files into results/campaign/ and adds the ledger
 rows; docs/campaign.md has the whole procedure.
 """
@@ -41,8 +44,10 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 
+from benchmarks.common import line_writer, tee
 from experiments.campaign import pack
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -136,15 +141,19 @@ class Leg:
         self.started = time.monotonic()
         self.out = args.out
         self.console = open(self.out / "console.txt", "a")  # noqa: SIM115 - the leg's own log
+        self.lock = threading.Lock()  # the runs' output threads and the leg write to it
+        self.write = line_writer(sys.stdout, self.console)
         self.record = dict(started=time.strftime("%Y-%m-%d %H:%M:%S %Z"), device=device(),
                            seconds=args.seconds, mode=args.mode, leg_flags=list(LEG_FLAGS),
                            train_flags=args.train_flag, runs={})
 
     def say(self, text: str) -> None:
-        line = f"[leg +{time.monotonic() - self.started:5.0f} s] {text}"
-        print(line, flush=True)
-        self.console.write(line + "\n")
-        self.console.flush()
+        self.echo(f"[leg +{time.monotonic() - self.started:5.0f} s] {text}\n")
+
+    def echo(self, line: str) -> None:
+        """``line`` (ending in a newline) to stdout and the console file, at once."""
+        with self.lock:
+            self.write(line)
 
     def save(self) -> None:
         self.record["ended"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
@@ -209,40 +218,64 @@ def train(leg: Leg, runs: list[str], data: pathlib.Path) -> None:
             leg.say(f"{run}: from step {resumed['step'] if resumed else 0}, {seconds:.0f} s: "
                     + " ".join(cmd[1:]))
             log = open(args.work / f"{run}.log", "w")  # noqa: SIM115 - closed below
-            procs[run] = (subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log,
-                                           stderr=subprocess.STDOUT), log, model_dir,
-                          time.monotonic())
+            proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True, errors="replace")
+            copier = tee(proc.stdout, line_writer(log), lambda line, r=run: leg.echo(
+                f"[{r}] {line}"))
+            procs[run] = (proc, log, copier, model_dir, time.monotonic())
         shipped = {run: None for run in batch}
         while procs:
             time.sleep(args.poll)
-            for run, (proc, log, model_dir, t0) in list(procs.items()):
+            for run, (proc, log, copier, model_dir, t0) in list(procs.items()):
                 newest = newest_checkpoint(model_dir)
                 if newest and newest[0] != shipped[run]:
                     shipped[run] = newest[0]
                     with contextlib.suppress(ValueError, OSError):  # mid-write: next poll
-                        leg.record["runs"][run].update(ship(run, model_dir, args.out) or {})
-                        leg.save()
+                        record_shipment(leg, run, model_dir, time.monotonic() - t0)
                 if proc.poll() is None:
                     continue
+                copier.join(30)
                 log.close()
                 del procs[run]
                 finish(leg, run, proc.returncode, model_dir, time.monotonic() - t0)
 
 
+def record_shipment(leg: Leg, run: str, model_dir: pathlib.Path, wall: float) -> None:
+    """The run's newest checkpoint shipped (`ship`; nothing before its first) and what it says
+    recorded in leg.json at once: its step, the run's pairs, the leg's wall time and its rate
+    so far (from the run's start and its resumed step: start-up and compilation included), so
+    that a leg the tool cuts before the run ends still lands with them."""
+    entry = leg.record["runs"][run]
+    shipment = ship(run, model_dir, leg.args.out)
+    if shipment is None:
+        return
+    batch = run_batch(model_dir)
+    start = (entry.get("resumed_from") or {}).get("step", 0)
+    steps = shipment["checkpoint"]["step"]
+    entry.update(shipment, start_step=start, steps=steps, pairs=steps * batch,
+                 wall_s=round(wall, 1),
+                 pairs_per_sec=round((steps - start) * batch / max(wall, 1e-9), 1))
+    leg.save()
+
+
+def run_batch(model_dir: pathlib.Path) -> int:
+    """The run's ``--batch_size`` (its ``flags.json``, written first by every start)."""
+    return int(json.loads((model_dir / "flags.json").read_text())["batch_size"])
+
+
 def finish(leg: Leg, run: str, code: int, model_dir: pathlib.Path, wall: float) -> None:
-    """After a run's process: its outcome into leg.json, its newest checkpoint shipped."""
-    output = (leg.args.work / f"{run}.log").read_text(errors="replace")
-    leg.console.write(f"----- {run} (exit {code}) -----\n{output}\n")
-    summary = done_summary(output)
+    """After a run's process: its newest checkpoint shipped and recorded, then the program's
+    own summary (steps, its rate from its first step, the final loss) and exit status."""
+    summary = done_summary((leg.args.work / f"{run}.log").read_text(errors="replace"))
+    record_shipment(leg, run, model_dir, wall)
     entry = leg.record["runs"][run]
     entry.update(exit=code, wall_s=round(wall, 1), summary=summary)
     if summary:
-        start, steps = int(summary["start_step"]), int(summary["steps"])
-        batch = int(json.loads((model_dir / "flags.json").read_text())["batch_size"])
-        entry.update(start_step=start, steps=steps, pairs=steps * batch,
+        steps = int(summary["steps"])
+        entry.update(start_step=int(summary["start_step"]), steps=steps,
+                     pairs=steps * run_batch(model_dir),
                      pairs_per_sec=float(summary["pairs_per_sec"]),
                      loss=float(summary["loss"]) if "loss" in summary else None)
-    entry.update(ship(run, model_dir, leg.args.out) or {})
     leg.save()
     leg.say(f"{run}: exit {code} after {wall:.0f} s, "
             f"step {entry.get('start_step', '?')} -> {entry.get('steps', '?')}, "

@@ -39,8 +39,9 @@ MANIFEST = "pack.json"
 TILE = 32
 BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
 REPO = pathlib.Path(__file__).resolve().parents[2]
-SOURCE = REPO.parent / "shared" / "data" / "cifar10" / "cifar-10-batches-py"
-DEFAULT_PACK = REPO / ".devdata" / "cifar10-jpeg90"
+#: The pack's folder in the checkout (ignored; carried by the leg's device call).
+PACK_FOLDER = ".devdata/cifar10-jpeg90"
+DEFAULT_PACK = REPO / PACK_FOLDER
 
 
 class PackError(ValueError):
@@ -224,8 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = p.add_subparsers(dest="command", required=True)
     make = commands.add_parser("pack", help="CIFAR-10's training batches -> a pack")
-    make.add_argument("--source", type=pathlib.Path, default=SOURCE,
-                      help="the cifar-10-batches-py folder (default: ../shared's)")
+    make.add_argument("--source", type=pathlib.Path, default=None,
+                      help="the cifar-10-batches-py folder (default: $AETV2_CIFAR10_DIR or "
+                           "../shared's, `luggage.cifar10_source`)")
     make.add_argument("--out", type=pathlib.Path, default=DEFAULT_PACK)
     make.add_argument("--quality", type=int, default=90)
     make.add_argument("--per_batch", type=int, default=0,
@@ -237,7 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         if args.command == "pack":
-            m = pack(args.source, args.out, args.quality, args.per_batch)
+            from experiments.campaign.luggage import cifar10_source
+
+            m = pack(args.source or cifar10_source(), args.out, args.quality, args.per_batch)
             print(f"{args.out}: {m['images']} images, {m['bytes'] / 1e6:.1f} MB at quality "
                   f"{m['quality']} (4:4:4), mean absolute error {m['mean_abs_error']:.2f}, "
                   f"max {m['max_abs_error']} levels")

@@ -5,9 +5,11 @@
 Makes the JPEG pack if it is not there (`experiments.campaign.pack`, ignored ``.devdata/``),
 checks the wheels of ``.whl/`` (Keras and what it needs beyond the device's own packages: the
 device has JAX, NumPy, h5py, absl-py, rich, ml-dtypes, Pillow; not Keras, namex, optree) and
-the campaign's checkpoints (their SHA-256), adds up what the call sends (the tracked and
-untracked-not-ignored files, plus the carried ``.whl`` and pack: at most 64 MiB) and prints the
-device call. Exit 2 when something is missing or the call would not fit, with the fix.
+the campaign's checkpoints (their SHA-256), adds up what the call sends exactly as the tool
+does (`luggage.travelling_bytes`: the checkout's tracked and untracked-not-ignored files, plus
+the carried ``.whl`` and pack; refused above `luggage.REFUSE_ABOVE`, 62 of the tool's 64 MiB)
+and prints the device call. Exit 2 when something is missing or the call would not fit, with
+the fix.
 """
 
 from __future__ import annotations
@@ -16,12 +18,12 @@ import argparse
 import pathlib
 import sys
 
+from benchmarks.device_step import SETUP
 from experiments.campaign import leg as legs
-from experiments.campaign import pack
-from experiments.scale.make_devdata import travelling_bytes
+from experiments.campaign import luggage, pack
 
-LIMIT = 64 * 2**20
-MARGIN = 2 * 2**20  # room for the results a session adds before the call
+#: What the leg's call carries beside the checkout (both ignored there).
+CARRY = [".whl", pack.PACK_FOLDER]
 WHEELS = ("keras-3.15.1-", "namex-", "optree-")
 WHEEL_HELP = (
     "python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 "
@@ -31,11 +33,16 @@ WHEEL_HELP = (
 
 
 def device_command(seconds: float, runs: str) -> str:
-    """The shell command of the device call (the tool takes at most 2,000 characters)."""
-    return ("python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir "
-            "--upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD "
-            "KERAS_BACKEND=jax PYTHONUNBUFFERED=1 && python3 -m experiments.campaign.leg "
-            f"--out=$OUT --seconds={seconds:.0f} --runs={runs}")
+    """The shell command of the device call (the tool takes at most 2,000 characters): the
+    wheels' install and Keras on JAX as for every device command (`device_step.SETUP`), then
+    the leg."""
+    return (SETUP.format(python="python3", site="/tmp/site") + " && python3 -m "
+            f"experiments.campaign.leg --out=$OUT --seconds={seconds:.0f} --runs={runs}")
+
+
+def device_call(seconds: float = 480.0, runs: str = ",".join(legs.RUNS)) -> str:
+    """The `run` tool call of a leg, as docs/campaign.md writes it."""
+    return f'run(command="{device_command(seconds, runs)}", carry={CARRY}, timeout_s=600)'
 
 
 def check(repo: pathlib.Path, pack_dir: pathlib.Path, results: pathlib.Path) -> list[str]:
@@ -63,25 +70,28 @@ def main(argv: list[str] | None = None) -> int:
                    help="the leg's length (the device tool's 600 s less the set-up and margin)")
     p.add_argument("--runs", default=",".join(legs.RUNS))
     args = p.parse_args(argv)
-    repo, pack_dir = legs.REPO, pack.DEFAULT_PACK
+    repo = luggage.repository_root()
+    pack_dir = repo / pack.PACK_FOLDER
     if not (pack_dir / pack.MANIFEST).is_file():
-        manifest = pack.pack(pack.SOURCE, pack_dir)
+        try:
+            manifest = pack.pack(luggage.cifar10_source(repo), pack_dir)
+        except (OSError, ValueError) as e:  # missing or unreadable CIFAR-10
+            print(f"error: the pack could not be made ({e}); set AETV2_CIFAR10_DIR to the "
+                  "cifar-10-batches-py folder", file=sys.stderr)
+            return 2
         print(f"made the pack {pack_dir}: {manifest['bytes'] / 1e6:.1f} MB")
-    if problems := check(repo, pack_dir, legs.RESULTS):
+    if problems := check(repo, pack_dir, repo / legs.RESULTS.relative_to(legs.REPO)):
         for problem in problems:
             print(f"error: {problem}", file=sys.stderr)
         return 2
-    carried = [repo / ".whl", pack_dir]
-    total = travelling_bytes(carried)
-    print(f"the call sends {total / 2**20:.1f} MiB of {LIMIT / 2**20:.0f} MiB (the repository, "
-          f".whl/ and {pack_dir.relative_to(repo)})")
-    if total > LIMIT - MARGIN:
-        print(f"error: that leaves less than {MARGIN / 2**20:.0f} MiB: the call would not fit; "
-              "see docs/campaign.md, 'What travels'", file=sys.stderr)
+    total = luggage.travelling_bytes(repo, CARRY)
+    print(f"the call sends {total / 2**20:.1f} MiB of the tool's "
+          f"{luggage.TOOL_LIMIT / 2**20:.0f} MiB (the checkout's tracked and untracked-not-"
+          f"ignored files, {' and '.join(CARRY)})")
+    if problem := luggage.luggage_problem(total, f"the checkout, {' and '.join(CARRY)}"):
+        print(f"error: {problem}", file=sys.stderr)
         return 2
-    carry = [".whl", str(pack_dir.relative_to(repo))]
-    print(f'run(command="{device_command(args.seconds, args.runs)}", carry={carry}, '
-          "timeout_s=600)")
+    print(device_call(args.seconds, args.runs))
     return 0
 
 

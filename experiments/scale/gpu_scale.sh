@@ -20,8 +20,8 @@
 # (SIGTERM: no encoder, skipped) at LIMIT_S = 585 s, inside the tool's 600 s.
 # --steps_per_execution=10 divides 8,000 (exact step counts), as do the summary (200) and the one
 # checkpoint (at the end).
-# Then, with >= 90 s left before LIMIT_S: `benchmarks.alexnet_step` (AlexNet 224x224 pairs/s at
-# batch ALEX_BATCH=256 in bfloat16, the device warp included) in console.txt.
+# Then, with >= 90 s left before LIMIT_S: `benchmarks.keras_step` of the AlexNet flagfile (AlexNet
+# 224x224 pairs/s at batch ALEX_BATCH=256 in bfloat16, the device warp included) in console.txt.
 # Back (8 files at most): $OUT/<name>/encoder.weights.h5 + flags.json (what --pretrained takes;
 # copy each to results/scale/<name>/) for each finished run, $OUT/logs.tar (<name>/train/log.csv,
 # <name>/flags.cfg: `tar xf logs.tar -C results/scale`) and $OUT/console.txt.
@@ -63,7 +63,8 @@ alexnet_rate() {  # the AlexNet 224 pair-step rate, if >= 90 s are left
   local left=$((T0 + LIMIT_S - $(date +%s)))
   if [ "$left" -lt 90 ]; then echo "== alexnet_step SKIPPED: $left s left"; return; fi
   echo "== alexnet_step at +$(( $(date +%s) - T0 )) s, $left s left"
-  timeout -s TERM -k 5 $((left - 5)) "$PY" -m benchmarks.alexnet_step --batch="$ALEX_BATCH" \
+  timeout -s TERM -k 5 $((left - 5)) "$PY" -m benchmarks.keras_step \
+    --flagfile=configs/imagenet_alexnet_aetv2.cfg --variants=program --batch="$ALEX_BATCH" \
     --steps="$ALEX_STEPS" --repeats=3
   echo "== alexnet_step exit $?"
 }

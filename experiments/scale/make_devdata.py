@@ -10,10 +10,12 @@ b"data" (N, 3072) uint8 array, b"filenames"), which `aetv2_tf.data.sources.load_
 with its restricted unpickler (the array pickles as numpy's `_reconstruct`, admitted there).
 The pretext stage loads only the training batches, so no test batch is needed there (quick KNN off).
 
-The device tool copies the working tree (tracked and untracked-not-ignored files) plus its
-`carry` paths, 64 MiB in all: the end line prints that total (with .whl/ if present) so the
-subset can be sized; 3,800 per batch (19,000 images, 56 MiB) leaves room for the keras,
-namex and optree wheels (about 2.8 MiB) and the repository (about 1 MiB).
+The source is `luggage.cifar10_source` ($AETV2_CIFAR10_DIR, else ../shared beside the
+checkout). The device tool copies the working tree (tracked and untracked-not-ignored files)
+plus its `carry` paths, 64 MiB in all: the end line prints that total as the tool counts it
+(`luggage.travelling_bytes`, with .whl/ and the subset carried) so the subset can be sized, and
+says when it is too large; 3,800 per batch (19,000 images, 56 MiB) left room for the keras,
+namex and optree wheels (about 2.8 MiB) beside a repository of about 1 MiB.
 """
 
 from __future__ import annotations
@@ -21,14 +23,11 @@ from __future__ import annotations
 import argparse
 import pathlib
 import pickle
-import subprocess
 import sys
 
 import numpy as np
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-SOURCE = REPO.parent / "shared" / "data" / "cifar10" / "cifar-10-batches-py"
-LIMIT = 64 * 2**20
+from experiments.campaign import luggage
 
 
 def subset(src: pathlib.Path, dst: pathlib.Path, name: str, n: int) -> int:
@@ -45,24 +44,22 @@ def subset(src: pathlib.Path, dst: pathlib.Path, name: str, n: int) -> int:
     return (dst / name).stat().st_size
 
 
-def travelling_bytes(extra: list[pathlib.Path]) -> int:
-    """Bytes of the tracked + untracked-not-ignored files, plus the `extra` folders."""
-    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO,
-                            capture_output=True, check=True).stdout.decode().split("\0")
-    files = [REPO / p for p in listed if p]
-    files += [p for d in extra if d.is_dir() for p in d.rglob("*")]
-    return sum(p.stat().st_size for p in files if p.is_file() and not p.is_symlink())
-
-
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    repo = luggage.repository_root()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--source", type=pathlib.Path, default=SOURCE)
-    p.add_argument("--out", type=pathlib.Path, default=REPO / ".devdata" / "cifar-10-batches-py")
+    p.add_argument("--source", type=pathlib.Path, default=None,
+                   help="the official cifar-10-batches-py folder (default: $AETV2_CIFAR10_DIR "
+                        "or ../shared's)")
+    p.add_argument("--out", type=pathlib.Path, default=repo / ".devdata" / "cifar-10-batches-py")
     p.add_argument("--per_batch", type=int, default=3800, help="images per training batch")
     p.add_argument("--test", type=int, default=0, help="test images (0: no test_batch)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if not 0 < args.per_batch <= 10000 or not 0 <= args.test <= 10000:
         sys.exit("--per_batch must be in 1..10000 and --test in 0..10000")
+    args.source = args.source or luggage.cifar10_source(repo)
+    if not (args.source / "data_batch_1").is_file():
+        sys.exit(f"no CIFAR-10 at {args.source}: pass --source or set AETV2_CIFAR10_DIR to the "
+                 "cifar-10-batches-py folder")
     args.out.mkdir(parents=True, exist_ok=True)
     for stale in args.out.glob("*_batch*"):
         stale.unlink()
@@ -78,11 +75,14 @@ def main() -> None:
 
     images, labels = load_cifar10(args.out, "train")
     assert images.shape == (5 * args.per_batch, 32, 32, 3) and len(labels) == len(images)
-    travel = travelling_bytes([REPO / ".whl", args.out])
+    carry = [".whl", str(args.out.resolve())]
+    travel = luggage.travelling_bytes(repo, carry)
+    problem = luggage.luggage_problem(travel, "the checkout, .whl/ and the subset")
     print(f"{args.out}: {len(images)} training images"
           f"{f' + {args.test} test' if args.test else ''}, {total / 2**20:.1f} MiB; "
-          f"with the working tree and .whl/: {travel / 2**20:.1f} MiB of the 64 MiB that travel"
-          f"{'' if travel < LIMIT else ' -- TOO LARGE: lower --per_batch'}")
+          f"with the checkout and .whl/: {travel / 2**20:.1f} MiB of the "
+          f"{luggage.TOOL_LIMIT / 2**20:.0f} MiB that travel"
+          f"{f' -- TOO LARGE: lower --per_batch ({problem})' if problem else ''}")
 
 
 if __name__ == "__main__":

@@ -2,42 +2,70 @@
 
 from absl import flags
 
-flags.DEFINE_enum("loss", "geodesic", ["geodesic", "mse"],
-                  "geodesic: AETv2, Eq. (11) of the paper; mse: AETv1, MSE on the 8 parameters.")
-flags.DEFINE_float("projection_weight", 1.0,
-                   "lambda of Eq. (11): weight of the projection residual ||M - P||_F^2 (>= 0).")
-flags.DEFINE_integer("angle_power", 1,
-                     "geodesic loss: 1 minimises the angle theta (the paper's Eq. 11), 2 minimises "
-                     "theta^2 (= ||log P||_F^2 / 2).")
-flags.DEFINE_float("residual_scale", 0.0,
-                   "geodesic loss: b > 0 bounds the residual's growth, r -> b log(1 + r / b); "
-                   "0: the paper's r.")
-flags.DEFINE_float("chordal_weight", 0.0,
-                   "geodesic loss: weight of ||M - I||_F^2 (M = T^{-1} T_hat, unit determinant), "
-                   "the first-order full-group distance; a gradient at theta = pi. 0: off.")
-flags.DEFINE_float("mse_weight", 0.0,
-                   "geodesic loss: weight of an added AETv1 parameter MSE (std-normalised). "
-                   "0: off (the paper).")
-flags.DEFINE_integer("mse_decay_steps", 0,
-                     "geodesic loss: the --mse_weight term decays linearly to 0 at this step "
-                     "(an MSE warm-up; then the loss is the geodesic one). 0: constant weight.")
-flags.DEFINE_enum("loss_frame", "model", ["model", "pixel"],
-                  "geodesic loss: the frame of T and T_hat before the SO(3) projection: the "
-                  "centred, normalised model frame (docs/conventions.md) or pixel coordinates.")
-flags.DEFINE_float("loss_frame_scale", 1.0,
-                   "geodesic loss, --loss_frame=model: multiply the model frame's coordinates by "
-                   "this (> 0) before the SO(3) projection: rotations about the centre stay "
-                   "rotations, translations weigh s times more, perspective terms s times less.")
-flags.DEFINE_enum("residual_frame", "loss", ["loss", "unit"],
-                  "geodesic loss: the frame of the projection residual ||M - P||_F^2: loss (the "
-                  "frame of the angle, --loss_frame/--loss_frame_scale) or unit (M = T^-1 T_hat "
-                  "in the unit model frame, while the angle is taken in the zoomed frame: the "
-                  "residual then sees scale, shear and perspective errors at their own size).")
-flags.DEFINE_enum("mse_target", "model", ["model", "official"],
-                  "mse loss only: model (the MSE on T's model-frame parameters, see "
-                  "--mse_normalize) or official (the published AETv1 code's targets: PIL's "
-                  "inverse map in corner-origin pixels, normalised by its fixed constants; the "
-                  "decoder regresses them; configs/cifar10_aetv1_official.cfg).")
+from aetv2_tf.program.flag_support import defined
+
+#: The `config.RunConfig` field these flags fill: the recipe's `LossSpec` (`config.recipe_of`).
+GROUP = "recipe"
+
+defined(flags.DEFINE_enum(
+    "loss", "geodesic", ["geodesic", "mse"],
+    "geodesic: AETv2, Eq. (11) of the paper; mse: AETv1, MSE on the 8 parameters."),
+    essential=True)
+defined(flags.DEFINE_float(
+    "projection_weight", 1.0,
+    "lambda of Eq. (11): weight of the projection residual ||M - P||_F^2 (>= 0)."),
+    essential=True, finite=True,
+    valid=[(lambda v: v >= 0, "--projection_weight must be >= 0 (the paper uses 1).")])
+defined(flags.DEFINE_integer(
+    "angle_power", 1,
+    "geodesic loss: 1 minimises the angle theta (the paper's Eq. 11), 2 minimises theta^2 "
+    "(= ||log P||_F^2 / 2)."),
+    essential=True, valid=[(lambda v: v in (1, 2), "--angle_power must be 1 (the paper) or 2.")])
+defined(flags.DEFINE_float(
+    "residual_scale", 0.0,
+    "geodesic loss: b > 0 bounds the residual's growth, r -> b log(1 + r / b); 0: the paper's "
+    "r."),
+    essential=True, finite=True,
+    valid=[(lambda v: v >= 0, "--residual_scale must be >= 0 (0: off).")])
+defined(flags.DEFINE_float(
+    "chordal_weight", 0.0,
+    "geodesic loss: weight of ||M - I||_F^2 (M = T^{-1} T_hat, unit determinant), the "
+    "first-order full-group distance; a gradient at theta = pi. 0: off."),
+    essential=True, finite=True,
+    valid=[(lambda v: v >= 0, "--chordal_weight must be >= 0 (0: off).")])
+defined(flags.DEFINE_float(
+    "mse_weight", 0.0,
+    "geodesic loss: weight of an added AETv1 parameter MSE (std-normalised). 0: off (the "
+    "paper)."),
+    essential=True, finite=True, valid=[(lambda v: v >= 0, "--mse_weight must be >= 0 (0: off).")])
+defined(flags.DEFINE_integer(
+    "mse_decay_steps", 0,
+    "geodesic loss: the --mse_weight term decays linearly to 0 at this step (an MSE warm-up; "
+    "then the loss is the geodesic one). 0: constant weight."),
+    essential=True, minimum=0)
+defined(flags.DEFINE_enum(
+    "loss_frame", "model", ["model", "pixel"],
+    "geodesic loss: the frame of T and T_hat before the SO(3) projection: the centred, "
+    "normalised model frame (docs/conventions.md) or pixel coordinates."), essential=True)
+defined(flags.DEFINE_float(
+    "loss_frame_scale", 1.0,
+    "geodesic loss, --loss_frame=model: multiply the model frame's coordinates by this (> 0) "
+    "before the SO(3) projection: rotations about the centre stay rotations, translations weigh "
+    "s times more, perspective terms s times less."),
+    essential=True, finite=True,
+    valid=[(lambda v: v > 0, "--loss_frame_scale must be > 0 (1: the model frame).")])
+defined(flags.DEFINE_enum(
+    "residual_frame", "loss", ["loss", "unit"],
+    "geodesic loss: the frame of the projection residual ||M - P||_F^2: loss (the frame of the "
+    "angle, --loss_frame/--loss_frame_scale) or unit (M = T^-1 T_hat in the unit model frame, "
+    "while the angle is taken in the zoomed frame: the residual then sees scale, shear and "
+    "perspective errors at their own size)."), essential=True)
+defined(flags.DEFINE_enum(
+    "mse_target", "model", ["model", "official"],
+    "mse loss only: model (the MSE on T's model-frame parameters, see --mse_normalize) or "
+    "official (the published AETv1 code's targets: PIL's inverse map in corner-origin pixels, "
+    "normalised by its fixed constants; the decoder regresses them; "
+    "configs/cifar10_aetv1_official.cfg)."), essential=True)
 flags.DEFINE_bool("mse_normalize", True,
                   "mse loss only: divide each parameter error by the parameter's fixed std under "
                   "the sampler (the AETv1 normalisation).")

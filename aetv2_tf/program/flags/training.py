@@ -1,34 +1,60 @@
 """How long a stage trains, where an invocation stops, the seed, non-finite and grown losses."""
 
+import math
+
 from absl import flags
 
-flags.DEFINE_integer("batch_size", 128, "Global batch size (pairs), split across replicas.")
-flags.DEFINE_integer("epochs", 0, "Training epochs over the training set (0: use --train_steps).")
-flags.DEFINE_integer("train_steps", 0, "Training steps (overrides --epochs when > 0).")
-flags.DEFINE_float("train_seconds", 0.0,
-                   "pretext: size the run to about this many seconds of training on this "
-                   "machine (overrides --epochs, and --train_steps unless that is given after "
-                   "it on the command line, as after a flagfile's line): a throwaway model "
-                   "times a few steps, the step count (and so the learning-rate schedule) follows "
-                   "from the rate and is recorded in <model_dir>/budget.json, which a resumed run "
-                   "reuses. 0: off.")
-flags.DEFINE_integer("stop_after_steps", 0,
-                     "End this invocation after this many steps (checkpointed; 0: run to the end). "
-                     "For time-limited job slots: rerun the same command to continue.")
-flags.DEFINE_float("stop_after_seconds", 0.0,
-                   "End this invocation at the first step that ends this many seconds after the "
-                   "program started (start-up and compilation count), with a checkpoint; 0: run "
-                   "to the end. For job slots of a fixed length (a lent GPU): the learning-rate "
-                   "schedule stays that of the whole run; rerun the same command to continue.")
-flags.DEFINE_integer("steps_per_execution", 1,
-                     "Steps run inside one tf.function call (fewer Python round trips).")
-flags.DEFINE_integer("seed", 0, "Seed of weights, data order, augmentation and homographies.")
-flags.DEFINE_enum("on_nonfinite", "skip", ["skip", "stop"],
-                  "A step with a non-finite loss or gradient: skip the update, or stop training. "
-                  "Either way no non-finite weights are ever checkpointed.")
-flags.DEFINE_float("max_loss_growth", 10.0,
-                   "Stop training (exit 7, the last good checkpoint kept) when the loss grows "
-                   "past this many times its first logged value: a finite divergence (a run at "
-                   "--learning_rate=1e6 reached 7e13). 10 because every logged run of this "
-                   "project peaked at its first value (13 of 13, docs/reliability.md), so a "
-                   "tenfold rise is no noise; 0: off.")
+from aetv2_tf.program.flag_support import MAX_TRAIN_SECONDS, defined
+
+#: The `config.RunConfig` field these flags fill (`config.TrainConfig`).
+GROUP = "train"
+
+defined(flags.DEFINE_integer("batch_size", 128,
+                             "Global batch size (pairs), split across replicas."),
+        essential=True, minimum=1)
+defined(flags.DEFINE_integer("epochs", 0,
+                             "Training epochs over the training set (0: use --train_steps)."),
+        trajectory=True, minimum=0)
+defined(flags.DEFINE_integer("train_steps", 0, "Training steps (overrides --epochs when > 0)."),
+        trajectory=True, minimum=0)
+defined(flags.DEFINE_float(
+    "train_seconds", 0.0,
+    "pretext: size the run to about this many seconds of training on this machine (overrides "
+    "--epochs, and --train_steps unless that is given after it on the command line, as after a "
+    "flagfile's line): a throwaway model times a few steps, the step count (and so the "
+    "learning-rate schedule) follows from the rate and is recorded in <model_dir>/budget.json, "
+    "which a resumed run reuses. 0: off."),
+    finite=True,
+    valid=[(lambda v: v >= 0, "--train_seconds must be >= 0 (0: off)."),
+           (lambda v: v <= MAX_TRAIN_SECONDS,
+            f"--train_seconds must be at most {MAX_TRAIN_SECONDS:.0f} (a year); for longer runs "
+            "pass --train_steps or --epochs.")])
+defined(flags.DEFINE_integer(
+    "stop_after_steps", 0,
+    "End this invocation after this many steps (checkpointed; 0: run to the end). For "
+    "time-limited job slots: rerun the same command to continue."), minimum=0)
+defined(flags.DEFINE_float(
+    "stop_after_seconds", 0.0,
+    "End this invocation at the first step that ends this many seconds after the program "
+    "started (start-up and compilation count), with a checkpoint; 0: run to the end. For job "
+    "slots of a fixed length: the learning-rate schedule stays that of the whole run; rerun the "
+    "same command to continue."),
+    finite=True, valid=[(lambda v: v >= 0, "--stop_after_seconds must be >= 0 (0: off).")])
+defined(flags.DEFINE_integer("steps_per_execution", 1,
+                             "Steps run inside one tf.function call (fewer Python round trips)."),
+        minimum=1)
+defined(flags.DEFINE_integer("seed", 0,
+                             "Seed of weights, data order, augmentation and homographies."),
+        essential=True, minimum=0)  # NumPy refuses negative seeds
+defined(flags.DEFINE_enum(
+    "on_nonfinite", "skip", ["skip", "stop"],
+    "A step with a non-finite loss or gradient: skip the update, or stop training. Either way "
+    "no non-finite weights are ever checkpointed."), trajectory=True)
+defined(flags.DEFINE_float(
+    "max_loss_growth", 10.0,
+    "Stop training (exit 7, the last good checkpoint kept) when the loss grows past this many "
+    "times its first logged value: a finite divergence. 10 because every logged run of this "
+    "project peaked at its first value (docs/reliability.md), so a tenfold rise is no noise; "
+    "0: off."),
+    valid=[(lambda v: v == 0 or 1 < v < math.inf,
+            "--max_loss_growth must be 0 (off) or a finite factor above 1, e.g. 10.")])
