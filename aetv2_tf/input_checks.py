@@ -4,8 +4,8 @@ The library's raw-image entry points (``fit`` / ``evaluate`` / ``predict`` and t
 ``*_on_batch`` methods of `models.pretext.PairsModel` and of `models.image_models.CheckedModel`,
 i.e. `build_classifier` / `feature_extractor`, through `models.checked_inputs.ChecksInputs`;
 `probes.knn.pooled_features`) take **uint8 images (N, H, W, 3), NHWC, RGB, values
-0..255**, and normalise them themselves (``(u / 255 - mean) / std``). Anything else used to be
-cast to uint8 silently ([0, 1] floats became black images) or to fail deep inside a layer; these
+0..255**, and normalise them themselves (``(u / 255 - mean) / std``). Anything else would be
+cast to uint8 silently (a [0, 1] float image becomes black) or fail deep inside a layer; these
 functions refuse it up front, with a message that names the problem and the fix:
 
 * `check_images`: an array (NumPy, a backend tensor, or array-like) of uint8 NHWC images with 3

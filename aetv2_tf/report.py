@@ -38,7 +38,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from aetv2_tf.errors import UsageError
-from aetv2_tf.files.safe_paths import refuse_link, write_text_atomically
+from aetv2_tf.files.safe_paths import refuse_link, write_atomically
 from aetv2_tf.probes.results import RESULTS_FILENAME, ResultsError
 from aetv2_tf.program.report_inputs import ReportError, read_checked
 
@@ -333,7 +333,7 @@ def main(argv: Sequence[str], output: str | None = None, overwrite: bool = False
     if output:
         try:
             os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-            write_text_atomically(output, report)
+            write_atomically(output, report)
         except (OSError, UsageError) as err:
             print(f"aetv2_tf.report: error: --output={output} cannot be written ({err}); "
                   "choose another file", file=sys.stderr)

@@ -98,9 +98,9 @@ def test_the_recipes_are_the_configs():
     assert recipe_of_flagfile("cifar10_aetv2_sq4") == recipes.AETV2_SQ4
     assert recipe_of_flagfile("cifar10_aetv2_sq4_unitres") == recipes.AETV2_SQ4_UNITRES
     assert recipe_of_flagfile("cifar10_aetv2_hybrid") == recipes.AETV2_HYBRID
-    assert recipes.AETV2_ZOOM16.loss.residual_frame == "loss"  # the old runs' behaviour
+    assert recipes.AETV2_ZOOM16.loss.residual_frame == "loss"
     assert recipes.AETV2_SQ4_UNITRES is recipes.AETV2 and recipes.as_recipe(
-        "aetv2_sq4_unitres") is recipes.AETV2  # its name while it was a variant
+        "aetv2_sq4_unitres") is recipes.AETV2  # the name of its config
     with pytest.raises(ValueError, match="residual_frame"):
         recipes.Recipe(residual_frame="pixel")
     with pytest.raises(ValueError, match="mse_target"):

@@ -21,8 +21,8 @@ import time
 
 import pytest
 
+from aetv2_tf.files.digests import weights_digest
 from aetv2_tf.models import build_aet_model, build_backbone
-from aetv2_tf.program.checkpoint_saver import weights_digest
 from tests.cli import finish, listed_step, start_module, train_args
 
 # The fast tier (`-m "not slow"`) leaves this file out: two training processes per test.

@@ -9,9 +9,11 @@ parent or a report's `--output` goes through this module:
 * `open_for_writing`: the file opened with ``O_NOFOLLOW`` (``w``: truncated, ``a``: appended,
   ``a+``: read and written, neither truncated): a link planted after the check still fails
   (``ELOOP``) instead of being followed;
-* `write_text_atomically`: a text file written under a temporary name beside it (opened as
-  above), flushed to the disk and renamed into place: a reader never sees a partial file, and a
-  link at the path is refused, not replaced;
+* `write_atomically`: THE writer of whole files (text, bytes, or what a saver such as Keras's
+  ``save_weights`` writes): a temporary beside the file, created by the call itself, flushed to
+  the disk, renamed into place, the folder flushed too: a reader never sees a partial file, a
+  link at the path is refused, not replaced, and a failed write (a full disk) leaves the old
+  file as it was, the temporary removed, the error (its errno) raised as it came;
 * `process_alive`: whether the process whose pid names a temporary still runs (a killed
   process's temporaries are removed by the next writer, a live one's never).
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Callable
 from typing import IO
 
 from aetv2_tf.errors import UsageError
@@ -68,22 +71,58 @@ def open_for_writing(path: str | os.PathLike, mode: str = "w", fix: str = LINK_F
     return os.fdopen(fd, "r+" if mode == "a+" else mode)
 
 
-def write_text_atomically(path: str | os.PathLike, text: str | bytes,
-                          fix: str = LINK_FIX) -> None:
-    """`text` (or bytes) into `path`: a temporary beside it (`open_for_writing`), fsync, then
-    ``os.replace``; a link at `path` (or at the temporary's name) is refused (`refuse_link`)."""
+def write_atomically(path: str | os.PathLike, content: str | bytes | Callable[[str], object],
+                     fix: str = LINK_FIX, *,
+                     before_replace: Callable[[str], object] | None = None) -> str:
+    """Writes the file ``path`` whole or not at all, and returns ``path``.
+
+    ``content``: text (UTF-8), bytes, or a saver ``content(tmp)`` that writes the file at
+    ``tmp`` (Keras's ``save_weights``, ``model.save``). It goes to the temporary
+    ``.tmp<pid>-<name>`` beside ``path`` (its name ends as ``path``'s: Keras checks suffixes),
+    created by this call (``O_EXCL | O_NOFOLLOW``: nothing planted there is followed), flushed
+    to the disk (fsync); then ``before_replace(tmp)`` if given (`saving.save_atomically`
+    writes the checksum there), ``os.replace`` into place and an fsync of the folder, so that
+    the rename survives a crash. A symbolic link (or a FIFO, a folder) at ``path`` or at the
+    temporary's name is refused (`refuse_link`). On any error (``ENOSPC`` or ``EFBIG`` of a full
+    disk, a saver's failure, an interrupt) the temporary is removed, ``path`` is left as it was,
+    and the error is raised as it came (an OSError keeps its errno)."""
     path = os.fspath(path)
+    directory, name = os.path.split(path)
+    tmp = os.path.join(directory, f".tmp{os.getpid()}-{name}")
     refuse_link(path, fix, regular=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open_for_writing(tmp, "w", fix) as f:
-        if isinstance(text, bytes):
-            f.flush()
-            f.buffer.write(text)
-        else:
-            f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    refuse_link(tmp, fix, regular=True)
+    if os.path.lexists(tmp):  # this pid's: a dead process's whose pid came back
+        os.remove(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if not callable(content):
+                f.write(content.encode() if isinstance(content, str) else content)
+        if callable(content):
+            content(tmp)
+        _fsync(tmp)
+        if before_replace is not None:
+            before_replace(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.lexists(tmp) and not os.path.islink(tmp):
+            os.remove(tmp)
+        raise
+    _fsync(directory or ".")
+    return path
+
+
+def _fsync(path: str) -> None:
+    """Flushes the file or folder at ``path`` to the disk (a file system that cannot flush a
+    folder, EINVAL, is left to its own ordering)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno != errno.EINVAL or not os.path.isdir(path):
+            raise
+    finally:
+        os.close(fd)
 
 
 def process_alive(pid: int) -> bool:

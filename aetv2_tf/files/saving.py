@@ -36,8 +36,8 @@ from absl import logging
 
 from aetv2_tf.data.constants import normalization_constants
 from aetv2_tf.files import presets
-from aetv2_tf.files.provenance import file_digest
-from aetv2_tf.files.safe_paths import process_alive, refuse_link, write_text_atomically
+from aetv2_tf.files.digests import file_digest
+from aetv2_tf.files.safe_paths import process_alive, write_atomically
 from aetv2_tf.method.recipes import Recipe, as_recipe
 
 ENCODER_WEIGHTS = "encoder.weights.h5"
@@ -60,8 +60,11 @@ def save_encoder(encoder: keras.Model, directory: str, *, recipe: Recipe | str |
     fixes the normalisation the probes, the export and `preprocessing` apply ("cifar10":
     CIFAR-10's mean and std; anything else: ImageNet's). The record's ``image_size`` is the
     side of the encoder's input, ``null`` for an encoder of any size (``keras.Input(shape=(None,
-    None, 3))``). Everything is checked before ``directory`` is made.
+    None, 3))``; `models.backbones.input_side`: square images only). Everything is checked
+    before ``directory`` is made.
     """
+    from aetv2_tf.models.backbones import input_side
+
     recipe = None if recipe is None else as_recipe(recipe)
     if pretext not in ("aet", "rotation"):
         raise ValueError(f"pretext must be 'aet' or 'rotation', got {pretext!r}")
@@ -77,9 +80,9 @@ def save_encoder(encoder: keras.Model, directory: str, *, recipe: Recipe | str |
     record = {"stage": "pretext", "pretext": pretext, "backbone": encoder.name,
               "dataset": dataset, "batch_norm": "keras", "backend": keras.backend.backend(),
               "loss": recipe.loss.kind if recipe else None, "saved_by": "aetv2_tf.save_encoder",
-              "image_size": _image_size(encoder)}
+              "image_size": input_side(encoder, any_size=True)}
     os.makedirs(directory, exist_ok=True)
-    if twin is not None:  # the run layout, as today
+    if twin is not None:  # the run layout
         twin.set_weights(encoder.get_weights())
         save_atomically(twin.save_weights, os.path.join(directory, ENCODER_WEIGHTS))
         _remove(os.path.join(directory, ENCODER_FILE))
@@ -90,24 +93,8 @@ def save_encoder(encoder: keras.Model, directory: str, *, recipe: Recipe | str |
                       encoder_name=encoder.name, features=features,
                       input_shape=[None if d is None else int(d)
                                    for d in encoder.inputs[0].shape[1:]])
-    write_text_atomically(os.path.join(directory, "flags.json"),
-                          json.dumps(record, indent=2) + "\n")
+    write_atomically(os.path.join(directory, "flags.json"), json.dumps(record, indent=2) + "\n")
     return directory
-
-
-def _image_size(encoder: keras.Model) -> int | None:
-    """The side of the images ``encoder`` takes (its input's height), None when it takes any
-    size (``keras.Input(shape=(None, None, 3))``); ValueError for an input that is not an
-    image batch ``(B, H, W, C)``."""
-    try:
-        shape = tuple(encoder.inputs[0].shape)
-    except (AttributeError, IndexError, TypeError, ValueError) as e:
-        raise ValueError(f"save_encoder: encoder {encoder.name!r} has no symbolic input: pass a "
-                         "functional or Sequential keras.Model built on keras.Input") from e
-    if len(shape) != 4:
-        raise ValueError(f"save_encoder: encoder {encoder.name!r} takes inputs of shape "
-                         f"{shape}; expected images (B, H, W, C)")
-    return None if shape[1] is None else int(shape[1])
 
 
 def _package_twin(encoder: keras.Model) -> keras.Model | None:
@@ -229,38 +216,31 @@ def list_checkpoints(directory: str) -> list[tuple[int, str]]:
 
 
 def save_atomically(saver, path: str) -> str:
-    """`saver(tmp)`, its bytes flushed to the disk, then `os.replace(tmp, path)`; tmp ends like
-    `path` (Keras checks suffixes). Temporaries that a killed process left beside it are
-    removed first (never those of a live process). A symbolic link at `path` or at the
-    temporary's name is refused (`safe_paths.refuse_link`), never written through."""
+    """`saver(tmp)` into `path` by `safe_paths.write_atomically` (a temporary beside it, fsync,
+    ``os.replace``; a link refused; the old file intact on any error), the file's SHA-256
+    written beside it (`CHECKSUM`) before the rename. Temporaries of `path` or of a checkpoint
+    (``.tmp<pid>-<name>``) that a killed process left are removed first, never those of a live
+    process."""
     directory, name = os.path.split(path)
     os.makedirs(directory or ".", exist_ok=True)
-    tmp = os.path.join(directory, f".tmp{os.getpid()}-{name}")
-    refuse_link(path, regular=True)
-    refuse_link(tmp)
     for other in os.listdir(directory or "."):  # `.tmp<pid>-<name or a checkpoint's name>`
         head, _, rest = other.partition("-")
         ours = rest == name or CHECKPOINT_NAME.match(rest)
         if head.startswith(".tmp") and head[4:].isdigit() and ours and \
                 not process_alive(int(head[4:])):
             os.remove(os.path.join(directory, other))
-    try:
-        saver(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        write_text_atomically(path + CHECKSUM, f"{file_digest(tmp)}  {name}\n")  # before the file
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return path
+
+    def checksum(tmp: str) -> None:
+        write_atomically(path + CHECKSUM, f"{file_digest(tmp)}  {name}\n")
+
+    return write_atomically(path, saver, before_replace=checksum)
 
 
 def damage(path: str, required: bool = False) -> str | None:
     """Why the file at `path` cannot be trusted (its SHA-256 is not the one written with it;
     with `required`, also a missing `.sha256`: the project writes one beside every checkpoint
     and `.keras` file, so without it a changed file cannot be told from the one written), or
-    None: intact (or, unless `required`, written before checksums existed)."""
+    None: intact (or, unless `required`, a file without a `.sha256`)."""
     sidecar = path + CHECKSUM
     if not os.path.exists(sidecar):
         if required:
@@ -289,8 +269,8 @@ def save_encoder_weights(encoder: keras.Model, backbone: str, model_dir: str) ->
 def encoder_source(model_dir: str) -> str | None:
     """Where `load_encoder_weights` reads: `encoder.weights.h5`, else the newest checkpoint;
     a file whose checksum does not match, or a checkpoint without one, is skipped with a
-    warning (readers do not rename). An `encoder.weights.h5` without a checksum is read (the
-    presets of `results/` and runs of versions before checksums have none)."""
+    warning (readers do not rename). An `encoder.weights.h5` without a checksum is read: only
+    a checksum that differs refuses it."""
     candidates = [os.path.join(model_dir, ENCODER_WEIGHTS)] + [
         path for _, path in reversed(list_checkpoints(os.path.join(model_dir, "checkpoints")))]
     for path in candidates:
@@ -374,14 +354,14 @@ def load_model_part(model: keras.Model, path: str) -> None:
 
 def tensorflow_run_unreadable(model_dir: str, saved: dict) -> str | None:
     """Why a run of the TensorFlow program cannot be read on this (non-TensorFlow) backend, or
-    None: its checkpoints hold TensorFlow's layers (fused batch norm) or are in the
-    `tf.train.Checkpoint` format of earlier versions; its `encoder.weights.h5` (finished runs)
-    is read everywhere; a custom encoder's ``encoder.keras`` too."""
+    None: its checkpoints hold TensorFlow's layers (fused batch norm) or are
+    `tf.train.Checkpoint` files; its `encoder.weights.h5` (finished runs) is read everywhere;
+    a custom encoder's ``encoder.keras`` too."""
     if saved.get("custom_encoder") or saved.get("backend", "tensorflow") != "tensorflow" or \
             keras.backend.backend() == "tensorflow" or \
             os.path.isfile(os.path.join(model_dir, ENCODER_WEIGHTS)):
         return None
     return (f"{model_dir} is a run of the TensorFlow program without {ENCODER_WEIGHTS} (it is "
-            f"unfinished, or older than that file): its TensorFlow checkpoints load under "
+            f"unfinished): its TensorFlow checkpoints load under "
             f"KERAS_BACKEND=tensorflow only; finish the run (rerun its command) or run this "
             f"with KERAS_BACKEND=tensorflow.")

@@ -22,9 +22,10 @@ decay, L2 decay 5e-4: the best AETv2 measured, docs/reproduction.md), `AETV2_PAP
 literal Eq. 11, lambda = 1, Adam 1e-5 constant: below a random init in our measurements) and
 `AETV1` (the std-normalised parameter MSE, SGD Nesterov 0.1 on the AETv1 code's piecewise
 schedule) are the three of the paper's tables. `AETV2_ZOOM16` is the angle in the 16x zoomed
-frame with no residual (blind to scale, shear and keystone errors); `AETV2_SQ4` and
-`AETV2_HYBRID` are the variants screened beside `AETV2` (docs/reproduction.md, "AETv2 that earns
-its name"; `AETV2_SQ4_UNITRES` is another name of `AETV2`).
+frame without a residual (blind to scale, shear and keystone errors; the presets
+``aetv2_cifar10`` were trained with it); `AETV2_SQ4` and `AETV2_HYBRID` are the variants
+screened beside `AETV2` (docs/reproduction.md, "AETv2 that earns its name"; `AETV2_SQ4_UNITRES`
+is `AETV2` under the name of its config, configs/cifar10_aetv2_sq4_unitres.cfg).
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ import keras
 from aetv2_tf.method.recipe_parts import LossSpec, OptimizerSpec, square_side  # noqa: F401 - square_side: API
 
 _DEFAULT_LOSS, _DEFAULT_OPTIMIZER = LossSpec(), OptimizerSpec()
-#: A recipe's fields by name (`Recipe(learning_rate=...)`, `Recipe.replace`): (part, field).
+#: The fields of the two parts by name (what `Recipe(...)` and `replace` take), and where each
+#: lives: ``(part, field)``.
 _FLAT = {**{f.name: ("loss", f.name) for f in dataclasses.fields(LossSpec)},
          **{f.name: ("optimizer", f.name) for f in dataclasses.fields(OptimizerSpec)}}
 _FLAT.update(loss=("loss", "kind"), optimizer=("optimizer", "name"))
@@ -142,7 +144,9 @@ class Recipe:
             if name in kwargs:
                 raise TypeError(f"build_model: the recipe decides {name} (decoder_scale=True / "
                                 "False overrides the scale); call build_pairs_model to set it")
-        options = self.decoder_options(image_size_of(encoder), shift, decoder_scale, param_std)
+        from aetv2_tf.models.backbones import input_side
+
+        options = self.decoder_options(input_side(encoder), shift, decoder_scale, param_std)
         count_steps = bool(kwargs.pop("count_steps", False)) or self.loss.counts_steps
         return build_pairs_model(encoder, seed, inputs=inputs, shift=shift, recipe=self,
                                  count_steps=count_steps, **options, **kwargs)
@@ -165,17 +169,6 @@ class Recipe:
                 "SparseCategoricalCrossentropy(from_logits=True))")
         model.compile(steps=steps, recipe=self, **compile_kwargs)
         return model.schedule
-
-
-def image_size_of(model: keras.Model) -> int:
-    """The side of the square images ``model`` (an encoder or a pretext model) takes, read
-    from ``model.inputs[0]`` ``(batch, side, side, channels)``; else a ValueError."""
-    shape = tuple(model.inputs[0].shape)
-    if len(shape) != 4 or shape[1] is None or shape[1] != shape[2]:
-        raise ValueError(f"{model.name!r} takes inputs of shape {shape}: the recipe needs "
-                         "square images of a known size, e.g. build_backbone('nin', "
-                         "input_shape=(64, 64, 3))")
-    return int(shape[1])
 
 
 def training_steps(examples: int, batch_size: int, epochs: int = 1) -> int:
@@ -212,7 +205,7 @@ AETV2_SQ4 = AETV2_ZOOM16.replace(angle_power=2, frame_scale=4.0)
 #: The AETv2 recipe (configs/cifar10_aetv2.cfg): theta^2 at 4x + 10 ||M - P||_F^2 of M in the
 #: UNIT frame, so that scale, shear and keystone errors weigh at their own size.
 AETV2 = AETV2_SQ4.replace(projection_weight=10.0, residual_frame="unit")
-#: Another name of `AETV2` (configs/cifar10_aetv2_sq4_unitres.cfg).
+#: `AETV2` under the name of configs/cifar10_aetv2_sq4_unitres.cfg.
 AETV2_SQ4_UNITRES = AETV2
 #: A labelled hybrid: theta^2 at 4x + 0.3 x AETv1's normalised parameter MSE
 #: (configs/cifar10_aetv2_hybrid.cfg).

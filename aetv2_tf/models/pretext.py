@@ -43,6 +43,7 @@ from aetv2_tf.data.preprocessing_layers import HomographyPairs, QuarterTurns
 from aetv2_tf.errors import SettingWarning
 from aetv2_tf.method.recipe_parts import LossSpec, OptimizerSpec
 from aetv2_tf.models.aet import build_aet_model, build_rotation_classifier
+from aetv2_tf.models.backbones import input_side
 from aetv2_tf.models.batch_groups import batch_statistics_groups
 from aetv2_tf.models.checked_inputs import ChecksInputs
 from aetv2_tf.models.displayed_loss import ShowsDataLoss
@@ -282,10 +283,9 @@ def build_pairs_model(
     add the training-step counter `loss_step`. ``recipe``: what ``model.compile()`` defaults to
     (`recipes.Recipe.build_model` passes itself).
     """
-    size = tuple(encoder.inputs[0].shape[1:])
     if inputs not in ("images", "warp", "pairs"):
         raise ValueError(f"inputs must be 'images', 'warp' or 'pairs'; got {inputs!r}")
-    pretext = dict(inputs=inputs, image_size=int(size[0]), shift=shift, target=target,
+    pretext = dict(inputs=inputs, image_size=input_side(encoder), shift=shift, target=target,
                    param_scale=None if param_scale is None else [float(v) for v in param_scale])
     common = dict(pretext=pretext, recipe=recipe, count_steps=count_steps)
     aet_options = dict(param_scale=param_scale, init_rotation_deg=init_rotation_deg,
@@ -297,7 +297,8 @@ def build_pairs_model(
         aet = build_aet_model(encoder, feature, pairs=pairs, **aet_options)
         return PairsModel(aet.inputs, aet.outputs[0], name="aet", split=None,
                           batch_groups=aet.batch_groups, **common)
-    images = keras.Input(shape=size, dtype="uint8", name="images")
+    images = keras.Input(shape=tuple(encoder.inputs[0].shape[1:]), dtype="uint8",
+                         name="images")
     x, tx, params = HomographyPairs(seed=seed, shift=shift, augment=augment, mean=mean, std=std,
                                     name="pairs")(images)
     aet = build_aet_model(encoder, feature, **aet_options)

@@ -31,10 +31,9 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import tempfile
 from typing import Any
 
-from aetv2_tf.files.safe_paths import refuse_link
+from aetv2_tf.files.safe_paths import write_atomically
 
 RESULTS_FILENAME = "results.json"
 
@@ -92,9 +91,8 @@ def write_results(directory: str | os.PathLike, results: dict[str, Any]) -> str:
     """Atomically write ``directory/results.json``; returns its path.
 
     ``created`` (UTC ISO timestamp) and ``version`` are filled in when absent; every other key of
-    `REQUIRED_KEYS` must be present. The JSON is written to a temporary file in the same
-    directory and moved into place with ``os.replace``, so readers never see a partial file;
-    a symbolic link at ``results.json`` is refused (`safe_paths.refuse_link`), not replaced.
+    `REQUIRED_KEYS` must be present. Written by `safe_paths.write_atomically`: readers never
+    see a partial file, a symbolic link at ``results.json`` is refused, not replaced.
     """
     record = dict(results)
     record.setdefault(
@@ -105,21 +103,7 @@ def write_results(directory: str | os.PathLike, results: dict[str, Any]) -> str:
     text = json.dumps(record, indent=2, sort_keys=True, default=_json_default) + "\n"
 
     os.makedirs(directory, exist_ok=True)
-    path = os.path.join(os.fspath(directory), RESULTS_FILENAME)
-    refuse_link(path, regular=True)  # a link there is not this project's results.json
-    fd, tmp = tempfile.mkstemp(prefix=".results.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    return path
+    return write_atomically(os.path.join(os.fspath(directory), RESULTS_FILENAME), text)
 
 
 def read_results(path: str | os.PathLike) -> dict[str, Any]:

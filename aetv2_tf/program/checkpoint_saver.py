@@ -2,16 +2,15 @@
 finite weights (`CheckpointSaver`, applied by `run_control.RunControl`), into a
 `CheckpointStore` (`keras_checkpoints.KerasCheckpoints` on every backend: Keras `.weights.h5`
 files, each written under a temporary name and renamed into place, so a listed checkpoint is
-always whole); and the digest of weights that runs print (`weights_digest`).
+always whole).
 
 Only the chief keeps checkpoints in the model_dir (another worker saves too, as reading
 distributed variables may need collectives, into a scratch store). TensorFlow is imported only
-by what needs it (finiteness and digests of distributed variables): this serves every backend.
+by what needs it (finiteness of distributed variables): this serves every backend.
 """
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from typing import Protocol
 
@@ -43,28 +42,6 @@ def all_finite(variables) -> bool:
                    for v in variables)
     return all(np.isfinite(keras.ops.convert_to_numpy(v).astype(np.float32)).all()
                for v in variables)
-
-
-def digest_arrays(arrays) -> str:
-    """A short SHA-256 (16 hex digits) of numpy arrays' bytes, in order."""
-    digest = hashlib.sha256()
-    for a in arrays:
-        digest.update(np.ascontiguousarray(a).tobytes())
-    return digest.hexdigest()[:16]
-
-
-def weights_digest(variables) -> str:
-    """A short SHA-256 of the variables' values (in order): equal digests mean bitwise-equal
-    weights, e.g. the trainable weights on every worker of a multi-worker run (BatchNorm moving
-    statistics are per replica, as in Keras, and differ), or in two `--deterministic` runs.
-    Any backend: the values are read with `keras.ops.convert_to_numpy` except under TensorFlow,
-    which reads them through ``tf.convert_to_tensor(v).numpy()`` (distributed variables
-    included)."""
-    if keras.backend.backend() == "tensorflow":
-        import tensorflow as tf
-
-        return digest_arrays(tf.convert_to_tensor(v).numpy() for v in variables)
-    return digest_arrays(keras.ops.convert_to_numpy(v) for v in variables)
 
 
 class CheckpointSaver:

@@ -45,7 +45,7 @@ from aetv2_tf.files.saving import (  # noqa: F401 - the run directory's files, r
     save_atomically,
     save_encoder_weights,
     tensorflow_run_unreadable,
-    write_text_atomically,
+    write_atomically,
 )
 from aetv2_tf.program.checkpoint_saver import CheckpointStore
 

@@ -23,8 +23,9 @@ import keras
 from absl import logging
 
 from aetv2_tf.errors import UsageError
+from aetv2_tf.files.digests import weights_digest
 from aetv2_tf.program import run_length
-from aetv2_tf.program.checkpoint_saver import CheckpointSaver, CheckpointStore, weights_digest
+from aetv2_tf.program.checkpoint_saver import CheckpointSaver, CheckpointStore
 from aetv2_tf.program.config import RunConfig
 from aetv2_tf.program.divergence import LossGrowth, NonFiniteSteps, skipped_steps
 from aetv2_tf.program.keras_checkpoints import (
@@ -90,13 +91,14 @@ def build_model(config: RunConfig, steps: int, *, inputs: str, mean, std, augmen
     per-branch BatchNorm is computed (`models.aet.build_aet_model`; None: one encoder call on
     a GPU); ``compile_kwargs``: ``model.compile``'s (``jit_compile``)."""
     from aetv2_tf.models.aet import build_rotation_classifier
+    from aetv2_tf.models.backbones import build_backbone
     from aetv2_tf.models.pretext import build_rotations_model
 
     seed, model_config = config.train.seed, config.model
     keras.utils.set_random_seed(seed)  # the same weights whatever was built before
     compile_kwargs["steps_per_execution"] = config.train.steps_per_execution
     with scope or contextlib.nullcontext():
-        encoder = model_config.backbone.build(batch_norm=model_config.batch_norm)
+        encoder = build_backbone(model_config.backbone.name, batch_norm=model_config.batch_norm)
         if config.pretext == "rotation":
             model = build_rotations_model(encoder, seed, augment=augment, mean=mean, std=std) \
                 if inputs == "images" else build_rotation_classifier(encoder)
@@ -318,6 +320,7 @@ def quick_knn_summary(config: RunConfig, encoder: keras.Model, data: PretextData
     ``--seed``, as ``--pretrained=none``) on the first training and test images; printed and
     returned (`probes.quick_knn`)."""
     from aetv2_tf.data.sources import load_source
+    from aetv2_tf.models.backbones import build_backbone
     from aetv2_tf.probes.quick_knn import quick_knn
 
     if data.labels is None:
@@ -326,7 +329,8 @@ def quick_knn_summary(config: RunConfig, encoder: keras.Model, data: PretextData
     dataset, backbone = config.data, config.model.backbone
     test_images, test_labels = load_source(dataset.dataset, dataset.data_dir, "test")
     keras.utils.set_random_seed(config.train.seed)  # the random init of --pretrained=none
-    random_encoder = backbone.build(tuple(data.images.shape[1:]), config.model.batch_norm)
+    random_encoder = build_backbone(backbone.name, tuple(data.images.shape[1:]),
+                                    config.model.batch_norm)
     n, m = config.outputs.quick_knn_train, config.outputs.quick_knn_test
     train_set = (data.images[:n], data.labels[:n])
     test_set = (test_images[:m], test_labels[:m])

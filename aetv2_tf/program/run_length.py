@@ -97,9 +97,9 @@ def budget_steps(config: RunConfig,
                   pairs_per_sec=round(rate * train.batch_size, 1), timed_steps=s1 - s0,
                   measured=time.strftime("%Y-%m-%d %H:%M:%S"))
     if writer:
-        from aetv2_tf.files.safe_paths import write_text_atomically
+        from aetv2_tf.files.safe_paths import write_atomically
 
-        write_text_atomically(path, json.dumps(record, indent=1))
+        write_atomically(path, json.dumps(record, indent=1))
     print(f"Time budget --train_seconds={train.train_seconds:g}: {record['pairs_per_sec']} "
           f"pairs/s measured here -> --train_steps={steps} of {train.batch_size} pairs, about "
           f"{_duration(steps / rate)} of training (recorded in {path}).", flush=True)

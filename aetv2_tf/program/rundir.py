@@ -25,7 +25,7 @@ import shutil
 import tempfile
 
 from aetv2_tf.errors import UsageError  # the library's (`rundir.UsageError` is the same class)
-from aetv2_tf.files.safe_paths import open_for_writing, write_text_atomically
+from aetv2_tf.files.safe_paths import open_for_writing, write_atomically
 
 MIN_FREE_BYTES = 64 * 2**20
 
@@ -386,7 +386,7 @@ def prepare(model_dir: str, run_flags: dict, flagfile: str, essential: tuple[str
                 f.write(json.dumps({"step": step, "changed": changed}, default=str) + "\n")
             print(f"Flags changed from step {step} on: {lines} (recorded in {HISTORY}).",
                   flush=True)
-    write_text_atomically(os.path.join(model_dir, "flags.cfg"), flagfile, _PART_FIX)
+    write_atomically(os.path.join(model_dir, "flags.cfg"), flagfile, _PART_FIX)
     if first_record:
-        write_text_atomically(saved_path, json.dumps(run_flags, indent=2, sort_keys=True,
+        write_atomically(saved_path, json.dumps(run_flags, indent=2, sort_keys=True,
                                                      default=str), _PART_FIX)
