@@ -97,6 +97,9 @@ def main(argv) -> None:
 
         peer_lost = ()
     try:
+        from aetv2_tf.program.rundir import check_apart  # before any data is read
+
+        check_apart(model_dir, config.data.data_dir, config.probe.pretrained)
         summary = adapter.run(config)
     except (UsageError, DataError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)

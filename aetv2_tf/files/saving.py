@@ -38,6 +38,7 @@ from aetv2_tf.data.constants import normalization_constants
 from aetv2_tf.files import presets
 from aetv2_tf.files.provenance import file_digest
 from aetv2_tf.files.safe_paths import process_alive, refuse_link, write_text_atomically
+from aetv2_tf.files.write_targets import SAVED_BY, check_encoder_target
 from aetv2_tf.method.recipes import Recipe, as_recipe
 
 ENCODER_WEIGHTS = "encoder.weights.h5"
@@ -49,7 +50,7 @@ CHECKPOINT_NAME = re.compile(r"^ckpt-(\d+)\.weights\.h5$")
 
 
 def save_encoder(encoder: keras.Model, directory: str, *, recipe: Recipe | str | None = None,
-                 pretext: str = "aet", dataset: str = "cifar10") -> str:
+                 pretext: str = "aet", dataset: str = "cifar10", overwrite: bool = False) -> str:
     """Writes ``encoder`` to ``directory`` (module docstring) and returns ``directory``.
 
     ``encoder``: a `build_backbone` model ("nin", "alexnet": the run layout, weights only) or
@@ -61,6 +62,12 @@ def save_encoder(encoder: keras.Model, directory: str, *, recipe: Recipe | str |
     CIFAR-10's mean and std; anything else: ImageNet's). The record's ``image_size`` is the
     side of the encoder's input, ``null`` for an encoder of any size (``keras.Input(shape=(None,
     None, 3))``). Everything is checked before ``directory`` is made.
+
+    ``directory`` must be new or empty; an encoder that `save_encoder` wrote there before is
+    replaced only with ``overwrite=True``; anything else (a training run's folder, whose
+    ``encoder.weights.h5`` holds trained weights; a folder with other files) is refused,
+    `errors.UsageError` (`write_targets.check_encoder_target`): nothing is written over a file
+    this function did not write.
     """
     recipe = None if recipe is None else as_recipe(recipe)
     if pretext not in ("aet", "rotation"):
@@ -76,8 +83,9 @@ def save_encoder(encoder: keras.Model, directory: str, *, recipe: Recipe | str |
     # Everything is validated before the directory is made (no empty directory on an error).
     record = {"stage": "pretext", "pretext": pretext, "backbone": encoder.name,
               "dataset": dataset, "batch_norm": "keras", "backend": keras.backend.backend(),
-              "loss": recipe.loss.kind if recipe else None, "saved_by": "aetv2_tf.save_encoder",
+              "loss": recipe.loss.kind if recipe else None, "saved_by": SAVED_BY,
               "image_size": _image_size(encoder)}
+    check_encoder_target(os.fspath(directory), overwrite, SAVED_ENCODER_FILES)
     os.makedirs(directory, exist_ok=True)
     if twin is not None:  # the run layout, as today
         twin.set_weights(encoder.get_weights())
@@ -93,6 +101,11 @@ def save_encoder(encoder: keras.Model, directory: str, *, recipe: Recipe | str |
     write_text_atomically(os.path.join(directory, "flags.json"),
                           json.dumps(record, indent=2) + "\n")
     return directory
+
+
+#: The files `save_encoder` writes into its directory.
+SAVED_ENCODER_FILES = frozenset({"flags.json", ENCODER_WEIGHTS, ENCODER_WEIGHTS + CHECKSUM,
+                                 ENCODER_FILE, ENCODER_FILE + CHECKSUM})
 
 
 def _image_size(encoder: keras.Model) -> int | None:

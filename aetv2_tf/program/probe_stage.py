@@ -60,6 +60,7 @@ from aetv2_tf.probes.knn import extract_features, knn_accuracy, make_feature_fn,
 from aetv2_tf.probes.results import write_results
 from aetv2_tf.probes.splits import ProbeData, load_probe_data
 from aetv2_tf.program.config import RunConfig
+from aetv2_tf.program.rundir import refuse_training
 
 PROBE_LR_SCHEDULES = ("step", "constant")
 
@@ -124,6 +125,8 @@ def check_probe(config: RunConfig) -> None:
                              "use --stage=probe to evaluate a pretrained encoder).")
     else:
         check_pretrained_is_not_model_dir(probe.pretrained, config.outputs.model_dir)
+        if probe.pretrained and os.path.isdir(probe.pretrained):
+            refuse_training(probe.pretrained, f"--pretrained={probe.pretrained}")
         frozen_encoder.check_pretrained(probe.pretrained, backbone,
                                   trust_saved_model=probe.trust_saved_model)
     if config.stage == "supervised" or probe.probe != "knn":

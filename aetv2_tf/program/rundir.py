@@ -24,6 +24,7 @@ import shutil
 import tempfile
 
 from aetv2_tf.errors import UsageError  # the library's (`rundir.UsageError` is the same class)
+from aetv2_tf.files.nesting import refuse_nested
 from aetv2_tf.files.safe_paths import open_for_writing, write_text_atomically
 
 MIN_FREE_BYTES = 64 * 2**20
@@ -69,6 +70,14 @@ def _remove_if_created(model_dir: str, created: bool) -> None:
             pass
 
 
+def check_apart(model_dir: str, data_dir: str | None, pretrained: str | None) -> None:
+    """UsageError, before any data is read or anything written, when `model_dir` is, lies
+    inside or holds `data_dir` or a `pretrained` run (`files.nesting.refuse_nested`)."""
+    if pretrained and pretrained.strip().lower() == "none":
+        pretrained = None
+    refuse_nested({"--model_dir": model_dir}, {"--data_dir": data_dir, "--pretrained": pretrained})
+
+
 LOCK_NAME = ".lock"
 _LOCKS: dict[str, object] = {}  # model_dir -> the open lock file this process holds
 
@@ -105,6 +114,28 @@ def lock(model_dir: str) -> None:
                  f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
     handle.flush()
     _LOCKS[key] = handle
+
+
+def refuse_training(model_dir: str, what: str) -> None:
+    """UsageError when another live process holds `model_dir`'s lock (`lock`): a run that is
+    training now, whose checkpoints change under a reader (`what`: how the reader names it, e.g.
+    ``--pretrained=runs/x``). The lock is read, never created or written: a shared `flock`
+    tried and released at once."""
+    import fcntl
+
+    path = os.path.join(model_dir, LOCK_NAME)
+    if os.path.realpath(model_dir) in _LOCKS or os.path.islink(path) or \
+            not os.path.isfile(path):
+        return
+    with open(path) as handle:  # read-only: a reader never changes the run
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = handle.read().strip() or "another process"
+            raise UsageError(f"{what} is a run that is training now ({holder}): its checkpoints "
+                             "change while it trains; wait for it to end (or stop it: a run "
+                             "stopped by a signal resumes from its checkpoint), then run this "
+                             "again.") from None
 
 
 HISTORY = "flags_history.jsonl"
