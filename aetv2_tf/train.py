@@ -181,10 +181,11 @@ def newest_checkpoint(model_dir: str) -> str:
 
 
 def disk_full(error: OSError) -> bool:
-    """Whether `error` says the disk is full or over quota (h5py puts the errno in the text)."""
+    """Whether `error` says the disk is full, over quota or the file over the process's size
+    limit (EFBIG, ``ulimit -f``) (h5py puts the errno in the text)."""
     import errno
 
-    return error.errno in (errno.ENOSPC, errno.EDQUOT) or "errno = 28" in str(error) or \
+    return error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or "errno = 28" in str(error) or \
         "No space left on device" in str(error)
 
 

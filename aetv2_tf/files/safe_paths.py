@@ -75,15 +75,20 @@ def write_text_atomically(path: str | os.PathLike, text: str | bytes,
     path = os.fspath(path)
     refuse_link(path, fix, regular=True)
     tmp = f"{path}.tmp{os.getpid()}"
-    with open_for_writing(tmp, "w", fix) as f:
-        if isinstance(text, bytes):
+    try:
+        with open_for_writing(tmp, "w", fix) as f:
+            if isinstance(text, bytes):
+                f.flush()
+                f.buffer.write(text)
+            else:
+                f.write(text)
             f.flush()
-            f.buffer.write(text)
-        else:
-            f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:  # a full disk, a file-size limit: the temporary goes, `path` stays as it was
+        if os.path.isfile(tmp) and not os.path.islink(tmp):
+            os.remove(tmp)
+        raise
 
 
 def process_alive(pid: int) -> bool:

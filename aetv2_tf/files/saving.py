@@ -38,6 +38,7 @@ from aetv2_tf.data.constants import normalization_constants
 from aetv2_tf.files import presets
 from aetv2_tf.files.provenance import file_digest
 from aetv2_tf.files.safe_paths import process_alive, refuse_link, write_text_atomically
+from aetv2_tf.files.weights_files import save_weights_file
 from aetv2_tf.files.write_targets import SAVED_BY, check_encoder_target
 from aetv2_tf.method.recipes import Recipe, as_recipe
 
@@ -89,7 +90,8 @@ def save_encoder(encoder: keras.Model, directory: str, *, recipe: Recipe | str |
     os.makedirs(directory, exist_ok=True)
     if twin is not None:  # the run layout, as today
         twin.set_weights(encoder.get_weights())
-        save_atomically(twin.save_weights, os.path.join(directory, ENCODER_WEIGHTS))
+        save_atomically(lambda tmp: save_weights_file(twin, tmp),
+                        os.path.join(directory, ENCODER_WEIGHTS))
         _remove(os.path.join(directory, ENCODER_FILE))
     else:
         save_atomically(encoder.save, os.path.join(directory, ENCODER_FILE))
@@ -296,7 +298,8 @@ def save_encoder_weights(encoder: keras.Model, backbone: str, model_dir: str) ->
 
     twin = build_backbone(backbone, tuple(encoder.input_shape[1:]), batch_norm="keras")
     twin.set_weights(encoder.get_weights())
-    return save_atomically(twin.save_weights, os.path.join(model_dir, ENCODER_WEIGHTS))
+    return save_atomically(lambda tmp: save_weights_file(twin, tmp),
+                           os.path.join(model_dir, ENCODER_WEIGHTS))
 
 
 def encoder_source(model_dir: str) -> str | None:
