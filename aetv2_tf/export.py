@@ -40,7 +40,7 @@ from aetv2_tf.files.nesting import refuse_nested
 from aetv2_tf.files.provenance import ExportTargetError, check_export_target
 from aetv2_tf.files.safe_paths import refuse_link
 from aetv2_tf.program import console
-from aetv2_tf.program.rundir import refuse_training
+from aetv2_tf.program.run_lock import refuse_training
 
 FLAGS = flags.FLAGS
 

@@ -142,8 +142,11 @@ def check_images(images: Any, *, name: str = "images", expected_hw: Sequence | N
         raise TypeError(f"{name}: an array of {dtype}, not of numbers; expected {UINT8_RULE}")
     _check_shape(images.shape, name, expected_hw)
     if uint8 and dtype != "uint8":
-        values = np.asarray(images)  # only on the way to an error: the range, in one pass
-        if _kind(dtype) == "other" or not values.size:
+        try:  # only on the way to an error: the range, in one pass (a symbolic tensor has none)
+            values = np.asarray(images)
+        except Exception:  # noqa: BLE001 - a tensor being traced, a KerasTensor
+            values = np.zeros(0)
+        if _kind(dtype) == "other" or not values.size or values.dtype == object:
             raise UsageError(f"{name}: " + _dtype_fix(dtype))
         raise UsageError(f"{name}: " + _dtype_fix(dtype, float(values.min()),
                                                   float(values.max())))

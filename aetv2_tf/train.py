@@ -185,8 +185,8 @@ def disk_full(error: OSError) -> bool:
     limit (EFBIG, ``ulimit -f``) (h5py puts the errno in the text)."""
     import errno
 
-    return error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or "errno = 28" in str(error) or \
-        "No space left on device" in str(error)
+    return error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or \
+        "errno = 28" in str(error) or "No space left on device" in str(error)
 
 
 def exit_code(summary: dict, model_dir: str = "", max_loss_growth: float = 10.0) -> int:
