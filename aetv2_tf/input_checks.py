@@ -305,6 +305,9 @@ def check_labels(labels: Any, n: int | None = None, *, name: str = "labels",
         array = np.asarray(labels)
     except Exception as e:  # noqa: BLE001 - a tensor of another device, a ragged list...
         raise TypeError(f"{name}: not an array of integer class labels ({e})") from e
+    if array.dtype == bool:
+        raise UsageError(f"{name}: boolean labels; expected integer class indices (N,), e.g. "
+                         "labels.astype(\"int64\") for two classes")
     if array.dtype == object or not np.issubdtype(array.dtype, np.number):
         raise TypeError(f"{name}: an array of {array.dtype}, not of integer class labels")
     if array.ndim == 2 and array.shape[1] > 1:
