@@ -321,6 +321,9 @@ def check_labels(labels: Any, n: int | None = None, *, name: str = "labels",
         if not np.all(np.isfinite(array)) or np.any(array != np.round(array)):
             raise UsageError(f"{name}: {array.dtype} values that are not whole numbers; expected "
                              "integer class indices (N,), e.g. labels.astype(\"int64\")")
+        if array.size and np.abs(array).max() >= 2**53:  # past exact floats: not a class index
+            raise UsageError(f"{name}: {array.dtype} values up to {np.abs(array).max():.3g}, "
+                             "not class indices; expected integer class indices (N,)")
     if n is not None and array.shape[0] != n:
         raise UsageError(f"{name}: {array.shape[0]} labels for {n} {what}; pass one class "
                          "index per row, in the same order")

@@ -32,13 +32,14 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=10_000, derandomize=EXAMPLES <= 
                 database=None)
 
 
-def refused_properly(call) -> object:
-    """`call()`'s result, or None when it raised a ValueError with a message; any other
-    exception propagates (the test fails on it)."""
+def refused_properly(call, names: str = "") -> object:
+    """`call()`'s result, or None when it raised a ValueError with a message (naming `names`,
+    when given: the file read); any other exception propagates (the test fails on it)."""
     try:
         return call()
     except ValueError as e:
         assert str(e).strip(), f"{type(e).__name__} without a message"
+        assert names in str(e), f"{type(e).__name__}: {e} does not name {names}"
         return None
 
 
@@ -91,7 +92,7 @@ def test_cifar10_batches(data):
 
     with tempfile.TemporaryDirectory() as root:
         pathlib.Path(root, "test_batch").write_bytes(data)
-        loaded = refused_properly(lambda: load_cifar10(root, "test"))
+        loaded = refused_properly(lambda: load_cifar10(root, "test"), names="test_batch")
     if loaded is not None:
         images, labels = loaded
         assert images.dtype == np.uint8 and images.shape[1:] == (32, 32, 3)
@@ -124,8 +125,8 @@ def test_results_files(data):
     with tempfile.TemporaryDirectory() as root:
         path = os.path.join(root, "results.json")
         pathlib.Path(path).write_bytes(data)
-        checked = refused_properly(lambda: read_checked(path))
-        read = refused_properly(lambda: read_results(path))
+        checked = refused_properly(lambda: read_checked(path), names=path)
+        read = refused_properly(lambda: read_results(path), names=path)
     assert (checked is None) == (read is None)  # the two readers agree
     if checked is not None:
         result = checked[0]
@@ -217,7 +218,8 @@ def test_array_checks(images, labels):
     refused_properly(lambda: check_normalised_images(images, expected_hw=(32, 32)))
     if labels is not None:
         got = refused_properly(lambda: check_labels(labels, 2))
-        assert got is None or (got.dtype == np.int64 and got.shape == (2,))
+        assert got is None or (got.dtype == np.int64 and got.shape == (2,) and
+                               np.array_equal(got, labels.reshape(-1)))  # the same values
 
 
 @pytest.fixture(scope="module")
@@ -228,7 +230,9 @@ def extractor():
 
     keras.utils.set_random_seed(0)
     encoder = aetv2_tf.build_backbone("nin")
-    return aetv2_tf.feature_extractor(encoder, "block2"), aetv2_tf.build_classifier(encoder, 10)
+    classifier = aetv2_tf.build_classifier(encoder, 10)
+    classifier.compile(loss="sparse_categorical_crossentropy")
+    return aetv2_tf.feature_extractor(encoder, "block2"), classifier
 
 
 @settings(FUZZ, max_examples=EXAMPLES if EXAMPLES > 200 else 50,

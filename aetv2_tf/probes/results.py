@@ -207,15 +207,22 @@ def write_results(directory: str | os.PathLike, results: dict[str, Any]) -> str:
 
 
 def read_results(path: str | os.PathLike) -> dict[str, Any]:
-    """Load and validate one ``results.json`` (raises `ResultsError` with the path on problems)."""
+    """Load and validate one ``results.json`` (raises `ResultsError` with the path on problems:
+    not a regular file, not UTF-8, not JSON or nested too deeply, `validate_results`)."""
     path = os.fspath(path)
+    if not os.path.exists(path):
+        raise ResultsError(f"{path}: no such file")
+    if not os.path.isfile(path):  # a FIFO would block the reader, a folder is no result
+        raise ResultsError(f"{path}: not a regular file")
     try:
         with open(path, encoding="utf-8") as handle:
             results = json.load(handle)
-    except FileNotFoundError as err:
-        raise ResultsError(f"{path}: no such file") from err
     except json.JSONDecodeError as err:
         raise ResultsError(f"{path}: not valid JSON ({err})") from err
+    except UnicodeDecodeError as err:
+        raise ResultsError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except (ValueError, RecursionError) as err:  # an integer of over 4300 digits; deep nesting
+        raise ResultsError(f"{path}: not a results file ({type(err).__name__})") from None
     return validate_results(results, source=path)
 
 
