@@ -100,11 +100,10 @@ def test_readers_skip_a_file_whose_checksum_does_not_match(tmp_path):
 
 
 def test_a_renamed_checkpoint_is_set_aside_not_resumed_at_the_step_of_its_name(tmp_path, capsys):
-    """A checkpoint renamed with its checksum (ckpt-4 -> ckpt-5: the digest still matches) was
-    resumed "at step 5": the step came from the name. Now each checkpoint holds its step (the
-    file's `STEP` attribute) and one whose name says another is set aside like a damaged one,
-    the one before restored. A checkpoint without the stored step (an earlier version's) is
-    judged by the name its checksum was written for."""
+    """A checkpoint renamed with its checksum (ckpt-4 -> ckpt-5: the digest still matches) is not
+    resumed "at step 5": each checkpoint holds its step (the file's `STEP` attribute) and one
+    whose name says another is set aside like a damaged one, the one before restored. A
+    checkpoint without the stored step is judged by the name its checksum was written for."""
     import os
 
     import keras

@@ -97,9 +97,9 @@ def test_every_write_meets_a_full_disk_or_a_size_limit_with_an_oserror(tmp_path,
     """A checkpoint, `encoder.weights.h5`, `save_encoder`, results.json and a text file, each
     written when the disk has a few kB left or past a 3,000-byte file-size limit: each raises
     OSError with ENOSPC or EFBIG, every file before byte-identical, nothing new left (no
-    temporary, no half file); the process then exits normally (before: the checkpoint's HDF5
-    file stayed open, its next close failed again, "Exception ignored ... Can't decrement id ref
-    count", and the process died of a segmentation fault, exit 139)."""
+    temporary, no half file); the process then exits normally, without HDF5's "Exception
+    ignored ... Can't decrement id ref count" and the segmentation fault (exit 139) of a
+    weights file left open by the failed write."""
     mountpoint = tmp_path / "disk"
     mountpoint.mkdir()
     if limit == "efbig":
@@ -123,9 +123,9 @@ def test_every_write_meets_a_full_disk_or_a_size_limit_with_an_oserror(tmp_path,
 @pytest.mark.slow
 def test_a_checkpoint_past_the_file_size_limit_ends_the_program_with_exit_5(
         tmp_path, cifar10_dir, program, capsys):
-    """`ulimit -f` below a checkpoint's size (before: EFBIG was not taken for a full disk, a
-    traceback and exit 1): exit 5, the message naming the newest complete checkpoint, intact;
-    the same command without the limit resumes from it."""
+    """`ulimit -f` below a checkpoint's size (EFBIG, as a full disk): exit 5, the message naming
+    the newest complete checkpoint, intact; the same command without the limit resumes from
+    it."""
     model_dir = tmp_path / "run"
     args = train_args(model_dir, cifar10_dir, "--train_steps=4", "--checkpoint_every_steps=2")
     assert program(*args, "--stop_after_steps=2") == 0

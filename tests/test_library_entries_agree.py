@@ -53,9 +53,9 @@ BAD_IMAGES = {
 
 @pytest.mark.parametrize("name", list(BAD_IMAGES))
 def test_a_call_refuses_what_predict_fit_and_evaluate_refuse(ext, encoder, name):
-    """`ext(float_images_in_0_1)` returned the features of black images while `ext.predict`
-    refused them. Now a call on an array or a tensor checks what `predict` checks, with the same
-    message and fix; the classifier's `fit` and `evaluate` too."""
+    """`ext(float_images_in_0_1)` (whose cast to uint8 would give the features of black images)
+    and the other bad arrays: a call on an array or a tensor refuses what `predict` refuses,
+    with the same message and fix; the classifier's `fit` and `evaluate` too."""
     x = BAD_IMAGES[name]
     said = refusal(lambda: ext.predict(x, verbose=0))
     assert refusal(lambda: ext(x)) == said
@@ -70,9 +70,9 @@ def test_a_call_refuses_what_predict_fit_and_evaluate_refuse(ext, encoder, name)
 
 def test_a_traced_float_input_and_a_uint8_tensor_to_the_normalised_encoder_are_refused(
         ext, encoder):
-    """Inside another model (a symbolic input) a float image input to the extractor was cast to
-    uint8 without a word; an integer tensor given to `load_encoder`'s encoder was taken for
-    normalised images. Both are refused with the fix; the right dtypes pass."""
+    """A float image input to the extractor inside another model (a symbolic input, which Keras
+    would cast to uint8) and an integer tensor given to `load_encoder`'s encoder (which takes
+    normalised floats) are refused with the fix; the right dtypes pass."""
     with pytest.raises(UsageError, match="float32 images; expected uint8 images"):
         ext(keras.Input((32, 32, 3)))
     assert tuple(ext(keras.Input((32, 32, 3), dtype="uint8")).shape) == (None, 3072)
@@ -81,12 +81,11 @@ def test_a_traced_float_input_and_a_uint8_tensor_to_the_normalised_encoder_are_r
 
 
 def test_empty_missing_and_listed_inputs_and_degenerate_arguments(ext, encoder):
-    """`ext.predict(x[:0])` raised UnboundLocalError, `ext.predict(None)` KeyError "pop from an
-    empty set", `ext(list_of_arrays)` "received N input tensors", `build_classifier(enc, 0)`
-    ZeroDivisionError, `build_classifier(enc, -3)` "math domain error", and `knn_accuracy` of
-    NaN features returned a number. Now: an empty batch gives an empty result of the right shape
-    (as NumPy and Keras users expect of a map over rows: `predict` a NumPy array, a call a
-    tensor); the others a UsageError with the fix."""
+    """`ext.predict(x[:0])`, `ext.predict(None)`, `ext(list_of_arrays)`, `build_classifier(enc,
+    0)` and `(enc, -3)`, `knn_accuracy` of NaN features (Keras's and NumPy's own errors, or a
+    number without meaning): an empty batch gives an empty result of the right shape (as
+    NumPy and Keras users expect of a map over rows: `predict` a NumPy array, a call a tensor);
+    the others a UsageError with the fix."""
     x = images()
     assert ext.predict(x[:0], verbose=0).shape == (0, 3072)
     assert tuple(ext(x[:0]).shape) == (0, 3072)
@@ -116,13 +115,13 @@ def test_empty_missing_and_listed_inputs_and_degenerate_arguments(ext, encoder):
 
 
 def test_no_batch_reaches_a_kernel_that_crashes(ext, encoder, monkeypatch):
-    """`ext.predict(np.zeros((20000, 32, 32, 3), np.uint8), batch_size=20000)` ended the process
-    with a segmentation fault: a layer output of more than 2**31 - 1 values (TensorFlow's CPU
-    convolutions index with int32: NIN block 1 ran at 10,900 images of 32 x 32 and crashed at
-    11,000). The largest output per image is counted from the model (NIN block 1: 32 x 32 x
-    192, recounted here); inference runs in slices of at most 2**28 values per output, the
-    same numbers as one pass; a training batch past the int32 limit is refused, naming the
-    largest that works (10,922 here, between the two measurements)."""
+    """`ext.predict(np.zeros((20000, 32, 32, 3), np.uint8), batch_size=20000)` in one pass would
+    end the process with a segmentation fault: a layer output of more than 2**31 - 1 values
+    (TensorFlow's CPU convolutions index with int32: NIN block 1 ran at 10,900 images of
+    32 x 32 and crashed at 11,000). The largest output per image is counted from the model
+    (NIN block 1: 32 x 32 x 192, recounted here); inference runs in slices of at most 2**28
+    values per output, the same numbers as one pass; a training batch past the int32 limit is
+    refused, naming the largest that works (10,922 here, between the two measurements)."""
     assert checked_inputs.values_per_image(ext, (32, 32)) == 32 * 32 * 192
     one = images(1)
     assert ext.largest_batch(one) == 2**28 // (32 * 32 * 192) == 1365

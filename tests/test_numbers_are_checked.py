@@ -42,9 +42,9 @@ def saved_encoder(tmp_path_factory) -> str:
 
 def test_a_probe_of_one_class_is_refused_before_anything_is_written(
         tmp_path, saved_encoder, program, capsys):
-    """A CIFAR-10 probe whose training labels are all one class exited 0 with a top-1 (the test
-    set's share of that class; a folder of one class was refused): now exit 2 naming the
-    class and the fix, as for a folder; no --model_dir."""
+    """A CIFAR-10 probe whose training labels are all one class (its top-1 would be the test
+    set's share of that class): exit 2 naming the class and the fix, as for a folder of one
+    class; no --model_dir."""
     data = cifar_dir(tmp_path / "cifar", [3] * 300)
     model_dir = tmp_path / "knn"
     code = program("--stage=probe", "--probe=knn", f"--pretrained={saved_encoder}",
@@ -71,9 +71,9 @@ INCONSISTENT = {
 
 @pytest.mark.parametrize("name", list(INCONSISTENT))
 def test_results_whose_numbers_disagree_are_refused_by_every_reader(tmp_path, capsys, name):
-    """A hand-edited results.json (`test_top1=90, test_error=90`) was reported as it was. Now
-    `read_results` and the report refuse it, the file named (the report: exit 2), and
-    `write_results` never writes such a record; the same numbers made consistent pass."""
+    """A hand-edited results.json (`test_top1=90, test_error=90`, ...): `read_results` and the
+    report refuse it, the file named (the report: exit 2), and `write_results` never writes
+    such a record; consistent numbers pass."""
     change, message = INCONSISTENT[name]
     path = pathlib.Path(write_results(tmp_path / "run", make_result("fc1", 20.0)))
     path.write_text(json.dumps({**json.loads(path.read_text()), **change}))

@@ -50,9 +50,9 @@ def copied_run(source: pathlib.Path, target: pathlib.Path, **record) -> pathlib.
 
 def test_a_model_dir_inside_a_folder_data_set_is_refused_before_anything_is_written(
         tmp_path, program, capsys):
-    """`--model_dir=ROOT/train/myrun --dataset=folder --data_dir=ROOT`: the run became a class of
-    the data set and every rerun was refused. Now: exit 2 naming both paths and the fix, the data
-    byte-identical; and a --data_dir inside the --model_dir is refused the same way."""
+    """`--model_dir=ROOT/train/myrun --dataset=folder --data_dir=ROOT` would make the run a class
+    of the data set (and every rerun refused): exit 2 naming both paths and the fix, the data
+    byte-identical; a --data_dir inside the --model_dir is refused the same way."""
     root = tmp_path / "images"
     write_image_folder(root, {"train": 3})
     before = tree(root)
@@ -109,9 +109,9 @@ def test_an_export_inside_its_run_or_its_data_is_refused(tmp_path, saved_encoder
 
 
 def test_the_report_is_never_written_into_a_run_it_reads(tmp_path, capsys):
-    """`python -m aetv2_tf.report RUN --output=RUN/report.md` wrote into the probe's run (a file
-    in a run folder), and `--output=RUN/results.json --overwrite` replaced the results it had
-    just read. Now: exit 2, nothing written; a report beside the runs is written."""
+    """`python -m aetv2_tf.report RUN --output=RUN/report.md` (a file in the probe's run) and
+    `--output=RUN/results.json --overwrite` (the results it reads): exit 2, nothing written; a
+    report beside the runs is written."""
     run = tmp_path / "runs" / "knn"
     write_results(run, make_result("knn", 20.0, method="AETv2"))
     before = tree(run)
@@ -125,10 +125,9 @@ def test_the_report_is_never_written_into_a_run_it_reads(tmp_path, capsys):
 
 
 def test_save_encoder_never_replaces_a_run_or_files_it_did_not_write(tmp_path):
-    """`save_encoder(encoder, RUN)` replaced a training run's flags.json and trained
-    encoder.weights.h5 without a copy. Now a run's folder and a folder of other files are
-    refused (UsageError, nothing written, even with overwrite=True); an encoder that
-    save_encoder wrote is replaced only with overwrite=True."""
+    """`save_encoder(encoder, RUN)` on a training run's folder (its flags.json and trained
+    encoder.weights.h5) or on a folder of other files: UsageError, nothing written, even with
+    overwrite=True; an encoder that save_encoder wrote is replaced only with overwrite=True."""
     encoder = aetv2_tf.build_backbone("nin")
     run = tmp_path / "run"
     run.mkdir()
@@ -165,9 +164,9 @@ def hold_lock(run: pathlib.Path) -> subprocess.Popen:
 
 def test_a_run_that_is_training_is_named_as_such_by_the_export_and_the_probe(
         tmp_path, saved_encoder_dir, program, cifar10_dir, capsys):
-    """The export or a probe of a run that is training now blamed "an edited flags.json" (or
-    read checkpoints that change under it). Now: exit 2, `is a run that is training now (pid
-    N ...)`, nothing written; once the run ends, both read it."""
+    """The export or a probe of a run that is training now (its checkpoints change under a
+    reader): exit 2, `is a run that is training now (pid N ...)`, nothing written; once the run
+    ends, the export reads it."""
     run = copied_run(saved_encoder_dir, tmp_path / "run")
     holder = hold_lock(run)
     try:

@@ -57,8 +57,8 @@ STEP = "aetv2_step"  # the root attribute of a checkpoint file that holds its st
 
 
 def held_step(path: str) -> int | None:
-    """The step the checkpoint at `path` holds: its `STEP` attribute; for one written before it
-    was stored, the step in the name its checksum was written for (`<file>.sha256`: "<digest>
+    """The step the checkpoint at `path` holds: its `STEP` attribute; for a checkpoint without
+    one, the step in the name its checksum was written for (`<file>.sha256`: "<digest>
     ckpt-<step>.weights.h5"); None when neither says (or the file cannot be read: loading it
     then says why)."""
     try:
