@@ -101,6 +101,9 @@ def main(argv) -> None:
 
         backend_type = KerasNativeBackend
     try:
+        from aetv2_tf.program.rundir import check_apart  # before any data is read
+
+        check_apart(config.outputs.model_dir, config.data.data_dir, config.probe.pretrained)
         result = stages.run(config, backend_type)
     except (UsageError, DataError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)

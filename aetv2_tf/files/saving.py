@@ -38,6 +38,8 @@ from aetv2_tf.data.constants import normalization_constants
 from aetv2_tf.files import presets
 from aetv2_tf.files.digests import file_digest
 from aetv2_tf.files.safe_paths import process_alive, write_atomically
+from aetv2_tf.files.weights_files import save_weights_file
+from aetv2_tf.files.write_targets import SAVED_BY, check_encoder_target
 from aetv2_tf.method.recipes import Recipe, as_recipe
 
 ENCODER_WEIGHTS = "encoder.weights.h5"
@@ -49,7 +51,7 @@ CHECKPOINT_NAME = re.compile(r"^ckpt-(\d+)\.weights\.h5$")
 
 
 def save_encoder(encoder: keras.Model, directory: str, *, recipe: Recipe | str | None = None,
-                 pretext: str = "aet", dataset: str = "cifar10") -> str:
+                 pretext: str = "aet", dataset: str = "cifar10", overwrite: bool = False) -> str:
     """Writes ``encoder`` to ``directory`` (module docstring) and returns ``directory``.
 
     ``encoder``: a `build_backbone` model ("nin", "alexnet": the run layout, weights only) or
@@ -62,6 +64,12 @@ def save_encoder(encoder: keras.Model, directory: str, *, recipe: Recipe | str |
     side of the encoder's input, ``null`` for an encoder of any size (``keras.Input(shape=(None,
     None, 3))``; `models.backbones.input_side`: square images only). Everything is checked
     before ``directory`` is made.
+
+    ``directory`` must be new or empty; an encoder that `save_encoder` wrote there before is
+    replaced only with ``overwrite=True``; anything else (a training run's folder, whose
+    ``encoder.weights.h5`` holds trained weights; a folder with other files) is refused,
+    `errors.UsageError` (`write_targets.check_encoder_target`): nothing is written over a file
+    this function did not write.
     """
     from aetv2_tf.models.backbones import input_side
 
@@ -79,12 +87,14 @@ def save_encoder(encoder: keras.Model, directory: str, *, recipe: Recipe | str |
     # Everything is validated before the directory is made (no empty directory on an error).
     record = {"stage": "pretext", "pretext": pretext, "backbone": encoder.name,
               "dataset": dataset, "batch_norm": "keras", "backend": keras.backend.backend(),
-              "loss": recipe.loss.kind if recipe else None, "saved_by": "aetv2_tf.save_encoder",
+              "loss": recipe.loss.kind if recipe else None, "saved_by": SAVED_BY,
               "image_size": input_side(encoder, any_size=True)}
+    check_encoder_target(os.fspath(directory), overwrite, SAVED_ENCODER_FILES)
     os.makedirs(directory, exist_ok=True)
     if twin is not None:  # the run layout
         twin.set_weights(encoder.get_weights())
-        save_atomically(twin.save_weights, os.path.join(directory, ENCODER_WEIGHTS))
+        save_atomically(lambda tmp: save_weights_file(twin, tmp),
+                        os.path.join(directory, ENCODER_WEIGHTS))
         _remove(os.path.join(directory, ENCODER_FILE))
     else:
         save_atomically(encoder.save, os.path.join(directory, ENCODER_FILE))
@@ -95,6 +105,11 @@ def save_encoder(encoder: keras.Model, directory: str, *, recipe: Recipe | str |
                                    for d in encoder.inputs[0].shape[1:]])
     write_atomically(os.path.join(directory, "flags.json"), json.dumps(record, indent=2) + "\n")
     return directory
+
+
+#: The files `save_encoder` writes into its directory.
+SAVED_ENCODER_FILES = frozenset({"flags.json", ENCODER_WEIGHTS, ENCODER_WEIGHTS + CHECKSUM,
+                                 ENCODER_FILE, ENCODER_FILE + CHECKSUM})
 
 
 def _package_twin(encoder: keras.Model) -> keras.Model | None:
@@ -247,9 +262,9 @@ def damage(path: str, required: bool = False) -> str | None:
             return f"it has no {os.path.basename(sidecar)} (the SHA-256 written with it), so " \
                    "it cannot be told from a file changed after it was written"
         return None
-    with open(sidecar) as f:
-        expected = f.read().split()[:1]
-    if expected != [file_digest(path)]:
+    with open(sidecar, "rb") as f:  # bytes: a sidecar of other bytes is a mismatch, not a crash
+        expected = f.read(4096).split()[:1]
+    if expected != [file_digest(path).encode()]:
         return f"its SHA-256 is not the one in {os.path.basename(sidecar)}: the file changed " \
                "on disk after it was written"
     return None
@@ -263,7 +278,8 @@ def save_encoder_weights(encoder: keras.Model, backbone: str, model_dir: str) ->
 
     twin = build_backbone(backbone, tuple(encoder.input_shape[1:]), batch_norm="keras")
     twin.set_weights(encoder.get_weights())
-    return save_atomically(twin.save_weights, os.path.join(model_dir, ENCODER_WEIGHTS))
+    return save_atomically(lambda tmp: save_weights_file(twin, tmp),
+                           os.path.join(model_dir, ENCODER_WEIGHTS))
 
 
 def encoder_source(model_dir: str) -> str | None:

@@ -25,7 +25,10 @@ import shutil
 import tempfile
 
 from aetv2_tf.errors import UsageError  # the library's (`rundir.UsageError` is the same class)
+from aetv2_tf.files.nesting import refuse_nested
 from aetv2_tf.files.safe_paths import open_for_writing, write_atomically
+from aetv2_tf.program.run_lock import LOCK_NAME, lock
+from aetv2_tf.program.run_lock import PART_FIX as _PART_FIX
 
 MIN_FREE_BYTES = 64 * 2**20
 
@@ -70,42 +73,12 @@ def _remove_if_created(model_dir: str, created: bool) -> None:
             pass
 
 
-LOCK_NAME = ".lock"
-_LOCKS: dict[str, object] = {}  # model_dir -> the open lock file this process holds
-
-
-def lock(model_dir: str) -> None:
-    """Takes `<model_dir>/.lock` for this process (an exclusive `flock`, released by the OS when
-    the process ends, however it ends) and writes its pid, host and start time into it; a
-    model_dir that another live process holds is refused, naming that process; a lock that is
-    a symbolic link or not a regular file is refused (`safe_paths.open_for_writing`), never
-    written through. Held until the process exits; taking it again in the same process is a
-    no-op."""
-    import fcntl
-    import socket
-    import time
-
-    key = os.path.realpath(model_dir)
-    if key in _LOCKS:
-        return
-    path = os.path.join(model_dir, LOCK_NAME)
-    # held open for the life of the process; never through a link (it would be truncated)
-    handle = open_for_writing(path, "a+", _PART_FIX)
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        holder = handle.read().strip() or "another process"
-        handle.close()
-        raise UsageError(f"--model_dir={model_dir} is in use by {holder}; wait for it to end "
-                         "or stop it (a run stopped by a signal resumes from its checkpoint), "
-                         "or choose another --model_dir.") from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"pid {os.getpid()} on host {socket.gethostname()}, since "
-                 f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-    handle.flush()
-    _LOCKS[key] = handle
+def check_apart(model_dir: str, data_dir: str | None, pretrained: str | None) -> None:
+    """UsageError, before any data is read or anything written, when `model_dir` is, lies
+    inside or holds `data_dir` or a `pretrained` run (`files.nesting.refuse_nested`)."""
+    if pretrained and pretrained.strip().lower() == "none":
+        pretrained = None
+    refuse_nested({"--model_dir": model_dir}, {"--data_dir": data_dir, "--pretrained": pretrained})
 
 
 HISTORY = "flags_history.jsonl"
@@ -159,12 +132,6 @@ RUN_FILES = {
                "variables.index", "variables.data-*", ".tmp*"),
     ".worker_tmp": ("ckpt-*", ".tmp*", "*.sha256", "*.bad"),
 }
-
-
-#: How to mend a run folder's part that is a link: the run writes inside its model_dir only.
-_PART_FIX = ("a run's files and folders are written inside its --model_dir only: remove the link "
-             "(what it points to stays as it is; to keep a run on another disk, link the whole "
-             "--model_dir instead) or choose a new, empty --model_dir")
 
 
 def foreign_files(model_dir: str, limit: int = 5) -> list[str]:
