@@ -41,14 +41,16 @@ import importlib as _importlib
 import os as _os
 import platform as _platform
 
-# Keras 3 is multi-backend; this package is TensorFlow-only.
+# The Keras backend is TensorFlow unless the user chose another (KERAS_BACKEND=jax: the library
+# and the program run there too, README).
 _os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # TensorFlow's Linux wheels turn their oneDNN CPU kernels on by default only on CPUs with
 # AVX512_VNNI, AVX512_BF16, AVX_VNNI or AMX; on other x86 CPUs (AVX2-only laptops and cloud VMs)
-# convolutions fall back to Eigen kernels: the training step ran 0.58x as fast, the CLI 0.63x
-# (BENCHMARKS.md, "AVX2 CPUs"). So oneDNN is asked for on every x86 CPU (not measured on ARM: left
-# to TensorFlow there), unless the user chose: TF_ENABLE_ONEDNN_OPTS=0 keeps the Eigen kernels.
+# convolutions fall back to Eigen kernels, measured at 0.58x the speed of the training step
+# with oneDNN, 0.63x of the CLI (BENCHMARKS.md, "AVX2 CPUs"). So oneDNN is asked for on every
+# x86 CPU (not measured on ARM: left to TensorFlow there), unless the user chose:
+# TF_ENABLE_ONEDNN_OPTS=0 keeps the Eigen kernels.
 # Effective only if TensorFlow is imported after this package.
 if _platform.machine().lower() in ("x86_64", "amd64"):
     _os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")

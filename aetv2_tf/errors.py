@@ -16,10 +16,11 @@ class UsageError(ValueError):
 
 class SettingWarning(UserWarning):
     """A warning about a setting of a recipe or a model that trains, but not as meant (a
-    warm-up longer than half the run, ...), said twice: in the library's words (the message:
-    the fields, ``warmup_steps=1000``) and in the command line's (``flags``: ``--warmup_steps=
-    1000``), which the program shows instead (`program.pretext_stage.settings_as_flags`)."""
+    warm-up longer than half the run, ...): the message says what to change in the library's
+    terms; ``settings`` names those settings (an `OptimizerSpec` field such as
+    ``warmup_steps``, the ``steps`` of a run, a model's ``decoder_scale``), which the command
+    line maps onto its flags (`program.pretext_stage.SETTING_FLAGS`)."""
 
-    def __init__(self, message: str, flags: str):
+    def __init__(self, message: str, settings: tuple[str, ...] = ()):
         super().__init__(message)
-        self.flags = flags
+        self.settings = tuple(settings)

@@ -15,8 +15,9 @@ before the signature runs (`aetv2_tf.files.savedmodel`: convert [0, 1] floats fi
 Beside `saved_model.pb` the export writes `aetv2_export.json`, the SHA-256 of each of its files
 (`aetv2_tf.files.provenance`): an existing `--output` is replaced only when it is such an export (or
 empty); any other directory (a home folder, the working directory, a model_dir) is refused, exit 2,
-nothing touched. The probes load a SavedModel only when its manifest matches (or with
-`--trust_saved_model`).
+nothing touched; so is an `--output` inside the run other than under its `export/`, inside the
+data the run read, or holding either (`aetv2_tf.files.nesting`). The probes load a SavedModel
+only when its manifest matches (or with `--trust_saved_model`).
 
 This module is the command line (flags, exit codes: the program layer, beside `aetv2_tf.train`
 and `aetv2_tf.report`); the library functions it runs are `aetv2_tf.files.savedmodel`'s
@@ -34,9 +35,11 @@ from typing import Any
 from absl import app, flags
 
 from aetv2_tf.errors import UsageError
+from aetv2_tf.files.nesting import refuse_nested
 from aetv2_tf.files.provenance import ExportTargetError, check_export_target
-from aetv2_tf.files.safe_paths import refuse_link
+from aetv2_tf.files.safe_paths import read_json, refuse_link
 from aetv2_tf.program import console
+from aetv2_tf.program.run_lock import refuse_training
 
 FLAGS = flags.FLAGS
 
@@ -64,6 +67,16 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
+def _data_dir(model_dir: str) -> str | None:
+    """The ``data_dir`` the run's flags.json records (None when it has none or is unreadable:
+    reading the encoder then says why)."""
+    try:
+        data_dir = read_json(os.path.join(model_dir, "flags.json")).get("data_dir")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return data_dir if isinstance(data_dir, str) else None
+
+
 def main(argv) -> None:
     del argv
     if not FLAGS.model_dir:
@@ -71,9 +84,13 @@ def main(argv) -> None:
     model_dir = os.path.expanduser(FLAGS.model_dir)
     output = os.path.expanduser(FLAGS.output or os.path.join(model_dir, "export", "encoder"))
     try:
+        refuse_training(model_dir, f"--model_dir={model_dir}")
         if not FLAGS.output:  # the run's export/ folder is written into: never through a link
             refuse_link(os.path.join(model_dir, "export"))
         check_export_target(output)  # before any work: a refused --output exits 2, untouched
+        refuse_nested({"--output": output},
+                      {"--model_dir": model_dir, "the run's --data_dir": _data_dir(model_dir)},
+                      within={"--model_dir": os.path.join(model_dir, "export")})
     except (ExportTargetError, UsageError) as e:
         _fail(str(e))
     with console.quiet_native_stderr(not console.verbose_requested()):

@@ -4,8 +4,8 @@ The library's raw-image entry points (``fit`` / ``evaluate`` / ``predict`` and t
 ``*_on_batch`` methods of `models.pretext.PairsModel` and of `models.image_models.CheckedModel`,
 i.e. `build_classifier` / `feature_extractor`, through `models.checked_inputs.ChecksInputs`;
 `probes.knn.pooled_features`) take **uint8 images (N, H, W, 3), NHWC, RGB, values
-0..255**, and normalise them themselves (``(u / 255 - mean) / std``). Anything else used to be
-cast to uint8 silently ([0, 1] floats became black images) or to fail deep inside a layer; these
+0..255**, and normalise them themselves (``(u / 255 - mean) / std``). Anything else would be
+cast to uint8 silently (a [0, 1] float image becomes black) or fail deep inside a layer; these
 functions refuse it up front, with a message that names the problem and the fix:
 
 * `check_images`: an array (NumPy, a backend tensor, or array-like) of uint8 NHWC images with 3
@@ -142,8 +142,11 @@ def check_images(images: Any, *, name: str = "images", expected_hw: Sequence | N
         raise TypeError(f"{name}: an array of {dtype}, not of numbers; expected {UINT8_RULE}")
     _check_shape(images.shape, name, expected_hw)
     if uint8 and dtype != "uint8":
-        values = np.asarray(images)  # only on the way to an error: the range, in one pass
-        if _kind(dtype) == "other" or not values.size:
+        try:  # only on the way to an error: the range, in one pass (a symbolic tensor has none)
+            values = np.asarray(images)
+        except Exception:  # noqa: BLE001 - a tensor being traced, a KerasTensor
+            values = np.zeros(0)
+        if _kind(dtype) == "other" or not values.size or values.dtype == object:
             raise UsageError(f"{name}: " + _dtype_fix(dtype))
         raise UsageError(f"{name}: " + _dtype_fix(dtype, float(values.min()),
                                                   float(values.max())))
@@ -302,6 +305,9 @@ def check_labels(labels: Any, n: int | None = None, *, name: str = "labels",
         array = np.asarray(labels)
     except Exception as e:  # noqa: BLE001 - a tensor of another device, a ragged list...
         raise TypeError(f"{name}: not an array of integer class labels ({e})") from e
+    if array.dtype == bool:
+        raise UsageError(f"{name}: boolean labels; expected integer class indices (N,), e.g. "
+                         "labels.astype(\"int64\") for two classes")
     if array.dtype == object or not np.issubdtype(array.dtype, np.number):
         raise TypeError(f"{name}: an array of {array.dtype}, not of integer class labels")
     if array.ndim == 2 and array.shape[1] > 1:
@@ -315,6 +321,9 @@ def check_labels(labels: Any, n: int | None = None, *, name: str = "labels",
         if not np.all(np.isfinite(array)) or np.any(array != np.round(array)):
             raise UsageError(f"{name}: {array.dtype} values that are not whole numbers; expected "
                              "integer class indices (N,), e.g. labels.astype(\"int64\")")
+        if array.size and np.abs(array).max() >= 2**53:  # past exact floats: not a class index
+            raise UsageError(f"{name}: {array.dtype} values up to {np.abs(array).max():.3g}, "
+                             "not class indices; expected integer class indices (N,)")
     if n is not None and array.shape[0] != n:
         raise UsageError(f"{name}: {array.shape[0]} labels for {n} {what}; pass one class "
                          "index per row, in the same order")

@@ -23,7 +23,8 @@ range) ends the report with exit 2, the file and the problem named. A NaN or inf
 shown as ``nan (diverged?)`` with a warning naming the file. Text from the files is escaped in
 the table cells (newlines, ``|``, backticks, ``<``), so a ``method`` cannot add rows or tables.
 ``--output`` writes a new file (atomically); an existing file is replaced only with
-``--overwrite``, and a symbolic link never written through (`check_output`: exit 2).
+``--overwrite``, and a symbolic link never written through (`check_output`: exit 2); never inside
+the folder of a results file it reads (a run's ``--model_dir``: `aetv2_tf.files.nesting`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from aetv2_tf.errors import UsageError
-from aetv2_tf.files.safe_paths import refuse_link, write_text_atomically
+from aetv2_tf.files.nesting import refuse_nested
+from aetv2_tf.files.safe_paths import refuse_link, write_atomically
 from aetv2_tf.probes.results import RESULTS_FILENAME, ResultsError
 from aetv2_tf.program.report_inputs import ReportError, read_checked
 
@@ -324,8 +326,12 @@ def main(argv: Sequence[str], output: str | None = None, overwrite: bool = False
         if output:
             check_output(output, overwrite)
         results = load_all(paths, warnings)
+        if output:  # never written into a run it reads, nor over one of its results files
+            runs = [("the run folder", os.path.dirname(os.path.abspath(r["_path"])))
+                    for r in results]
+            refuse_nested({"--output": output}, runs)
         report = render_report(results, base=os.getcwd())
-    except (ReportError, ResultsError) as err:
+    except (ReportError, ResultsError, UsageError) as err:
         print(f"aetv2_tf.report: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     for warning in warnings:
@@ -333,7 +339,7 @@ def main(argv: Sequence[str], output: str | None = None, overwrite: bool = False
     if output:
         try:
             os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-            write_text_atomically(output, report)
+            write_atomically(output, report)
         except (OSError, UsageError) as err:
             print(f"aetv2_tf.report: error: --output={output} cannot be written ({err}); "
                   "choose another file", file=sys.stderr)

@@ -14,21 +14,23 @@ file's. Everything a run writes is in --model_dir; rerunning the same command re
 The essential flags, by purpose (each described below; --helpfull lists every flag by group):
 """
 # This module is only the entry point of the program layer (`aetv2_tf.program`, BUILD.md
-# "Architecture"): it parses the flags, runs the adapter of the Keras backend, TensorFlow's
-# (`program.adapter_tensorflow`: tf.distribute, tf.data, TensorBoard, SavedModel) or any other
-# backend's (`KERAS_BACKEND=jax`: `program.adapter_portable`, which needs no TensorFlow: the
-# module and `--helpfull` load without it), with the same flags, and turns the outcome into an
-# exit code. Its docstring is what `--help` prints (absl), followed by `KEY_FLAGS`.
+# "Architecture"): it parses the flags, runs the program (`program.stages.run`) with the part of
+# the Keras backend, TensorFlow's (`program.tensorflow_backend`: tf.distribute, tf.data,
+# TensorBoard, SavedModel) or any other backend's (`KERAS_BACKEND=jax`:
+# `program.keras_native_backend`, which needs no TensorFlow: the module and `--helpfull` load
+# without it), with the same flags, and turns the outcome into an exit code. Its docstring is
+# what `--help` prints (absl), followed by `KEY_FLAGS`.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
 from typing import TYPE_CHECKING
 
 # A SIGINT before training ends the process at once, as a SIGTERM does (docs/reliability.md),
-# until training installs its own handler (`callbacks.StopOnSignal`, which restores this one):
+# until training installs its own handler (`signal_stop.SignalStop`, which restores this one):
 # Python's KeyboardInterrupt waits for the C call under way (importing TensorFlow, reading the
 # data, tracing) and ends in a traceback. A SIGINT ignored by the parent stays ignored.
 if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
@@ -58,13 +60,15 @@ __doc__ += "".join(f"  {group + ':':16}{' '.join('--' + n for n in names)}\n"
 del _, _names, _name
 
 if TYPE_CHECKING:
+    from aetv2_tf.program.backend import Backend
     from aetv2_tf.program.config import RunConfig
+    from aetv2_tf.program.run_control import StageResult
 
 
 def import_backend() -> bool:
     """Imports Keras, and TensorFlow where it is Keras's backend, with their start-up lines
-    quieted; True under TensorFlow (other backends run `program.adapter_portable` and never
-    import it). Called once the flags have parsed: a command line absl refuses (an unknown or
+    quieted; True under TensorFlow (other backends run `program.keras_native_backend` and
+    never import it). Called once the flags have parsed: a command line absl refuses (an unknown or
     invalid flag, `--help`) answers in a fraction of a second, not after ~4 s of imports."""
     with console.quiet_native_stderr(not console.verbose_requested()):
         import keras
@@ -80,6 +84,7 @@ def main(argv) -> None:
         raise app.UsageError(f"unexpected arguments {argv[1:]}: every option is a --flag.")
     on_tensorflow = import_backend()
     console.configure_logging(FLAGS["verbosity"].present, tensorflow=on_tensorflow)
+    from aetv2_tf.program import stages
     from aetv2_tf.program.config import from_flags
 
     try:  # the flags, read once: nothing reads them after this
@@ -87,83 +92,92 @@ def main(argv) -> None:
     except (UsageError, DataError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(2)
-    model_dir = config.outputs.model_dir
     if on_tensorflow:
-        from aetv2_tf.program import adapter_tensorflow as adapter
+        from aetv2_tf.program.tensorflow_backend import TensorFlowBackend
 
-        peer_lost = adapter.PEER_LOST
-    else:  # KERAS_BACKEND=jax (or another non-TensorFlow backend): the portable program
-        from aetv2_tf.program import adapter_portable as adapter
+        backend_type: type[Backend] = TensorFlowBackend
+    else:  # KERAS_BACKEND=jax (or another non-TensorFlow backend): the Keras-native program
+        from aetv2_tf.program.keras_native_backend import KerasNativeBackend
 
-        peer_lost = ()
+        backend_type = KerasNativeBackend
     try:
-        summary = adapter.run(config)
+        from aetv2_tf.program.rundir import check_apart  # before any data is read
+
+        check_apart(config.outputs.model_dir, config.data.data_dir, config.probe.pretrained)
+        result = stages.run(config, backend_type)
     except (UsageError, DataError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(2)
-    except peer_lost as e:
+    except backend_type.peer_lost as e:
         print(f"error: a worker of the cluster stopped answering ({type(e).__name__}: "
               f"{str(e).splitlines()[0]}); stop every worker and start the same commands again: "
               "they resume from the chief's newest checkpoint.", file=sys.stderr, flush=True)
         sys.exit(EXIT_PEER_LOST)
     except OSError as e:
-        if not disk_full(e):
+        if e.errno not in DISK_FULL:
             raise
-        from aetv2_tf.program.keras_checkpoints import list_checkpoints
-
-        found = list_checkpoints(os.path.join(model_dir, "checkpoints"))
-        newest = f"the newest complete checkpoint, {found[-1][1]}, is intact" if found else \
-            "no checkpoint was complete yet"
-        print(f"error: the disk of --model_dir={model_dir} is full ({e}); {newest}. Free "
-              "space (or lower --keep_checkpoints) and rerun the same command to resume.",
-              file=sys.stderr, flush=True)
+        print(f"error: {disk_full(config.outputs.model_dir, e)}", file=sys.stderr, flush=True)
         sys.exit(EXIT_DISK_FULL)
-    print(outcome(config, summary), flush=True)
-    sys.exit(exit_code(summary, model_dir, config.train.max_loss_growth))
+    print(report(config, result), flush=True)
+    sys.exit(exit_code(result, config.outputs.model_dir, config.train.max_loss_growth))
 
 
-def outcome(config: RunConfig, summary: dict) -> str:
+def report(config: RunConfig, result: StageResult) -> str:
     """The stage's last line(s) before `exit_code`'s: ``Done (stage): k=v, .... Outputs in
     DIR`` for a stage that ran to its end; ``Stopped (stage) at step S of M: k=v, ...`` for a
     pretraining that ended before (a signal, a stop flag, a failure: the next line says which),
     with, after ``--stop_after_steps`` / ``--stop_after_seconds``, the line that says the run
-    goes on when rerun; for a run that had finished before (`pretext.completed`), that it is
-    complete and where its outputs are. ``summary``: the stage's (``run_steps`` is taken
-    out)."""
-    model_dir, train = config.outputs.model_dir, config.train
-    if summary.get("complete"):
+    goes on when rerun; for a run that had finished before (`pretext_stage.completed`), that it
+    is complete and where its outputs are."""
+    from aetv2_tf.program.run_control import Ending
+
+    model_dir, summary, outcome = config.outputs.model_dir, result.summary, result.outcome
+    if result.finished_before:
         export = f"; its SavedModel: {summary['export']}" if "export" in summary else ""
         return (f"Complete: the run in {model_dir} finished all its {summary['steps']} steps "
                 f"before; nothing was trained, exported or scored now. Its encoder: "
                 f"{summary['encoder_weights']}{export}; its logs: {model_dir}/train. To train "
                 f"it again from step 0 pass --overwrite; to evaluate it, --stage=probe "
                 f"--pretrained={model_dir} --model_dir=<a new folder>.")
-    total = summary.pop("run_steps", None)
     line = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                      for k, v in summary.items())
-    if total is None or summary.get("steps", total) >= total:
+    if outcome is None or outcome.step >= outcome.steps:
         return f"Done ({config.stage}): {line}. Outputs in {model_dir}"
-    step = summary.get("steps")
+    step, total = outcome.step, outcome.steps
     text = f"Stopped ({config.stage}) at step {step} of {total}: {line}. Outputs in {model_dir}"
-    failed = ("interrupted_by", "diverged", "stopped_nonfinite", "nonfinite_weights",
-              "loss_grew")
-    if not any(summary.get(key) for key in failed):  # what --stop_after_* asked: exit 0
-        which = f"--stop_after_seconds={train.stop_after_seconds:g}" if summary.get(
-            "stopped_at_deadline") else f"--stop_after_steps={train.stop_after_steps}"
+    if outcome.ending in (Ending.STOP_AFTER_STEPS, Ending.STOP_AFTER_SECONDS):  # exit 0
+        which = f"--stop_after_seconds={config.train.stop_after_seconds:g}" \
+            if outcome.ending is Ending.STOP_AFTER_SECONDS else \
+            f"--stop_after_steps={config.train.stop_after_steps}"
         text += (f"\nThe run is not finished: {which} ended this invocation at step {step} of "
                  f"{total}, after writing a checkpoint; rerun the same command to continue.")
     return text
 
 
 #: Exit codes (docs/reliability.md): 0 done, 1 absl flag errors, 2 refused input, 3 non-finite
-#: training, 4 export failed, 5 disk full, 6 a lost worker, 7 the loss grew past
-#: --max_loss_growth times its first value (a finite divergence), 128 + N stopped by signal N
-#: (SIGTERM 143, SIGINT 130) after a final checkpoint.
+#: training, 4 export failed, 5 disk full (or a file over the file-size limit), 6 a lost worker,
+#: 7 the loss grew past --max_loss_growth times its first value (a finite divergence), 128 + N
+#: stopped by signal N (SIGTERM 143, SIGINT 130) after a final checkpoint.
 EXIT_NONFINITE = 3
 EXIT_EXPORT = 4
 EXIT_DISK_FULL = 5
 EXIT_PEER_LOST = 6
 EXIT_LOSS_GREW = 7
+#: The errors of a write that found no room: a full disk, a full quota, the file-size limit.
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def disk_full(model_dir: str, error: OSError) -> str:
+    """What a write that found no room (`DISK_FULL`) means for the run, and its fix."""
+    from aetv2_tf.program.keras_checkpoints import list_checkpoints
+
+    found = list_checkpoints(os.path.join(model_dir, "checkpoints"))
+    newest = f"the newest complete checkpoint, {found[-1][1]}, is intact" if found else \
+        "no checkpoint was complete yet"
+    where = "reached the file-size limit (ulimit -f)" if error.errno == errno.EFBIG else \
+        "is full"
+    return (f"the disk of --model_dir={model_dir} {where} ({error}); {newest}. Free space (or "
+            "lower --keep_checkpoints) and rerun the same command to resume.")
 
 
 def newest_checkpoint(model_dir: str) -> str:
@@ -177,51 +191,47 @@ def newest_checkpoint(model_dir: str) -> str:
            "weights"
 
 
-def disk_full(error: OSError) -> bool:
-    """Whether `error` says the disk is full or over quota (h5py puts the errno in the text)."""
-    import errno
+def exit_code(result: StageResult, model_dir: str = "", max_loss_growth: float = 10.0) -> int:
+    """The exit status of a stage's ``result`` (its outcome's `run_control.Ending`, a failed
+    export), with the last line a script needs to act on (``model_dir``: the run's, whose
+    newest checkpoint it names; ``max_loss_growth``: the factor the loss grew past)."""
+    from aetv2_tf.program.run_control import Ending
 
-    return error.errno in (errno.ENOSPC, errno.EDQUOT) or "errno = 28" in str(error) or \
-        "No space left on device" in str(error)
-
-
-def exit_code(summary: dict, model_dir: str = "", max_loss_growth: float = 10.0) -> int:
-    """The exit status of a stage's `summary`, with the last line a script needs to act on
-    (``model_dir``: the run's, whose newest checkpoint it names; ``max_loss_growth``: the
-    factor the loss grew past)."""
-    kept = newest_checkpoint(model_dir)
-    if summary.get("interrupted_by"):
-        sig = signal.Signals[summary["interrupted_by"]]
-        print(f"Stopped by {sig.name} at step {summary.get('steps')} after writing a checkpoint: "
-              f"the run is NOT finished; rerun the same command to resume (exit "
+    outcome = result.outcome
+    ending = outcome.ending if outcome is not None else Ending.COMPLETED
+    if ending is Ending.SIGNAL:
+        sig = signal.Signals[outcome.signal]
+        print(f"Stopped by {sig.name} at step {outcome.step} after writing a checkpoint: the "
+              f"run is NOT finished; rerun the same command to resume (exit "
               f"{128 + sig.value}).", flush=True)
         return 128 + sig.value
-    if summary.get("diverged"):
-        print(f"error: training diverged (every step non-finite); {kept}. Lower "
-              "--learning_rate or add --warmup_steps.", file=sys.stderr)
-        return EXIT_NONFINITE
-    if summary.get("nonfinite_weights"):
-        print("error: non-finite weights (e.g. NaN images made the BatchNorm statistics NaN): "
-              f"no checkpoint was written for them and training stopped; {kept}. "
-              "Check the data, lower --learning_rate.", file=sys.stderr)
-        return EXIT_NONFINITE
-    if summary.get("loss_grew"):
-        print(f"error: training diverged: the loss grew to {summary['loss_grew']}, past "
-              f"--max_loss_growth={max_loss_growth:g}; no checkpoint was "
-              f"written for these weights and training stopped; {kept}. Lower "
-              "--learning_rate or add --warmup_steps (--max_loss_growth=0 turns the check "
-              "off).", file=sys.stderr)
-        return EXIT_LOSS_GREW
-    if summary.get("export_failed"):
+    kept = newest_checkpoint(model_dir)
+    failures = {
+        Ending.DIVERGED: (EXIT_NONFINITE, f"training diverged (every step non-finite); {kept}. "
+                          "Lower --learning_rate or add --warmup_steps."),
+        Ending.NONFINITE_WEIGHTS: (
+            EXIT_NONFINITE, "non-finite weights (e.g. NaN images made the BatchNorm statistics "
+            f"NaN): no checkpoint was written for them and training stopped; {kept}. Check the "
+            "data, lower --learning_rate."),
+        Ending.LOSS_GREW: (
+            EXIT_LOSS_GREW, f"training diverged: the loss grew to "
+            f"{outcome.loss_grew if outcome else None}, past --max_loss_growth="
+            f"{max_loss_growth:g}; no checkpoint was written for these weights and training "
+            f"stopped; {kept}. Lower --learning_rate or add --warmup_steps (--max_loss_growth=0 "
+            "turns the check off)."),
+        Ending.NONFINITE_STEP: (
+            EXIT_NONFINITE, f"--on_nonfinite=stop ended training at a non-finite step; {kept}. "
+            "Lower --learning_rate, add --warmup_steps, or pass --on_nonfinite=skip."),
+    }
+    if ending in failures:
+        code, message = failures[ending]
+        print(f"error: {message}", file=sys.stderr)
+        return code
+    if result.export_failed:
         print(f"error: training finished (the encoder is in {model_dir}/encoder.weights.h5) "
               f"but the SavedModel export failed (the log says why); export it with python -m "
               f"aetv2_tf.export --model_dir={model_dir}.", file=sys.stderr)
         return EXIT_EXPORT
-    if summary.get("stopped_nonfinite"):
-        print(f"error: --on_nonfinite=stop ended training at a non-finite step; "
-              f"{kept}. Lower --learning_rate, add --warmup_steps, or pass "
-              "--on_nonfinite=skip.", file=sys.stderr)
-        return EXIT_NONFINITE
     return 0
 
 

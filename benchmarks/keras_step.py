@@ -171,12 +171,14 @@ def probe_part(args, config, records: Records) -> None:
     """A probe's step on the frozen encoder (module docstring), timed like a variant."""
     import keras
 
+    from aetv2_tf.models.backbones import build_backbone
     from aetv2_tf.probes.classifier import build_probe
 
     keras.mixed_precision.set_global_policy(args.precision)
     keras.utils.set_random_seed(0)
     size = config.image_size
-    model = build_probe(config.model.backbone.build(batch_norm="keras"), args.feature,
+    model = build_probe(build_backbone(config.model.backbone.name, batch_norm="keras"),
+                        args.feature,
                         args.probe, 1000, (size, size, 3), batch_norm="keras", pool="max",
                         extra_convs=int(args.probe == "nonlinear" and args.feature == "conv4"))
     model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9, nesterov=True),

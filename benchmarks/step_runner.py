@@ -131,7 +131,6 @@ class StepRunner:
                                          siamese_batch_norm=spec.siamese_batch_norm)
         finally:
             keras.mixed_precision.set_global_policy(previous)
-        optimizers.add_l2_decay(self.model, 5e-4)
         optimizer = optimizers.build_optimizer(
             "adam", optimizers.Schedule("constant", learning_rate, 1), weight_decay=5e-4)
         tensorflow = keras.backend.backend() == "tensorflow"

@@ -1,5 +1,5 @@
 """Image files and folders the tests write, and a folder's digest: random JPEG bytes, whether
-TensorFlow decodes a file, class folders of random images, `tree` for "nothing touched", and
+the two decoders make of a file, class folders of random images, `tree` for "nothing touched", and
 what a run folder holds: the flags of a minimal run (`run_flags`, `ESSENTIAL`) for
 `rundir.prepare`, a probe's results.json (`make_result`); a file damaged as a crash or a bad
 disk leaves it (`damage_file`).
@@ -29,18 +29,38 @@ def jpeg_bytes(shape: tuple[int, int, int] = (16, 24, 3), seed: int = 0) -> byte
     return tf.io.encode_jpeg(image, quality=90).numpy()
 
 
-def decodes(path) -> bool:
-    """Whether the training input's decoder (`aetv2_tf.data.image_folders.decode_image_file`) reads
-    the file at `path`."""
+def decoded(path) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """What the two decoders of the training input make of the file at `path`: TensorFlow's
+    (`aetv2_tf.data.image_folders.decode_image_file`) and Pillow's (`aetv2_tf.data.stream.
+    rgb_image`, the Keras-on-JAX reader's), each uint8 (h, w, 3), or None where it fails."""
     import tensorflow as tf
+    from PIL import Image
 
     from aetv2_tf.data.image_folders import decode_image_file
+    from aetv2_tf.data.stream import rgb_image
 
     try:
-        decode_image_file(str(path), 0)
-        return True
+        by_tensorflow = decode_image_file(str(path), 0)[0].numpy()
     except tf.errors.InvalidArgumentError:
-        return False
+        by_tensorflow = None
+    try:
+        with Image.open(path) as image:
+            by_pillow = np.asarray(rgb_image(image))
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
+        by_pillow = None
+    return by_tensorflow, by_pillow
+
+
+def decodes(path) -> bool:
+    """Whether TensorFlow's decoder of the training input reads the file at `path`."""
+    return decoded(path)[0] is not None
+
+
+def decodes_alike(path) -> bool:
+    """Whether both decoders (`decoded`) read the file at `path`, to the same pixels."""
+    by_tensorflow, by_pillow = decoded(path)
+    return by_tensorflow is not None and by_pillow is not None and \
+        np.array_equal(by_tensorflow, by_pillow)
 
 
 def write_image_folder(root: pathlib.Path, per_class: dict[str, int], seed: int = 0) -> None:

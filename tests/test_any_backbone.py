@@ -17,6 +17,7 @@ import pytest
 
 import aetv2_tf
 from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD, IMAGENET_MEAN, IMAGENET_STD
+from aetv2_tf.errors import UsageError
 from aetv2_tf.files import presets
 from aetv2_tf.files.saving import load_encoder, load_encoder_weights, preprocessing, save_encoder
 from aetv2_tf.models import build_aet_model, build_backbone
@@ -49,7 +50,7 @@ def _pretrain(encoder: keras.Model, feature, size: int) -> keras.Model:
     """Two steps of the README's AETv2 pretraining on `feature`."""
     model = build_pairs_model(encoder, seed=0, feature=feature)
     recipe = dataclasses.replace(aetv2_tf.AETV2, warmup_steps=0)  # 2 steps: no warm-up
-    _, optimizer = recipe.build_optimizer(model, steps=2)
+    _, optimizer = recipe.build_optimizer(steps=2)
     model.compile(optimizer=optimizer, loss=recipe.build_loss(image_size=size),
                   metrics=recipe.metrics())
     history = model.fit(_uint8_images(16, size), batch_size=8, epochs=1, verbose=0)
@@ -160,7 +161,10 @@ def test_save_encoder_keeps_the_run_layout_for_the_package_backbones(tmp_path):
     with pytest.raises(TypeError, match="expected a Recipe, e.g. aetv2_tf.AETV2"):
         save_encoder(nin, str(tmp_path / "bad"), recipe=3)
     two_blocks = aetv2_tf.models.build_nin((16, 16, 3), num_blocks=2, batch_norm="keras")
-    save_encoder(two_blocks, str(tmp_path / "nin"), dataset="imagenet")  # a custom "nin" now
+    with pytest.raises(UsageError, match="holds an encoder saved before"):
+        save_encoder(two_blocks, str(tmp_path / "nin"), dataset="imagenet")
+    save_encoder(two_blocks, str(tmp_path / "nin"), dataset="imagenet",
+                 overwrite=True)  # a custom "nin" now
     assert not (tmp_path / "nin" / "encoder.weights.h5").exists()
     saved = json.loads((tmp_path / "nin" / "flags.json").read_text())
     assert saved["features"] == ["block1", "block2"]

@@ -1,9 +1,10 @@
-"""One program on every backend: what used to differ silently between the TensorFlow and the JAX
+"""One program on every backend: what could differ silently between the TensorFlow and the JAX
 programs, each checked on both (JAX in a child process with TensorFlow blocked, as on a machine
 without it; TensorFlow in this process or as a CLI run)."""
 
 from __future__ import annotations
 
+import json
 import pathlib
 import shutil
 import subprocess
@@ -24,26 +25,29 @@ from tests.cli import (
     train_args,
 )
 
-#: A fit whose third batch of four is non-finite, under --on_nonfinite=stop and =skip: one
-#: RESULT line each (the stop flag, the step, the skipped steps, the updates, stopped or not).
+#: A fit whose third batch of four is non-finite, under --on_nonfinite=stop and =skip, with
+#: the coupled weight decay: one RESULT line each (the stop flag, the step, the skipped steps,
+#: the updates, stopped or not) and one WEIGHTS line (the stop flag, the weights as JSON).
 SKIP_STEPS = """
+import json
 import numpy as np, keras
 from aetv2_tf.method import optimizers
-from aetv2_tf.program.callbacks import StepCounter, StopOnSkippedStep
+from aetv2_tf.program.divergence import NonFiniteSteps
+from aetv2_tf.program.run_control import RunControl
 for stop in (True, False):
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-    opt = optimizers.build_optimizer("sgd", 0.01)
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(
+        1, kernel_initializer="ones", bias_initializer="ones")])
+    opt = optimizers.build_optimizer("sgd", 0.01, weight_decay=0.5)
     model.compile(optimizer=opt, loss="mse")
     x, y = np.ones((32, 2), np.float32), np.ones((32, 1), np.float32)
     x[16:24] = np.nan  # batch 3 of 4 is non-finite
-    counter = StepCounter(0, 4)
-    skips = StopOnSkippedStep(opt, counter, stop=stop)
-    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, callbacks=[counter, skips],
-              verbose=0)
+    control = RunControl(0, 4, 4, nonfinite=NonFiniteSteps(stop=stop))
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, callbacks=[control], verbose=0)
     value = lambda v: int(keras.ops.convert_to_numpy(v.value))
-    print("RESULT", stop, counter(), value(opt.skipped_steps), value(opt.iterations),
-          skips.stopped)
+    print("RESULT", stop, control.step, value(opt.skipped_steps), value(opt.iterations),
+          control.outcome().nonfinite_step)
+    print("WEIGHTS", stop, json.dumps([w.numpy().tolist() for w in model.weights]))
 """
 
 
@@ -59,13 +63,32 @@ def skipped_steps() -> dict[str, subprocess.CompletedProcess]:
 @pytest.mark.parametrize("stop", [True, False])
 def test_a_skipped_step_counts_the_same_on_both_backends(stop, skipped_steps):
     """The step is the batches consumed (a skipped batch counts), the optimizer's iterations the
-    updates applied; --on_nonfinite=stop ends at the bad batch on JAX as on TensorFlow (before,
-    JAX had no such stop and counted steps differently)."""
+    updates applied; --on_nonfinite=stop ends at the bad batch on JAX as on TensorFlow, and the
+    weights are the same (the skip and the coupled weight decay, `stateless_apply` under
+    JAX)."""
     expected = "RESULT True 3 1 2 True" if stop else "RESULT False 4 1 3 False"
+    weights = {}
     for backend, proc in skipped_steps.items():
         assert proc.returncode == 0, (backend, proc.stderr[-3000:])
         results = [line for line in proc.stdout.splitlines() if line.startswith("RESULT")]
         assert [r for r in results if r.startswith(f"RESULT {stop} ")] == [expected], backend
+        line = next(x for x in proc.stdout.splitlines() if x.startswith(f"WEIGHTS {stop} "))
+        weights[backend] = json.loads(line.split(" ", 2)[2])
+    want = _sgd_with_decay(updates=2 if stop else 3)
+    for backend, (kernel, bias) in weights.items():
+        np.testing.assert_allclose([*np.ravel(kernel), *bias], want, rtol=1e-5, err_msg=backend)
+
+
+def _sgd_with_decay(updates: int, lr: float = 0.01, mu: float = 0.9, wd: float = 0.5):
+    """float64 [w1, w2, b] of `SKIP_STEPS`'s Dense(1) (all ones) after ``updates`` steps of
+    ``torch.optim.SGD(lr, mu, nesterov=True, weight_decay=wd)`` on its MSE: every input is
+    (1, 1) and every target 1, so the data gradient of each is 2 (w1 + w2 + b - 1)."""
+    w, buf = np.ones(3), None
+    for _ in range(updates):
+        d = 2 * (w.sum() - 1) + wd * w
+        buf = d if buf is None else mu * buf + d
+        w = w - lr * (d + mu * buf)
+    return w
 
 
 @pytest.fixture(scope="module")

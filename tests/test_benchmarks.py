@@ -218,14 +218,14 @@ def test_imagenet_input_module(tmp_path, benchmarks_md_untouched):
 def test_the_quickstart_benchmark_reads_what_the_program_prints(configured, tmp_path,
                                                                 monkeypatch, capsys):
     """`benchmarks.quickstart` parses the budget line as `run_length.budget_steps` prints it
-    (the program's own printing) and the quick KNN line of `common.quick_knn_summary`."""
-    from aetv2_tf.program import callbacks, run_length
+    (the program's own printing) and the quick KNN line of `pretext_stage.quick_knn_summary`."""
+    from aetv2_tf.program import run_length
     from benchmarks import quickstart
 
     config = configured(f"--model_dir={tmp_path}", "--train_seconds=150", "--batch_size=64",
                         "--quick_knn_train=0")
     ticks = iter(float(t) for t in range(100))
-    monkeypatch.setattr(callbacks.time, "perf_counter", lambda: next(ticks))
+    monkeypatch.setattr(run_length.time, "perf_counter", lambda: next(ticks))
 
     def fit_first_steps(n, timer):
         for step in range(n):

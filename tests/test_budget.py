@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from aetv2_tf.program import callbacks, run_length
+from aetv2_tf.program import run_length
 from aetv2_tf.program.config import check_machine
 from aetv2_tf.program.rundir import UsageError
 from tests.cli import train, train_args
@@ -31,7 +31,7 @@ BUDGETED = ("--train_seconds=30", "--batch_size=64", "--steps_per_execution=2")
 def test_budget_steps_from_the_measured_rate_then_from_the_record(configured, monkeypatch,
                                                                   capsys, tmp_path):
     config = configured(f"--model_dir={tmp_path}", *BUDGETED, "--quick_knn_train=0")
-    monkeypatch.setattr(callbacks.time, "perf_counter", FakeClock(0.5))  # 2 steps/s an execution
+    monkeypatch.setattr(run_length.time, "perf_counter", FakeClock(0.5))  # 2 steps/s an execution
     calls = []
 
     def fit_first_steps(n, timer):
@@ -59,7 +59,7 @@ def test_a_budget_too_small_for_the_quick_knn_says_what_would_suffice(configured
         for execution in range(n // 2):
             timer.on_train_batch_end(2 * execution + 1)
 
-    monkeypatch.setattr(callbacks.time, "perf_counter", FakeClock(0.5))  # 256 pairs/s
+    monkeypatch.setattr(run_length.time, "perf_counter", FakeClock(0.5))  # 256 pairs/s
     assert run_length.budget_steps(config, fit_first_steps) == 120
     # 25,600 pairs at 256 pairs/s: 100 s.
     out = capsys.readouterr().out

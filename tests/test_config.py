@@ -143,8 +143,7 @@ def test_the_drops_in_epochs_give_the_schedule_of_their_fractions(configured, tm
     config = configured(f"--model_dir={tmp_path / 'pretext'}", *flags)
     assert (config.recipe.optimizer.lr_drop_epochs, config.recipe.optimizer.epochs) == \
         (drops, epochs)
-    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-    schedule, _ = config.recipe.optimizer.build(model, steps)
+    schedule, _ = config.recipe.optimizer.build(steps)
     fractions = optimizers.Schedule("step", 0.01, steps, drops=[e / epochs for e in drops],
                                     drop_factor=0.1)
     np.testing.assert_array_equal(_rates(schedule, steps + 1), _rates(fractions, steps + 1))

@@ -97,3 +97,47 @@ def test_readers_skip_a_file_whose_checksum_does_not_match(tmp_path):
     assert (tmp_path / "encoder.weights.h5").is_file()
     (tmp_path / "checkpoints" / "ckpt-2.weights.h5.sha256").unlink()
     assert encoder_source(str(tmp_path)) is None
+
+
+def test_a_renamed_checkpoint_is_set_aside_not_resumed_at_the_step_of_its_name(tmp_path, capsys):
+    """A checkpoint renamed with its checksum (ckpt-4 -> ckpt-5: the digest still matches) is not
+    resumed "at step 5": each checkpoint holds its step (the file's `STEP` attribute) and one
+    whose name says another is set aside like a damaged one, the one before restored. A
+    checkpoint without the stored step is judged by the name its checksum was written for."""
+    import os
+
+    import keras
+
+    from aetv2_tf.program.keras_checkpoints import (
+        KerasCheckpoints,
+        held_step,
+        restore_checkpoint,
+        save_atomically,
+    )
+
+    def model(seed: int) -> keras.Model:
+        keras.utils.set_random_seed(seed)
+        return keras.Sequential([keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dense(3)])
+
+    store, two = KerasCheckpoints(str(tmp_path), keep=2), model(2)
+    store.save(two, 2)
+    store.save(model(4), 4)
+    four, renamed = tmp_path / "ckpt-4.weights.h5", tmp_path / "ckpt-5.weights.h5"
+    assert held_step(str(four)) == 4
+    os.replace(four, renamed)
+    os.replace(f"{four}.sha256", f"{renamed}.sha256")
+    restored = model(0)
+    assert restore_checkpoint(restored, str(tmp_path)) == 2
+    out = capsys.readouterr().out
+    assert f"Set aside {renamed} as {renamed}.bad: its name says step 5, but it holds the " \
+           "checkpoint of step 4 (renamed?)" in out, out
+    for got, want in zip(restored.get_weights(), two.get_weights(), strict=True):
+        np.testing.assert_array_equal(got, want)
+    earlier = tmp_path / "earlier"
+    for step in (1, 2):  # written as earlier versions did: no stored step
+        save_atomically(model(step).save_weights, str(earlier / f"ckpt-{step}.weights.h5"))
+    os.replace(earlier / "ckpt-2.weights.h5", earlier / "ckpt-3.weights.h5")
+    os.replace(earlier / "ckpt-2.weights.h5.sha256", earlier / "ckpt-3.weights.h5.sha256")
+    assert held_step(str(earlier / "ckpt-1.weights.h5")) == 1
+    assert restore_checkpoint(model(0), str(earlier)) == 1
+    assert "its name says step 3, but it holds the checkpoint of step 2" in capsys.readouterr().out

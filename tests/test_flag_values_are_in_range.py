@@ -71,7 +71,8 @@ def read():
     ("--learning_rate=1e39", r"--learning_rate must be from 1.18e-38 to 3.4e\+38"),
     ("--lr_drop_factor=2", r"--lr_drop_factor must be > 0 and at most 1"),
     ("--weight_decay=1e39", r"--weight_decay must be 0 or of a size from 1.18e-38"),
-    ("--loss_frame_scale=1e-300", r"--loss_frame_scale must be 0 or of a size from 1.18e-38"),
+    ("--loss_frame_scale=1e-300", r"--loss_frame_scale must be from 1e-06 to 1e\+06"),
+    ("--loss_frame_scale=9e-7", r"--loss_frame_scale must be from 1e-06 to 1e\+06"),
     ("--residual_scale=1e-42", r"--residual_scale must be 0 or of a size"),
     ("--decoder_init_rotation=1e300", r"--decoder_init_rotation is in degrees: .*-360 to 360"),
     ("--stop_after_seconds=1e21", r"--stop_after_seconds must be at most 31536000"),
@@ -89,7 +90,8 @@ def test_a_value_outside_its_flags_domain_is_refused_while_parsing(read, arg, me
 @pytest.mark.parametrize("args", [
     ("--adam_beta2=0.99999994", "--adam_beta1=0"), ("--momentum=0", "--optimizer=sgd"),
     ("--learning_rate=1.2e-38", "--adam_beta2=0"), ("--lr_drop_factor=1",),
-    ("--decoder_init_rotation=-360",), ("--verbose=2",), ("--learning_rate=3.4e38",)])
+    ("--decoder_init_rotation=-360",), ("--verbose=2",), ("--learning_rate=3.4e38",),
+    ("--loss_frame_scale=1e-6",), ("--loss_frame_scale=1e6",)])
 def test_the_values_at_the_edges_of_the_domains_are_taken(read, args):
     read(*args)
 
@@ -117,10 +119,9 @@ def test_sgd_with_momentum_minus_one_is_refused_before_anything_is_written(progr
 def first_step(optimizer_spec, steps: int = 20) -> np.ndarray:
     """The change of a zero float32 weight after one step of the spec's real optimizer
     (Keras's, wrapped as the program wraps it) for a unit gradient."""
-    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1, use_bias=False)])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SettingWarning)  # a warm-up longer than the run
-        _, optimizer = optimizer_spec.build(model, steps)
+        _, optimizer = optimizer_spec.build(steps)
     weight = keras.Variable(np.zeros((2,), np.float32))
     optimizer.build([weight])
     optimizer.apply([keras.ops.ones((2,))], [weight])
@@ -197,8 +198,7 @@ def test_a_step_below_float32s_resolution_at_one_is_said(read, caplog):
     read("--learning_rate=1e-9")
     assert re.search(r"--learning_rate=1e-09: an Adam step of about 1e-09 changes no float32 "
                      r"weight larger than 0.0168", caplog.text), caplog.text
-    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1, use_bias=False)])
-    _, optimizer = run_config.OptimizerSpec(learning_rate=1e-9, weight_decay=0).build(model, 4)
+    _, optimizer = run_config.OptimizerSpec(learning_rate=1e-9, weight_decay=0).build(4)
     weight = keras.Variable(np.ones((2,), np.float32))
     optimizer.build([weight])
     optimizer.apply([keras.ops.ones((2,))], [weight])

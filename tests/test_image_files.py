@@ -1,19 +1,22 @@
-"""Folders of image files (ImageNet/Places): the check that leaves bad files out, the training
+"""Folders of image files (ImageNet/Places): the check that leaves bad files out, the two decoders
+(TensorFlow's and Pillow's) giving the same pixels for every format and depth, the training
 stream over the whole list (shuffled every epoch, exact on resume), the normalisation rule."""
 
+import io
 import itertools
 import logging
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from PIL import Image
 
 from aetv2_tf.data.constants import IMAGENET_MEAN, IMAGENET_STD
 from aetv2_tf.data.image_folders import check_image_file
 from aetv2_tf.data.pipelines import classification_dataset, pretext_dataset
 from aetv2_tf.data.sources import DataError, list_image_folder, load_source
 from benchmarks.make_folder import CORRUPT_FILES, write_cifar10_folder
-from tests.folders import decodes, jpeg_bytes
+from tests.folders import decoded, decodes, jpeg_bytes
 
 
 def test_check_image_file_names_what_cannot_be_decoded(tmp_path):
@@ -44,6 +47,80 @@ def test_check_image_file_names_what_cannot_be_decoded(tmp_path):
             assert not decodes(tmp_path / name), name
     with pytest.raises(OSError):  # the disk's trouble, not the file's: not skipped quietly
         check_image_file(str(tmp_path / "missing.jpg"))
+
+
+def _saved(image, fmt: str, **options) -> bytes:
+    """The bytes of a Pillow ``image`` saved in ``fmt`` with ``options``."""
+    buffer = io.BytesIO()
+    image.save(buffer, fmt, **options)
+    return buffer.getvalue()
+
+
+def _png16(channels: int):
+    """A 16-bit PNG of ``channels`` (1 grey, 2 grey and alpha, 3, 4) seeded planes."""
+    return lambda rgb, alpha: tf.io.encode_png(
+        np.random.default_rng(channels).integers(0, 65536, rgb.shape[:2] + (channels,),
+                                                 dtype=np.uint16)).numpy()
+
+
+def _twice(c: np.ndarray) -> Image.Image:
+    """The image at twice its size (24 x 32: whole 4:2:0 JPEG blocks)."""
+    return Image.fromarray(np.kron(c, np.ones((2, 2, 1), np.uint8)))
+
+
+#: Every format and depth the folder check lets through, as Pillow or TensorFlow writes it,
+#: from a seeded image ``c`` (12 x 16 RGB) and an alpha plane ``a``.
+FORMATS = {
+    "png_rgb8": lambda c, a: _saved(Image.fromarray(c), "PNG"),
+    "png_rgba8": lambda c, a: _saved(Image.fromarray(np.dstack([c, a])), "PNG"),
+    "png_grey8": lambda c, a: _saved(Image.fromarray(c[..., 0]), "PNG"),
+    "png_grey_alpha8": lambda c, a: _saved(Image.fromarray(np.dstack([c[..., 0], a]), "LA"),
+                                           "PNG"),
+    "png_palette": lambda c, a: _saved(Image.fromarray(c).convert("P"), "PNG"),
+    "png_palette_transparent": lambda c, a: _saved(Image.fromarray(c).convert("P"), "PNG",
+                                                   transparency=3),
+    "png_bilevel": lambda c, a: _saved(Image.fromarray(c).convert("1"), "PNG"),
+    "png_grey16": _png16(1), "png_grey_alpha16": _png16(2), "png_rgb16": _png16(3),
+    "png_rgba16": _png16(4),
+    "jpeg_420": lambda c, a: _saved(_twice(c), "JPEG", quality=90),
+    "jpeg_444": lambda c, a: _saved(_twice(c), "JPEG", subsampling=0),
+    "jpeg_progressive": lambda c, a: _saved(_twice(c), "JPEG", progressive=True),
+    "jpeg_grey": lambda c, a: _saved(_twice(c).convert("L"), "JPEG"),
+    "jpeg_cmyk": lambda c, a: _saved(_twice(c).convert("CMYK"), "JPEG"),
+    "jpeg_tensorflow": lambda c, a: tf.io.encode_jpeg(np.asarray(_twice(c)), quality=95).numpy(),
+    "bmp_grey8": lambda c, a: _saved(Image.fromarray(c[..., 0]), "BMP"),
+    "bmp_rgb24": lambda c, a: _saved(Image.fromarray(c), "BMP"),
+    "bmp_rgba32": lambda c, a: _saved(Image.fromarray(np.dstack([c, a])), "BMP"),
+    "gif": lambda c, a: _saved(Image.fromarray(c), "GIF"),
+    "gif_transparent": lambda c, a: _saved(Image.fromarray(c).convert("P"), "GIF",
+                                           transparency=3),
+    "gif_animated": lambda c, a: _saved(Image.fromarray(c), "GIF", save_all=True, append_images=[
+        Image.fromarray(np.roll(c, k, axis=0)) for k in (3, 6)]),
+}
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_both_decoders_give_the_same_pixels_for_every_format_and_depth(tmp_path, name):
+    """What the folder check lets through decodes to the same uint8 RGB pixels with
+    TensorFlow's decoder (the tf.data pipelines) and Pillow's (the reader of Keras on JAX):
+    JPEGs with libjpeg's accurate DCT on both, 16-bit PNGs by their high byte on both (a 16-bit
+    grey PNG is no longer a nearly white image under Pillow), alpha dropped, palettes applied."""
+    rng = np.random.default_rng(7)
+    rgb = rng.integers(0, 256, (12, 16, 3), dtype=np.uint8)
+    alpha = rng.integers(0, 256, (12, 16), dtype=np.uint8)
+    path = tmp_path / f"{name}.img"
+    path.write_bytes(FORMATS[name](rgb, alpha))
+    assert check_image_file(str(path)) is None
+    by_tensorflow, by_pillow = decoded(path)
+    assert by_tensorflow is not None and by_pillow is not None
+    np.testing.assert_array_equal(by_tensorflow, by_pillow)
+    assert by_tensorflow.shape == ((24, 32, 3) if name.startswith("jpeg") else (12, 16, 3))
+    if name.endswith("16"):  # against the written values: the high byte of each channel
+        written = tf.io.decode_png(path.read_bytes(), dtype=tf.uint16).numpy() >> 8
+        colour = written[..., :3] if written.shape[-1] >= 3 else \
+            np.repeat(written[..., :1], 3, axis=-1)
+        np.testing.assert_array_equal(by_pillow, colour.astype(np.uint8))
+        assert 100 < by_pillow.mean() < 155  # uniform noise: mid-grey, not white
 
 
 def test_a_folder_leaves_its_bad_files_out_and_names_them(tmp_path, caplog):
@@ -118,9 +195,10 @@ def test_folder_pretext_stream_resumes_exactly(tmp_path):
 @pytest.mark.parametrize("dataset", ["folder", "cifar10"])
 def test_pretext_pairs_are_normalised_with_the_datasets_constants(dataset, tmp_path, configured):
     """One rule (`normalization_constants`) for pretraining, probes and export: the TensorFlow
-    adapter's pairs of white and black images are (1 - mean) / std and -mean / std."""
+    backend's pairs of white and black images are (1 - mean) / std and -mean / std."""
     from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD, normalization_constants
-    from aetv2_tf.program.adapter_tensorflow import TensorFlowPretext
+    from aetv2_tf.program.pretext_data import PretextData
+    from aetv2_tf.program.tensorflow_backend import TensorFlowBackend
 
     size = 224 if dataset == "folder" else 32
     if dataset == "folder":
@@ -139,8 +217,9 @@ def test_pretext_pairs_are_normalised_with_the_datasets_constants(dataset, tmp_p
     config = configured(f"--model_dir={tmp_path / 'run'}", f"--dataset={dataset}",
                         f"--backbone={'alexnet' if dataset == 'folder' else 'nin'}",
                         "--train_steps=1")
-    adapter = TensorFlowPretext(config, tf.distribute.get_strategy(), True, images)
-    (x, _), _ = next(iter(adapter.dataset_from(0, batch_size=4, augment=False)))
+    backend = TensorFlowBackend(config)
+    data = PretextData.of(config, images)
+    (x, _), _ = next(iter(backend.dataset_from(data, 0, batch_size=4, augment=False)))
     assert x.shape == (4, size, size, 3)
     values = np.unique(np.round(x.numpy(), 4).reshape(-1, 3), axis=0)
     white = (1 - np.float32(mean)) / np.float32(std)

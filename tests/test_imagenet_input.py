@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from aetv2_tf.data.augment import decode_resize_crop, resize_crop
+from aetv2_tf.data.augment import decode_resize_crop, decode_rgb, resize_crop
 from aetv2_tf.data.constants import IMAGENET_MEAN, IMAGENET_STD
 from aetv2_tf.data.pipelines import from_data_service, pretext_dataset
 from aetv2_tf.data.sources import list_image_folder
@@ -48,7 +48,7 @@ def test_window_crop_equals_the_full_resize_and_crop(shape):
     rng = np.random.default_rng(shape[0])
     image = rng.integers(0, 256, shape + (3,)).astype(np.uint8)
     for contents in (tf.io.encode_jpeg(image, quality=95), tf.io.encode_png(image)):
-        decoded = tf.io.decode_image(contents, channels=3)
+        decoded = decode_rgb(contents)  # the training input's decoder
         for k, (size, random) in enumerate([(224, True), (224, False), (64, True), (64, False)]):
             seed = tf.constant([k, 11], tf.int64)
             want = full_resize_then_crop(decoded, seed, size, random).numpy()

@@ -129,7 +129,7 @@ def runs(tmp_path_factory, cifar10_dir):
 
 
 def test_import_and_helpfull_without_tensorflow():
-    code = BLOCK_TF + ("import aetv2_tf.train, aetv2_tf.program.adapter_portable, "
+    code = BLOCK_TF + ("import aetv2_tf.train, aetv2_tf.program.keras_native_backend, "
                        "aetv2_tf.program.probe_stage, aetv2_tf.export, "
                        "aetv2_tf.probes.frozen_encoder; print('imported')")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
@@ -198,7 +198,7 @@ def test_resumed_run_ends_with_the_same_weights(runs):
 def test_resume_is_exact_with_steps_per_execution(runs):
     """--steps_per_execution=3 --stop_after_steps=5: the run stops after exactly 5 batches (the
     second execution is short), writes ckpt-5, and the resumed run ends bitwise equal to the
-    uninterrupted one (before the fix it counted 6 after 5 batches and skipped one)."""
+    uninterrupted one (never 6 counted after 5 batches, one skipped)."""
     tmp, out = runs
     assert done_line(out["spe1"]).startswith("Stopped (pretext) at step 5 of 6: steps=5, "
                                              "start_step=0,")

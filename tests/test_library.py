@@ -17,7 +17,7 @@ import pytest
 
 import aetv2_tf
 from aetv2_tf.data.sampler import parameter_std
-from aetv2_tf.method import recipes
+from aetv2_tf.method import optimizers, recipes
 from aetv2_tf.probes.results import RESULTS_FILENAME, read_results
 from aetv2_tf.program.config import recipe_of
 from aetv2_tf.program.flags import FLAGS, program_flags
@@ -98,9 +98,9 @@ def test_the_recipes_are_the_configs():
     assert recipe_of_flagfile("cifar10_aetv2_sq4") == recipes.AETV2_SQ4
     assert recipe_of_flagfile("cifar10_aetv2_sq4_unitres") == recipes.AETV2_SQ4_UNITRES
     assert recipe_of_flagfile("cifar10_aetv2_hybrid") == recipes.AETV2_HYBRID
-    assert recipes.AETV2_ZOOM16.loss.residual_frame == "loss"  # the old runs' behaviour
+    assert recipes.AETV2_ZOOM16.loss.residual_frame == "loss"
     assert recipes.AETV2_SQ4_UNITRES is recipes.AETV2 and recipes.as_recipe(
-        "aetv2_sq4_unitres") is recipes.AETV2  # its name while it was a variant
+        "aetv2_sq4_unitres") is recipes.AETV2  # the name of its config
     with pytest.raises(ValueError, match="residual_frame"):
         recipes.Recipe(residual_frame="pixel")
     with pytest.raises(ValueError, match="mse_target"):
@@ -169,7 +169,7 @@ def test_an_encoder_trained_in_python_is_probed_by_the_cli(tmp_path, cifar10_dir
     encoder = aetv2_tf.build_backbone("nin")
     model = aetv2_tf.build_pairs_model(encoder, seed=0)
     recipe = recipes.AETV1
-    _, optimizer = recipe.build_optimizer(model, steps=2)
+    _, optimizer = recipe.build_optimizer(steps=2)
     model.compile(optimizer=optimizer, loss=recipe.build_loss(32), metrics=recipe.metrics())
     model.fit(images[:64], batch_size=32, epochs=1, verbose=0)
     directory = aetv2_tf.save_encoder(encoder, str(tmp_path / "encoder"), recipe=recipe)
@@ -179,10 +179,11 @@ def test_an_encoder_trained_in_python_is_probed_by_the_cli(tmp_path, cifar10_dir
                                encoder(x, training=False)["block2"], atol=1e-5)
     model.save(tmp_path / "aet.keras")  # the compiled metrics and loss reload
     reloaded = keras.saving.load_model(tmp_path / "aet.keras")
-    # (not the L2 decay: Keras saves no variable's regularizer, so the reloaded model has no
-    # penalty to show apart from its loss)
-    compiled = [m.name for m in model.metrics if m.name not in ("data_loss", "l2_penalty")]
-    assert [m.name for m in reloaded.metrics] == compiled == ["loss", "compile_metrics"]
+    # the L2 decay too: it is the optimizer's, saved with it, and shown apart again
+    compiled = [m.name for m in model.metrics]
+    assert [m.name for m in reloaded.metrics] == compiled == [
+        "loss", "compile_metrics", "l2_penalty"]
+    assert optimizers.coupled_l2_decay(reloaded.optimizer) == recipe.optimizer.weight_decay > 0
     run_module("aetv2_tf.train", "--flagfile=configs/cifar10_probe_knn.cfg",
                f"--pretrained={directory}", f"--model_dir={tmp_path / 'knn'}",
                f"--data_dir={cifar10_dir}", "--train_examples=300", "--test_examples=100",

@@ -1,6 +1,6 @@
 """Which decoding errors each AETv2 recipe sees, and the unit-frame residual's gradient.
 
-`AETV2_ZOOM16` (theta in the 16x frame, no residual: the default before 0.2) is exactly blind
+`AETV2_ZOOM16` (theta in the 16x frame, no residual) is exactly blind
 to ``T_hat = T S`` for any symmetric positive-definite ``S`` (scale, anisotropic scale, shear:
 the projection of ``S`` is the identity) and nearly blind to perspective (the zoom divides it
 by 16). A loss "sees" an error when its value is > 0 and the gradient on the decoder outputs

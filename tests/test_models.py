@@ -16,6 +16,7 @@ from aetv2_tf.models import (
     build_rotation_classifier,
     default_feature,
     identity_params,
+    input_side,
 )
 from aetv2_tf.models.nin import NIN_BLOCK_SPECS, torch_pool
 
@@ -33,6 +34,27 @@ def _conv_bn_params(layers, in_channels):
         total += kernel_size * kernel_size * in_channels * filters + 4 * filters
         in_channels = filters
     return total, in_channels
+
+
+def test_one_way_to_build_a_backbone_and_one_to_read_its_side():
+    """`build_backbone` is the builder (the API's, the table holds the facts: no `build` on a
+    row); the side of the images is read from the encoder once it exists (`input_side`),
+    whatever the table's default; any size, not square, or not an image batch: named."""
+    import aetv2_tf
+    from aetv2_tf.models.backbones import BACKBONES
+
+    assert aetv2_tf.build_backbone is build_backbone
+    assert not hasattr(BACKBONES["nin"], "build")
+    assert input_side(build_backbone("nin", batch_norm="keras")) == BACKBONES["nin"].input_size
+    assert input_side(build_backbone("nin", (48, 48, 3), "keras")) == 48
+    any_size = build_backbone("nin", (None, None, 3), "keras")
+    assert input_side(any_size, any_size=True) is None
+    with pytest.raises(ValueError, match="square images of a known size"):
+        input_side(any_size)
+    with pytest.raises(ValueError, match=r"inputs of shape \(None, 32, 48, 3\)"):
+        input_side(build_backbone("nin", (32, 48, 3), "keras"), any_size=True)
+    with pytest.raises(ValueError, match="backbone must be one of"):
+        build_backbone("resnet")
 
 
 def test_nin_shapes_params_and_layer_names():

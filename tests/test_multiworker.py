@@ -21,8 +21,8 @@ import time
 
 import pytest
 
+from aetv2_tf.files.digests import weights_digest
 from aetv2_tf.models import build_aet_model, build_backbone
-from aetv2_tf.program.callbacks import weights_digest
 from tests.cli import finish, listed_step, start_module, train_args
 
 # The fast tier (`-m "not slow"`) leaves this file out: two training processes per test.
@@ -100,7 +100,7 @@ def two_workers(args: list[str], log) -> tuple[list, list[str], list[int]]:
 def test_two_workers_train_identically_only_the_chief_writes_and_resume_exactly(tmp_path,
                                                                                cifar10_dir):
     """A folder of CIFAR-10 JPEGs (with bad files) on two workers: each decodes its own half of
-    every batch (`TensorFlowPretext.batches`; the halves' union is the one-worker batch:
+    every batch (`TensorFlowBackend.batches`; the halves' union is the one-worker batch:
     tests/test_image_files.py). The 4-step run: both workers end with the chief's checkpointed
     weights and only the chief wrote (checkpoints, one events file, flags, the export). 2 + 2
     steps with a restart end with the same weights, bit for bit. (The CIFAR-10 arrays' input on

@@ -3,7 +3,8 @@ a batch larger than the machine's memory, a finite divergence, the words of a st
 undeclared import (docs/reliability.md, "Trust: links and files of others").
 
 The command line runs in-process (`program`, conftest.py: `aetv2_tf.train.main` with parsed
-flags), as the audit ran it; the pieces (`step_memory`, `StopOnLossGrowth`) directly.
+flags), as the audit ran it; the pieces (`step_memory`) directly (the loss growth's stop in
+process: test_run_control.py).
 """
 
 from __future__ import annotations
@@ -127,55 +128,6 @@ def test_a_loss_that_grows_past_the_factor_stops_with_exit_7_keeping_the_last_go
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
         "ckpt-1.weights.h5", "ckpt-1.weights.h5.sha256", "ckpt-2.weights.h5",
         "ckpt-2.weights.h5.sha256", "ckpt-3.weights.h5.bad", "ckpt-3.weights.h5.bad.sha256"]
-
-
-def test_stop_on_loss_growth_keeps_the_last_checkpoint_whose_weights_gave_a_good_loss():
-    """`StopOnLossGrowth` before `CheckpointEvery`, a checkpoint every step, the per-step losses
-    3, 2, 29, 31 (Keras logs their running mean): at step 4 the loss is over 10 times the
-    first: no checkpoint from then on (nor at the end), and the one of step 3, whose weights
-    gave step 4's loss, is set aside: the newest is step 2's."""
-    import keras
-
-    from aetv2_tf.program.callbacks import CheckpointEvery, CheckpointStore
-    from aetv2_tf.program.loss_growth import StopOnLossGrowth
-
-    class Store(CheckpointStore):
-        def __init__(self):
-            self.saved, self.aside = [], []
-
-        def latest_step(self):
-            return self.saved[-1] if self.saved else None
-
-        def save(self, model, step):
-            self.saved.append(step)
-            return f"ckpt-{step}"
-
-        def set_aside(self, step, reason):
-            self.saved.remove(step)
-            self.aside.append((step, reason))
-
-    step = [0]
-    saver = CheckpointEvery(Store(), lambda: step[0], every=1)
-    assert saver.newest() == "no checkpoint was written yet"  # never "step None"
-    growth = StopOnLossGrowth(saver, lambda: step[0], factor=10)
-    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
-    model.stop_training = False
-    for callback in (growth, saver):
-        callback.set_model(model)
-        callback.on_train_begin()
-        callback.on_epoch_begin(0)
-    losses = [3.0, 2.0, 29.0, 31.0, 2.0]
-    for batch in range(len(losses)):
-        step[0] += 1
-        for callback in (growth, saver):
-            callback.on_train_batch_end(batch, {"loss": np.mean(losses[:batch + 1])})
-        if model.stop_training:
-            break
-    saver.on_train_end()
-    assert step[0] == 4 and model.stop_training and saver.store.saved == [1, 2]
-    assert saver.store.aside == [(3, "its weights gave the loss 31, over 10 times the first 3")]
-    assert growth.grew == "31 at step 4, 10.3 times its first logged value 3"
-    assert saver.newest() == "the newest checkpoint stays the one of step 2"
 
 
 # ----------------------------------------------------------------------- what the package needs

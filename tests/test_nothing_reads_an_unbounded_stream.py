@@ -332,8 +332,8 @@ def test_every_record_read_back_refuses_a_fifo_a_device_and_a_huge_file(tmp_path
             with time_limit(10), pytest.raises(ValueError) as info:
                 read(folder)
             said = str(info.value)
-            assert name in said and ("not a regular file" in said or "larger than 1048576 "
-                                     "bytes" in said or "it has no aetv2_export.json" in said
+            assert name in said and ("not a regular file" in said or "larger than" in said
+                                     or "it has no aetv2_export.json" in said
                                      and kind != "huge"), (name, kind, said)
 
 

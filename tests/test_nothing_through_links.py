@@ -187,8 +187,7 @@ def test_the_report_replaces_an_existing_output_only_with_overwrite_and_never_a_
 def test_the_next_export_removes_the_scratch_folders_of_a_killed_one(tmp_path):
     """The scratch folders an export killed mid-write left beside its output (its staged copy,
     `new`, and the previous export moved aside, `old`) are removed by the next export; those of
-    a live process, and one holding anything else, are kept (before: `.encoder.tmp*` stayed
-    for good)."""
+    a live process, and one holding anything else, are kept."""
     from aetv2_tf.files.provenance import replace_export
 
     def write(staged: str) -> None:

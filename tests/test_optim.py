@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pathlib
+import shutil
+
 import keras
 import numpy as np
 import pytest
@@ -58,125 +61,244 @@ def test_skip_non_finite_leaves_weights_slots_and_step_untouched():
     assert int(opt.iterations) == 1 and int(opt.skipped_steps) == 1
 
 
-def test_l2_decay_gradient_is_coupled_weight_decay():
-    """d/dw of the added loss is weight_decay * w for every trainable weight (PyTorch)."""
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3),
-                              keras.layers.BatchNormalization()])
-    assert optimizers.add_l2_decay(model, 0.01) == 4
-    import tensorflow as tf
-
-    with tf.GradientTape() as tape:
-        model(np.ones((2, 4), np.float32))
-        penalty = tf.add_n(model.losses)
-    grads = tape.gradient(penalty, model.trainable_weights)
-    for g, w in zip(grads, model.trainable_weights, strict=True):
-        np.testing.assert_allclose(g.numpy(), 0.01 * w.numpy(), rtol=1e-6, atol=1e-8)
-
-
-def test_skip_mode_stops_a_run_whose_every_step_is_non_finite():
-    """Skipping is for the odd bad batch: 10 skipped steps in a row end the run as diverged."""
-    from aetv2_tf.program.callbacks import StopOnSkippedStep
-
-    class Model:
-        stop_training = False
-
-    opt = optimizers.build_optimizer("sgd", 0.1)
-    opt.build([keras.Variable(np.ones(2, np.float32))])
-    step = [0]
-    callback = StopOnSkippedStep(opt, lambda: step[0], stop=False, patience=10)
-    callback.set_model(Model())
-    callback.on_train_begin()
-    stopped_at = None
-    for batch in range(30):
-        if batch != 3:  # a good step at batch 3 (the counter does not move) resets the count
-            opt.skipped_steps.assign_add(1)
-        step[0] = batch + 1
-        callback.on_train_batch_end(batch)
-        if callback.model.stop_training:
-            stopped_at = batch
-            break
-    assert stopped_at == 13 and callback.diverged  # skips at batches 4..13: ten in a row
+def _pytorch_steps(name: str, w0: np.ndarray, grads: list, lr: float, wd: float) -> np.ndarray:
+    """float64 ``torch.optim.SGD(momentum=0.9, nesterov=True, weight_decay=wd)`` or
+    ``torch.optim.Adam(betas=(0.9, 0.999), weight_decay=wd)`` (Keras's epsilon 1e-7, added to
+    sqrt(v) before the bias correction) from ``w0`` through the data gradients ``grads``; the
+    constants as float32 holds them (the optimizer's arithmetic is float32)."""
+    mu, b1, b2, eps, lr, wd = (float(np.float32(c)) for c in (0.9, 0.9, 0.999, 1e-7, lr, wd))
+    w, buf, m, v = w0.astype(np.float64), None, 0.0, 0.0
+    for t, g in enumerate(grads, start=1):
+        d = g + wd * w  # coupled: before the momentum / the moments
+        if name == "sgd":
+            buf = d if buf is None else mu * buf + d
+            w = w - lr * (d + mu * buf)
+        else:
+            m, v = b1 * m + (1 - b1) * d, b2 * v + (1 - b2) * d * d
+            w = w - lr * np.sqrt(1 - b2**t) / (1 - b1**t) * m / (np.sqrt(v) + eps)
+    return w
 
 
-def test_a_resumed_run_counts_only_its_own_skipped_steps():
-    """`skipped_steps` is restored with the optimizer: the skips of an earlier invocation must
-    not stop (--on_nonfinite=stop) or divert a resumed run at its first check."""
-    from aetv2_tf.program.callbacks import StopOnSkippedStep
+@pytest.mark.parametrize("name", ["sgd", "adam"])
+def test_coupled_weight_decay_is_pytorchs_weight_decay(name):
+    """`build_optimizer(weight_decay_mode="l2")`: PyTorch's ``weight_decay`` (``g + wd w``
+    through the momentum or Adam's moments), on variables shaped as a kernel, a bias and
+    BatchNorm's gamma and beta, against a float64 reference of five steps."""
+    rng = np.random.default_rng(1)
+    shapes, lr, wd = [(3, 4), (4,), (4,), (4,)], 0.05, 0.1
+    initial = [rng.normal(size=s) for s in shapes]
+    grads = [[rng.normal(size=s) for s in shapes] for _ in range(5)]
+    variables = [keras.Variable(w.astype(np.float32)) for w in initial]
+    opt = optimizers.build_optimizer(name, lr, weight_decay=wd)
+    for step in grads:
+        opt.apply([keras.ops.convert_to_tensor(g.astype(np.float32)) for g in step], variables)
+    for i, variable in enumerate(variables):
+        want = _pytorch_steps(name, initial[i], [step[i] for step in grads], lr, wd)
+        no_decay = _pytorch_steps(name, initial[i], [step[i] for step in grads], lr, 0.0)
+        assert np.max(np.abs(want - no_decay)) > 1e-3  # the decay is seen
+        # Adam's float32 bias correction sqrt(1 - 0.999^t) is good to ~1e-5 relative (the
+        # cancellation of 1 - 0.999^t): ~1e-6 of these five steps of lr 0.05
+        atol = 5e-6 if name == "adam" else 2e-7
+        np.testing.assert_allclose(variable.numpy(), want, rtol=2e-6, atol=atol)
 
-    class Model:
-        stop_training = False
 
-    opt = optimizers.build_optimizer("sgd", 0.1)
-    opt.build([keras.Variable(np.ones(2, np.float32))])
-    opt.skipped_steps.assign(3)  # as restored from a checkpoint
-    step = [40]
-    callback = StopOnSkippedStep(opt, lambda: step[0], stop=True)
-    callback.set_model(Model())
-    callback.on_train_begin()
-    step[0] = 41
-    callback.on_train_batch_end(0)
-    assert not callback.model.stop_training and not callback.stopped
-    opt.skipped_steps.assign_add(1)
-    step[0] = 42
-    callback.on_train_batch_end(1)
-    assert callback.stopped and callback.model.stop_training
+def _tiny_model(regularizer=None) -> keras.Model:
+    """Dense -> BatchNormalization -> Dense (seeded; the first bias, which BatchNorm hides from
+    the data loss, starts at 1: only the decay moves it), every trainable weight carrying
+    ``regularizer`` (a `keras.regularizers` object, or None)."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, bias_initializer="ones"),
+                              keras.layers.BatchNormalization(), keras.layers.Dense(1)])
+    for weight in model.trainable_weights:
+        weight.regularizer = regularizer
+    return model
 
 
-@pytest.mark.parametrize("outcome, code", [({}, 0), ({"interrupted_by": "SIGTERM"}, 143),
-                                           ({"interrupted_by": "SIGINT"}, 130),
-                                           ({"diverged": True}, 3),
-                                           ({"stopped_nonfinite": True}, 3),
-                                           ({"nonfinite_weights": True}, 3),
-                                           ({"loss_grew": "7.2e+13 at step 8"}, 7)])
-def test_exit_codes(outcome, code, capsys):
-    from aetv2_tf.train import exit_code
+@pytest.mark.parametrize("name", ["sgd", "adam"])
+def test_coupled_weight_decay_trains_as_an_l2_regularizer_on_every_weight(name):
+    """``fit`` with the optimizer's decay ``wd`` follows the trajectory of the L2 penalty
+    ``wd / 2 ||w||^2`` as a Keras regularizer on every trainable weight (kernels, biases,
+    BatchNorm's gamma and beta) with the same optimizer without decay, to float32 round-off;
+    the model itself carries no regularizer and no loss."""
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(16, 3)).astype("float32"), rng.normal(size=(16, 1)).astype("float32")
+    lr, wd = 0.05, 0.05
+    trained = {}
+    for path in ("optimizer", "regularizer", "none"):
+        model = _tiny_model(keras.regularizers.L2(wd / 2) if path == "regularizer" else None)
+        decay = wd if path == "optimizer" else 0.0
+        model.compile(optimizer=optimizers.build_optimizer(name, lr, weight_decay=decay),
+                      loss="mse", run_eagerly=True)  # four steps: no step to trace
+        assert len(model.losses) == (len(model.trainable_weights) if path == "regularizer" else 0)
+        model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+        trained[path] = [w.numpy() for w in model.trainable_weights]
+    assert len(trained["optimizer"]) == 6  # 2 kernels, 2 biases, gamma, beta
+    for got, want, plain in zip(*trained.values(), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+        assert np.max(np.abs(want - plain)) > 1e-4  # the decay is seen
 
-    assert exit_code({"steps": 7, **outcome}) == code
-    if code in (3, 7):  # what is kept, named: never "step None"
-        err = capsys.readouterr().err
-        assert "no checkpoint was written" in err and "None" not in err, err
+
+#: Four batches of 4 on two logical CPUs (MirroredStrategy: 2 + 2 a replica) and on one
+#: device, the third batch non-finite in its last example only (the second replica's half), with
+#: SGD and Adam and the coupled decay 0.1: {optimizer: {run: replicas, weights, skipped_steps,
+#: iterations}} as JSON.
+MIRRORED_STEPS = """
+import json
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import keras, numpy as np
+from aetv2_tf.method import optimizers
+rng = np.random.default_rng(0)
+x, y = rng.normal(size=(16, 3)).astype("float32"), rng.normal(size=(16, 1)).astype("float32")
+x[11, 0] = np.nan
+runs = {}
+for name in ("sgd", "adam"):
+    for run, devices in (("mirrored", ["/cpu:0", "/cpu:1"]), ("one", ["/cpu:0"])):
+        strategy = tf.distribute.MirroredStrategy(devices)
+        with strategy.scope():
+            keras.utils.set_random_seed(0)
+            model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="tanh"),
+                                      keras.layers.Dense(1, bias_initializer="ones")])
+            optimizer = optimizers.build_optimizer(name, 0.05, weight_decay=0.1)
+            model.compile(optimizer=optimizer, loss="mse")
+        model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+        runs.setdefault(name, {})[run] = dict(
+            replicas=strategy.num_replicas_in_sync,
+            weights=[w.numpy().tolist() for w in model.trainable_weights],
+            skipped=int(optimizer.skipped_steps.numpy()),
+            iterations=int(optimizer.iterations.numpy()))
+print("RESULT", json.dumps(runs))
+"""
+
+
+@pytest.mark.slow
+def test_under_mirrored_strategy_the_replicas_skip_together_and_decay_once():
+    """MirroredStrategy on two CPUs trains as one device (a fresh interpreter: the logical
+    devices are set before TensorFlow starts): the replicas agree to skip the step whose
+    non-finite gradient is on one of them only, and the coupled decay is added once, to the
+    all-reduced gradient (added on each replica it would count twice: ~1e-2 of the weights
+    after these steps, far above the tolerance)."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.cli import REPO
+
+    proc = subprocess.run([sys.executable, "-c", MIRRORED_STEPS], capture_output=True,
+                          text=True, cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = json.loads(proc.stdout.split("RESULT ", 1)[1])
+    for name in ("sgd", "adam"):
+        mirrored, one = runs[name]["mirrored"], runs[name]["one"]
+        assert (mirrored["replicas"], one["replicas"]) == (2, 1)
+        assert (mirrored["skipped"], mirrored["iterations"]) == (one["skipped"], one[
+            "iterations"]) == (1, 3)
+        for a, b in zip(mirrored["weights"], one["weights"], strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+            assert np.all(np.isfinite(a))
+
+
+def test_the_optimizer_is_rebuilt_from_its_config():
+    """A `.keras` file's optimizer: `SkipNonFinite` around `AdamL2` / `SGDL2` comes back with
+    its decay and rate; a configuration with a loss scale's settings (fixed at 1: not used)
+    loads too, anything else is refused."""
+    for name in ("adam", "sgd"):
+        optimizer = optimizers.build_optimizer(name, 0.01, weight_decay=5e-4)
+        again = keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))
+        assert type(again) is optimizers.SkipNonFinite
+        assert type(again.inner_optimizer) is type(optimizer.inner_optimizer)
+        assert again.inner_optimizer.get_config() == optimizer.inner_optimizer.get_config()
+        assert optimizers.coupled_l2_decay(again) == 5e-4
+    config = {"name": "skip", "initial_scale": 1.0, "dynamic_growth_steps": 2**31 - 1,
+              "inner_optimizer": keras.optimizers.serialize(keras.optimizers.Adam(0.01))}
+    loaded = optimizers.SkipNonFinite.from_config(config)
+    assert loaded.name == "skip" and optimizers.coupled_l2_decay(loaded) == 0.0
+    with pytest.raises(TypeError, match="takes inner_optimizer and name"):
+        optimizers.SkipNonFinite(keras.optimizers.Adam(0.01), clipnorm=1.0)
+
+
+#: ``save_weights`` of `_adam_model` (Adam 1e-2) fitted on three batches of 4, the second
+#: non-finite (skipped_steps 1, iterations 2), by a `SkipNonFinite` whose ``optimizer`` group
+#: holds five variables: iteration, learning rate, skipped_steps, then a loss scale's step
+#: counter and scale (1).
+LOSS_SCALE_LAYOUT = pathlib.Path(__file__).parent / "data" / "skip_non_finite_adam.weights.h5"
 
 
 def _adam_model(seed: int):
     keras.utils.set_random_seed(seed)
-    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.Dense(1)])
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4),
+                              keras.layers.BatchNormalization(), keras.layers.Dense(1)])
     model.compile(optimizer=optimizers.build_optimizer("adam", 1e-2), loss="mse")
+    model.optimizer.build(model.trainable_variables)
     return model
 
 
-def test_a_checkpoint_holds_the_optimizer_state_once_and_restores_it(tmp_path, monkeypatch):
-    """`SkipNonFinite` saves its own variables only (the inner optimizer's are saved under
-    ``inner_optimizer``): the state once, not twice, restored exactly; a file written with both
-    copies (before) loads too."""
+def _numpy(values) -> list[np.ndarray]:
+    return [keras.ops.convert_to_numpy(v) for v in values]
+
+
+def test_a_checkpoint_holds_the_optimizer_state_once_and_restores_it(tmp_path):
+    """`SkipNonFinite` saves its own variables (iteration, learning rate, skipped_steps) under
+    ``optimizer`` and the inner optimizer's under ``optimizer/inner_optimizer``: the state
+    once, restored exactly; a file of another count is refused."""
     import h5py
 
     x, y = np.random.default_rng(0).normal(size=(8, 3)), np.ones((8, 1))
     model = _adam_model(0)
     model.fit(x, y, epochs=2, batch_size=4, verbose=0)
-    new, old = tmp_path / "new.weights.h5", tmp_path / "old.weights.h5"
-    model.save_weights(new)
-    with monkeypatch.context() as m:
-        m.setattr(optimizers.SkipNonFinite, "save_own_variables",
-                  keras.optimizers.LossScaleOptimizer.save_own_variables)
-        model.save_weights(old)
-
-    def stored(path):
-        with h5py.File(path) as f:
-            return sorted(f["optimizer"]["vars"].keys(), key=int), len(
-                f["optimizer"]["inner_optimizer"]["vars"].keys())
-
-    own = len(model.optimizer._variables)
-    inner = len(model.optimizer.inner_optimizer.variables)
-    assert stored(new) == ([str(i) for i in range(own)], inner)
-    assert len(stored(old)[0]) == own + stored(old)[1]
-    for path in (new, old):
-        restored = _adam_model(1)
-        restored.optimizer.build(restored.trainable_variables)
-        restored.load_weights(path)
-        for a, b in zip(model.optimizer.variables, restored.optimizer.variables, strict=True):
-            np.testing.assert_array_equal(keras.ops.convert_to_numpy(a),
-                                          keras.ops.convert_to_numpy(b))
-    with h5py.File(new, "a") as f:
-        f["optimizer"]["vars"].create_dataset(str(own), data=np.zeros(()))
+    path = tmp_path / "new.weights.h5"
+    model.save_weights(path)
+    with h5py.File(path) as f:
+        own = sorted(f["optimizer"]["vars"].keys(), key=int)
+        inner = len(f["optimizer"]["inner_optimizer"]["vars"].keys())
+    assert own == ["0", "1", "2"] and inner == len(model.optimizer.inner_optimizer.variables)
+    restored = _adam_model(1)
+    restored.load_weights(path)
+    for a, b in zip(_numpy(model.optimizer.variables), _numpy(restored.optimizer.variables),
+                    strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert int(restored.optimizer.iterations.numpy()) == 4
+    with h5py.File(path, "a") as f:
+        f["optimizer"]["vars"].create_dataset("3", data=np.zeros(()))
     with pytest.raises(ValueError, match="not a checkpoint of this optimizer"):
-        _adam_model(1).load_weights(new)
+        _adam_model(1).load_weights(path)
+
+
+@pytest.mark.parametrize("inner_twice", [False, True], ids=["own", "own_and_inner"])
+def test_a_checkpoint_of_the_loss_scaling_layout_resumes(tmp_path, inner_twice):
+    """`LOSS_SCALE_LAYOUT` loads: every weight, the inner optimizer's state, `skipped_steps`
+    and the step counter as the file holds them, and training goes on from there; so does the
+    file with the inner optimizer's variables also after the own five (``inner_twice``)."""
+    import h5py
+
+    path = tmp_path / "checkpoint.weights.h5"
+    shutil.copyfile(LOSS_SCALE_LAYOUT, path)
+    with h5py.File(path, "a") as f:
+        own, inner = f["optimizer/vars"], f["optimizer/inner_optimizer/vars"]
+        assert len(own) == 5
+        slots = len(inner)
+        if inner_twice:
+            for i in range(slots):
+                own.create_dataset(str(5 + i), data=inner[str(i)][()])
+    model = _adam_model(1)
+    model.load_weights(path)
+    with h5py.File(path) as f:
+        for layer, group in zip(model.layers, ("dense", "batch_normalization", "dense_1"),
+                                strict=True):
+            stored = [f[f"layers/{group}/vars/{i}"][()] for i in range(len(layer.weights))]
+            for got, want in zip(_numpy(layer.weights), stored, strict=True):
+                np.testing.assert_array_equal(got, want)
+        inner = [f[f"optimizer/inner_optimizer/vars/{i}"][()] for i in range(slots)]
+        for got, want in zip(_numpy(model.optimizer.inner_optimizer.variables), inner,
+                             strict=True):
+            np.testing.assert_array_equal(got, want)
+        skipped = int(f["optimizer/vars/2"][()])
+    assert int(model.optimizer.skipped_steps.numpy()) == skipped == 1
+    assert int(model.optimizer.iterations.numpy()) == 2
+    before = _numpy(model.trainable_weights)
+    model.fit(np.ones((4, 3), np.float32), np.zeros((4, 1), np.float32), verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 3
+    after = _numpy(model.trainable_weights)
+    assert all(np.isfinite(w).all() for w in after)
+    assert any(not np.array_equal(a, b) for a, b in zip(before, after, strict=True))

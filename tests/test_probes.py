@@ -93,7 +93,7 @@ def test_probe_freezes_encoder_selects_best_val_and_tests_once(tmp_path):
 
     result = train_probe(
         model, train_ds, val_ds, test_ds, epochs=epochs,
-        optimizer=probe_optimizer(model, learning_rate=0.05), lr_schedule=schedule,
+        optimizer=probe_optimizer(learning_rate=0.05), lr_schedule=schedule,
         model_dir=str(tmp_path / "model"), log_dir=str(tmp_path / "logs"),
     )
 
@@ -144,7 +144,7 @@ def test_probe_freezes_encoder_selects_best_val_and_tests_once(tmp_path):
     np.testing.assert_allclose([float(r.split(",")[4]) for r in rows[1:]],
                                np.array(history) / 100.0, rtol=1e-5)
     train_probe(build_probe_model(encoder, "block2", tiny_head()), train_ds, val_ds, test_ds,
-                epochs=2, optimizer=probe_optimizer(model, learning_rate=0.05),
+                epochs=2, optimizer=probe_optimizer(learning_rate=0.05),
                 log_dir=str(tmp_path / "logs"))
     assert len((tmp_path / "logs" / "epochs.csv").read_text().splitlines()) == 1 + 2
 
@@ -159,7 +159,7 @@ def test_probe_with_feature_function_and_encoder_in_training_mode_elsewhere():
     np.testing.assert_allclose(features(x).numpy(), want, rtol=1e-6, atol=1e-6)
 
     model = build_probe_model(lambda im: encoder(im, training=False)["block2"], None, tiny_head())
-    model.compile(optimizer=probe_optimizer(model), loss=keras.losses.SparseCategoricalCrossentropy(
+    model.compile(optimizer=probe_optimizer(), loss=keras.losses.SparseCategoricalCrossentropy(
         from_logits=True))
     x, y = learnable_data(64, 4)
     model.fit(x, y, batch_size=16, epochs=1, verbose=0)
@@ -195,8 +195,7 @@ def test_step_schedule_scales_with_epochs():
 def test_the_probe_optimizer_is_pytorchs_sgd_with_coupled_weight_decay():
     """torch.optim.SGD(nesterov, weight_decay): d = g + wd p; buf = mu buf + d (buf = d at
     first); p -= lr (d + mu buf). The probe's optimiser is Keras SGD (Nesterov) on the gradient
-    of the data loss plus the L2 penalty that `probe_optimizer` adds to the model (its gradient
-    is ``wd p``: `optimizers.add_l2_decay`)."""
+    of the data loss plus ``wd p`` (`optimizers.SGDL2`, the coupled decay)."""
     lr, mu, wd = 0.1, 0.9, 5e-4
     p0 = np.array([1.0, -2.0, 0.5], np.float64)
     targets = [np.array([0.3, -0.1, 0.2]), np.array([-0.5, 0.4, 0.0]), np.array([0.1, 0.1, 0.1])]
@@ -204,7 +203,7 @@ def test_the_probe_optimizer_is_pytorchs_sgd_with_coupled_weight_decay():
     model = keras.Sequential([keras.Input((1,)),
                               keras.layers.Dense(3, use_bias=False, name="w")])
     model.get_layer("w").kernel.assign(p0[None].astype(np.float32))
-    opt = probe_optimizer(model, learning_rate=lr, momentum=mu, weight_decay=wd)
+    opt = probe_optimizer(learning_rate=lr, momentum=mu, weight_decay=wd)
     model.compile(optimizer=opt, loss=lambda y, out: keras.ops.sum(y * out))  # grad = y
     p, buf = p0.copy(), None
     for g in targets:

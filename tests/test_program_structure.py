@@ -1,7 +1,7 @@
 """The program's structure: the library never imports the program layer, no import cycle (the
 package, the benchmarks and the experiments; the package imports neither, the benchmarks never
 the experiments), modules that import alone, small modules, and a flag-support table
-with a row for every flag (issues "One program on every Keras backend", "One house, one suite")."""
+with a row for every flag, and no class defined inside a function."""
 
 from __future__ import annotations
 
@@ -172,19 +172,20 @@ def test_no_import_cycle_in_the_package_the_benchmarks_or_the_experiments():
     assert "benchmarks.backends" in graph["benchmarks.step"]
     assert "benchmarks.step_runner" in graph["benchmarks.step"] & graph["benchmarks.backends"]
     assert "benchmarks.step" not in graph["benchmarks.backends"]
-    tf_adapter = "aetv2_tf.program.adapter_tensorflow"
-    portable = "aetv2_tf.program.adapter_portable"
-    for shared in ("aetv2_tf.program.common", "aetv2_tf.program.config"):
-        assert shared in graph[portable] & graph[tf_adapter], shared
-    # one pretext loop and one probe stage, used by both adapters, importing neither
-    for shared in ("aetv2_tf.program.pretext_stage", "aetv2_tf.program.probe_stage"):
-        assert shared in graph[portable] & graph[tf_adapter], shared
-        assert not {"aetv2_tf.train", tf_adapter, portable} & graph[shared], shared
-    # the entry point picks an adapter; the adapters are siblings that do not import each other
-    assert {tf_adapter, portable} <= graph["aetv2_tf.train"]
-    assert "aetv2_tf.train" not in graph[portable] | graph[tf_adapter]
-    assert portable not in graph[tf_adapter] and tf_adapter not in graph[portable]
-    assert portable not in graph["aetv2_tf.program.common"]
+    tf_backend = "aetv2_tf.program.tensorflow_backend"
+    native = "aetv2_tf.program.keras_native_backend"
+    for shared in ("aetv2_tf.program.backend", "aetv2_tf.program.config",
+                   "aetv2_tf.program.pretext_stage"):
+        assert shared in graph[native] & graph[tf_backend], shared
+    # one run sequence, one pretext loop and one probe stage for both backends, importing neither
+    for shared in ("aetv2_tf.program.stages", "aetv2_tf.program.pretext_stage",
+                   "aetv2_tf.program.probe_stage", "aetv2_tf.program.run_control"):
+        assert not {"aetv2_tf.train", tf_backend, native} & graph[shared], shared
+    # the entry point picks a backend and runs the one sequence; the backends are siblings that
+    # do not import each other
+    assert {tf_backend, native, "aetv2_tf.program.stages"} <= graph["aetv2_tf.train"]
+    assert "aetv2_tf.train" not in graph[native] | graph[tf_backend]
+    assert native not in graph[tf_backend] and tf_backend not in graph[native]
 
 
 @pytest.mark.slow
@@ -208,6 +209,18 @@ def test_every_module_imports_alone():
 def test_no_module_over_about_400_lines():
     sizes = {name: len(path.read_text().splitlines()) for name, path in module_names().items()}
     assert {name: n for name, n in sizes.items() if n > 420} == {}
+
+
+def test_no_class_is_defined_inside_a_function():
+    """Every class of the package is a module's (or a class's): a class made anew by each call
+    of a function cannot be named, imported, tested or documented on its own."""
+    inside = []
+    for name, path in module_names().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                inside += [f"{name}.{node.name}: class {sub.name}" for sub in ast.walk(node)
+                           if isinstance(sub, ast.ClassDef)]
+    assert inside == []
 
 
 def defined_flags() -> list[str]:
@@ -267,7 +280,7 @@ def test_tf_data_sources_run_in_the_probe_stages_where_tensorflow_is_importable(
 def test_intervals_are_due_when_crossed_not_only_on_multiples():
     """After a resume at step 1001 with --steps_per_execution=4 the steps are 1005, 1009, ...:
     checkpoints and summaries every 100 steps still fire (at 1101), once per interval."""
-    from aetv2_tf.program.callbacks import due
+    from aetv2_tf.program.run_length import due
 
     steps = range(1001, 1400, 4)
     fired = [s for prev, s in zip(steps, steps[1:], strict=False) if due(s, prev, 100)]

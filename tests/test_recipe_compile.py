@@ -41,14 +41,14 @@ def test_aetv1_through_the_recipe_trains_where_the_unscaled_decoder_diverges(cif
     images = aetv2_tf.load_cifar10(str(cifar10_dir), "train")[0][:128]
     steps = training_steps(len(images), batch_size=32)
     assert steps == 4
-    # The README's earlier path: no decoder scale, so SGD at 0.1 diverges (2e20 measured).
+    # A pretext model without the decoder scale: SGD at 0.1 diverges (2e20 measured).
     keras.utils.set_random_seed(0)
-    old = aetv2_tf.build_pairs_model(aetv2_tf.build_backbone("nin"), seed=0)
-    _, optimizer = AETV1.build_optimizer(old, steps=steps)
-    old.compile(optimizer=optimizer, loss=AETV1.build_loss(32), metrics=AETV1.metrics())
-    old_loss = _fit_loss(old, images)
-    assert not np.isfinite(old_loss) or old_loss > 1e6, old_loss
-    # The recipe's path: the decoder scale the command line uses (adapter_portable:
+    unscaled = aetv2_tf.build_pairs_model(aetv2_tf.build_backbone("nin"), seed=0)
+    _, optimizer = AETV1.build_optimizer(steps=steps)
+    unscaled.compile(optimizer=optimizer, loss=AETV1.build_loss(32), metrics=AETV1.metrics())
+    unscaled_loss = _fit_loss(unscaled, images)
+    assert not np.isfinite(unscaled_loss) or unscaled_loss > 1e6, unscaled_loss
+    # The recipe's path: the decoder scale the command line uses (keras_native_backend:
     # parameter_std(size, --shift)), the loss dividing by the same numbers.
     keras.utils.set_random_seed(0)
     model = AETV1.build_model(aetv2_tf.build_backbone("nin"), seed=0)
@@ -69,19 +69,18 @@ def test_compile_warns_for_an_aetv1_model_without_the_decoder_scale():
 
 
 def test_a_warmup_longer_than_half_the_run_warns_with_the_peak_it_reaches():
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
     with pytest.warns(UserWarning, match=r"peaks at 2\.7\de-07.*shorten the warm-up \(to 0, "
                                          r"say\)") as record:
-        schedule, _ = AETV2.build_optimizer(model, steps=8)
+        schedule, _ = AETV2.build_optimizer(steps=8)
     assert record[0].filename == __file__  # attributed to the caller
     assert schedule.warmup_steps == 1000  # warned, not changed
     with pytest.warns(UserWarning, match=r"peaks at 1\.03e-05"):
-        AETV2.build_optimizer(model, steps=390)
+        AETV2.build_optimizer(steps=390)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        AETV2.build_optimizer(model, steps=2000)
-        AETV1.build_optimizer(model, steps=8)  # no warm-up
-        dataclasses.replace(AETV2, warmup_steps=0).build_optimizer(model, steps=8)
+        AETV2.build_optimizer(steps=2000)
+        AETV1.build_optimizer(steps=8)  # no warm-up
+        dataclasses.replace(AETV2, warmup_steps=0).build_optimizer(steps=8)
 
 
 def test_the_model_carries_its_image_size_and_compiles_from_its_recipe():
@@ -177,9 +176,9 @@ def test_recipes_by_name_and_run_lengths():
         training_steps(0, 64)
 
 
-def test_one_decoder_rule_for_the_recipe_and_both_adapters():
+def test_one_decoder_rule_for_the_recipe_and_both_backends():
     """`Recipe.decoder_options` is the decoder's one rule: `build_model` builds through it, and
-    both program adapters (adapter_portable, adapter_tensorflow) build through `build_model`
+    both program backends (keras_native_backend, tensorflow_backend) build through `build_model`
     (`program.pretext_stage.build_model`), none restates it."""
     std = parameter_std(32, "integer")
     options = AETV1.decoder_options(32)
@@ -193,9 +192,9 @@ def test_one_decoder_rule_for_the_recipe_and_both_adapters():
     with pytest.raises(ValueError, match="no decoder_scale"):
         AETV1_OFFICIAL.decoder_options(32, decoder_scale=True)
     program = pathlib.Path(aetv2_tf.__file__).parent / "program"
-    for adapter in ("adapter_portable.py", "adapter_tensorflow.py"):
-        text = (program / adapter).read_text()
-        assert "pretext_stage.build_model(" in text, adapter
-        assert "decoder_options(" not in text and "param_scale=" not in text, adapter
-        assert "mse_target" not in text and ".compile(" not in text, adapter
+    for backend in ("keras_native_backend.py", "tensorflow_backend.py"):
+        text = (program / backend).read_text()
+        assert "pretext_stage.build_model(" in text, backend
+        assert "decoder_options(" not in text and "param_scale=" not in text, backend
+        assert "mse_target" not in text and ".compile(" not in text, backend
     assert "recipe.build_model(" in (program / "pretext_stage.py").read_text()

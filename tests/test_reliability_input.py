@@ -208,7 +208,7 @@ def test_model_dir_of_another_run_is_refused_unless_overwrite(tmp_path, cifar10_
 # ------------------------------------------------------------------------------ a full disk
 def test_full_disk_fails_at_start_up(tmp_path, monkeypatch):
     """A disk with less free space than a checkpoint needs is refused by `rundir.prepare` (which
-    `adapter_tensorflow.run` calls before building anything), and the new model_dir is removed
+    `stages.run` calls before building anything), and the new model_dir is removed
     again.
     In-process: `shutil.disk_usage` reports 1 MiB free (mounting a small tmpfs needs root
     privileges that CI does not have)."""

@@ -7,7 +7,8 @@
   command resumes from the newest complete checkpoint and ends bitwise where an uninterrupted
   `--deterministic` run ends: weights, BatchNorm statistics, optimizer slots and step counters
   (every variable of the final `ckpt-<step>.weights.h5`), and the same learning rate at every
-  step; so does a run of an earlier version, whose checkpoints are `tf.train.Checkpoint` files.
+  step; so does a run stopped by `--stop_after_steps`. A run whose checkpoints are
+  `tf.train.Checkpoint` files (aetv2_tf 0.1) is refused, naming the version that resumes it.
 - Two `--deterministic` runs give bitwise-identical checkpoints and losses.
 
 How a damaged checkpoint is read, in-process: test_damaged_checkpoints_are_set_aside.py.
@@ -26,8 +27,10 @@ import keras
 import numpy as np
 import pytest
 
-from aetv2_tf.program.callbacks import CheckpointEvery, StopOnSignal
+from aetv2_tf.program.checkpoint_saver import CheckpointSaver
 from aetv2_tf.program.keras_checkpoints import KerasCheckpoints
+from aetv2_tf.program.run_control import Outcome, RunControl
+from aetv2_tf.program.signal_stop import SignalStop
 from tests.cli import finish, listed_step, read_scalars, start_module, train, train_args
 from tests.folders import damage_file
 
@@ -100,8 +103,11 @@ def kill_when(proc, ready, timeout: float = 300) -> bool:
 
 def resume(model_dir: pathlib.Path, cifar10_dir) -> int:
     """Reruns the same command; returns the step it resumed from (0: started afresh), which its
-    summary line gives as its start."""
+    summary line gives as its start; for a run that had finished, which the rerun says, its
+    steps."""
     proc = train(model_dir, cifar10_dir, *COMMON)
+    if f"finished all its {STEPS} steps before; nothing was trained" in proc.stdout:
+        return STEPS
     assert f"steps={STEPS}" in proc.stdout
     found = re.search(r"Resumed from checkpoint (\S+) at step (\d+)\.", proc.stdout)
     step = int(found.group(2)) if found else 0
@@ -154,65 +160,49 @@ def test_sigkill_at_a_random_moment_resumes_exactly(reference, tmp_path, cifar10
     assert_same_final_state(model_dir, reference[0])
 
 
-def to_legacy(config) -> tuple[int, list[str], str]:
-    """Converts the newest checkpoint of `config`'s run to an earlier version's format, in this
-    process: the model and optimizer built as the program builds them, the checkpoint loaded,
-    every Keras checkpoint (and checksum) removed and a `tf.train.Checkpoint` of the same
-    variables saved at its step. Returns (step, the checkpoint folder's files, the encoder's
-    `weights_digest`)."""
-    import tensorflow as tf
-
-    from aetv2_tf.program.adapter_tensorflow import TensorFlowPretext
-    from aetv2_tf.program.callbacks import weights_digest
-    from aetv2_tf.program.keras_checkpoints import list_checkpoints, load_model_part
-
-    adapter = TensorFlowPretext(config, tf.distribute.get_strategy(), True, None)
-    encoder, model, _, optimizer = adapter.build(STEPS)
-    ckpt_dir = os.path.join(config.outputs.model_dir, "checkpoints")
-    step, path = list_checkpoints(ckpt_dir)[-1]
-    load_model_part(model, path)
-    for _, old in list_checkpoints(ckpt_dir):  # an earlier version's run: no checksums either
-        os.remove(old)
-        os.remove(old + ".sha256")
-    tf.train.CheckpointManager(tf.train.Checkpoint(model=model, optimizer=optimizer), ckpt_dir,
-                               max_to_keep=3).save(checkpoint_number=step)
-    return step, sorted(os.listdir(ckpt_dir)), weights_digest(encoder.weights)
-
-
 @pytest.mark.slow
-def test_a_run_with_tf_checkpoints_of_an_earlier_version_resumes_exactly(reference, tmp_path,
-                                                                           cifar10_dir,
-                                                                           configured):
-    """A run stopped at step 4 by `--stop_after_steps` (it says so, and that a rerun goes on),
-    its checkpoint converted to the `tf.train.Checkpoint` format of earlier versions (the same
-    variables; `to_legacy`, in this process): rerunning the command resumes from it at step 4,
-    then saves Keras checkpoints, and ends bitwise where the uninterrupted run ends, every
-    learning rate the same. (Resuming from the program's own checkpoints: the SIGKILL tests
-    above.)"""
+def test_a_run_stopped_by_stop_after_steps_says_so_and_resumes_exactly(reference, tmp_path,
+                                                                       cifar10_dir):
+    """A run stopped at step 4 by `--stop_after_steps` says so, and that a rerun goes on (exit
+    0, never "Done"); rerunning the command without the flag resumes from step 4 and ends
+    bitwise where the uninterrupted run ends, every learning rate the same."""
     model_dir = tmp_path / "run"
-    args = train_args(model_dir, cifar10_dir, *COMMON)
     first = train(model_dir, cifar10_dir, *COMMON, "--stop_after_steps=4")
     assert f"Stopped (pretext) at step 4 of {STEPS}: steps=4," in first.stdout, first.stdout
     assert "The run is not finished: --stop_after_steps=4 ended this invocation at step 4 of " \
         f"{STEPS}" in first.stdout and "Done (" not in first.stdout
-    step, files, digest = to_legacy(configured(*args))
-    assert (step, files) == (4, ["checkpoint", "ckpt-4.data-00000-of-00001", "ckpt-4.index"])
-    from aetv2_tf.export import restore_encoder
-    from aetv2_tf.program.callbacks import weights_digest
-
-    encoder, _ = restore_encoder(str(model_dir))  # what the probes and the export read
-    assert weights_digest(encoder.weights) == digest
     assert resume(model_dir, cifar10_dir) == 4
     assert_same_final_state(model_dir, reference[0])
 
 
+def test_a_run_with_tf_checkpoints_of_version_0_1_is_refused_with_the_version_that_resumes_it(
+        tmp_path, cifar10_dir, program, capsys):
+    """A model_dir whose checkpoints are all `tf.train.Checkpoint` files (the format of aetv2_tf
+    0.1: `checkpoint`, `ckpt-<step>.index`, `ckpt-<step>.data-*`) exits 2 before anything is
+    written, naming the commit whose program resumes it; every file stays as it was."""
+    from aetv2_tf.program.pretext_stage import TF_CHECKPOINTS_RESUMED_BY
+
+    model_dir = tmp_path / "run"
+    checkpoints = model_dir / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    for name, text in (("checkpoint", 'model_checkpoint_path: "ckpt-4"\n'),
+                       ("ckpt-4.index", "index"), ("ckpt-4.data-00000-of-00001", "data")):
+        (checkpoints / name).write_text(text)
+    (model_dir / "flags.json").write_text('{"stage": "pretext", "version": "0.1.0"}\n')
+    before = {p: p.read_bytes() for p in model_dir.rglob("*") if p.is_file()}
+    assert program(*train_args(model_dir, cifar10_dir)) == 2
+    err = capsys.readouterr().err
+    assert "tf.train.Checkpoint format of aetv2_tf 0.1" in err, err
+    assert f"git checkout {TF_CHECKPOINTS_RESUMED_BY}" in err and "Nothing was changed" in err
+    assert {p: p.read_bytes() for p in model_dir.rglob("*") if p.is_file()} == before
+
+
 def test_sigint_stops_after_the_step_with_a_final_checkpoint(tmp_path):
     """Ctrl-C goes through the handler of SIGTERM (whose exit is tested above), in-process here:
-    SIGINT during step 3 of `fit` ends training after that step, `CheckpointEvery` writes
-    ckpt-3, and the previous SIGINT handler is back afterwards."""
+    SIGINT during step 3 of `fit` ends training after that step, `RunControl` writes ckpt-3,
+    and the previous SIGINT handler is back afterwards."""
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")
-    step_fn = lambda: int(model.optimizer.iterations.numpy())  # noqa: E731
     store = KerasCheckpoints(str(tmp_path), 3)
 
     class Interrupt(keras.callbacks.Callback):
@@ -227,19 +217,20 @@ def test_sigint_stops_after_the_step_with_a_final_checkpoint(tmp_path):
 
     previous = signal.signal(signal.SIGINT, before)
     try:
-        stop = StopOnSignal()
+        control = RunControl(0, 10, 10, saver=CheckpointSaver(store, every=100),
+                             signals=SignalStop())
         model.fit(np.zeros((40, 2)), np.zeros((40, 1)), batch_size=4, verbose=0,
-                  callbacks=[stop, Interrupt(), CheckpointEvery(store, step_fn, every=100)])
+                  callbacks=[control, Interrupt()])
         restored = signal.getsignal(signal.SIGINT)
     finally:
         signal.signal(signal.SIGINT, previous)
-    assert stop.received == "SIGINT" and not escaped
-    assert step_fn() == 3 and store.latest_step() == 3
-    assert restored is before
+    assert control.outcome().signal == "SIGINT" and not escaped
+    assert control.step == 3 == int(model.optimizer.iterations.numpy())
+    assert store.latest_step() == 3 and restored is before
 
 
 def test_workers_stop_on_the_agreed_sums_only():
-    """Several workers (`StopOnSignal(agree)`): a signal that arrives while `agree` waits for
+    """Several workers (`SignalStop(agree)`): a signal that arrives while `agree` waits for
     the other workers, after this worker's count was sent, stops nobody at this step (the
     others were told 0: a worker that stopped alone would leave them in the next step's
     collectives); it is sent after the next step, and all stop then. A signal another worker
@@ -253,24 +244,32 @@ def test_workers_stop_on_the_agreed_sums_only():
             os.kill(os.getpid(), signal.SIGTERM)
         return sigint, sigterm
 
+    def started(agree) -> RunControl:
+        control = RunControl(0, 10, 10, signals=SignalStop(agree))
+        control.set_model(model)
+        control.on_train_begin()
+        control.on_epoch_begin(0)
+        return control
+
     previous = signal.getsignal(signal.SIGTERM)
-    stop = StopOnSignal(agree_while_signalled)
-    stop.set_model(model)
-    stop.on_train_begin()
+    control = started(agree_while_signalled)
     try:
-        stop.on_train_batch_end(0)
-        assert stop.received == "SIGTERM" and not model.stop_training
-        stop.on_train_batch_end(1)
+        control.on_train_batch_end(0)
+        assert control.signals.received == "SIGTERM" and not model.stop_training
+        control.on_train_batch_end(1)
         assert sent == [(0, 0), (0, 1)] and model.stop_training
     finally:
-        stop.on_train_end()
+        control.on_train_end()
     assert signal.getsignal(signal.SIGTERM) is previous
+    assert control.outcome() == Outcome(2, 10, signal="SIGTERM")
 
     model.stop_training = False
-    other = StopOnSignal(lambda sigint, sigterm: (sigint, sigterm + 1))
-    other.set_model(model)
-    other.on_train_batch_end(0)
-    assert other.received == "SIGTERM" and model.stop_training
+    other = started(lambda sigint, sigterm: (sigint, sigterm + 1))
+    try:
+        other.on_train_batch_end(0)
+    finally:
+        other.on_train_end()
+    assert other.signals.received == "SIGTERM" and model.stop_training
 
 
 @pytest.mark.slow

@@ -1,8 +1,8 @@
-"""Numerical faults, in-process: the training program's own loss, optimizer and callbacks.
+"""Numerical faults, in-process: the training program's own loss, optimizer and run control.
 
 `model.fit` runs the real AET model head (`build_aet_model`, on a tiny encoder so that each fit
 takes a second), `GeodesicLoss`, the `SkipNonFinite` Adam of `optimizers.build_optimizer` and the
-callbacks of `pretext.run` (`StopOnSkippedStep`, `CheckpointEvery`). Faults:
+run control of `pretext_stage.train` (`RunControl`: `NonFiniteSteps`, `CheckpointSaver`). Faults:
 
 - a step whose loss and gradient are non-finite (a batch with an infinite sample weight; the
   forward pass stays finite): `--on_nonfinite=skip` leaves weights, slots and the step counter
@@ -27,8 +27,10 @@ import tensorflow as tf
 from aetv2_tf.method import losses, optimizers
 from aetv2_tf.models import build_aet_model
 from aetv2_tf.models.blocks import FusedBatchNormalization
-from aetv2_tf.program.callbacks import CheckpointEvery, StepCounter, StopOnSkippedStep
+from aetv2_tf.program.checkpoint_saver import CheckpointSaver
+from aetv2_tf.program.divergence import NonFiniteSteps
 from aetv2_tf.program.keras_checkpoints import KerasCheckpoints, list_checkpoints
+from aetv2_tf.program.run_control import RunControl
 from tests.numerics import adversarial_pairs
 
 BATCH, SIZE = 4, 8
@@ -62,20 +64,21 @@ def batch(seed: int, *, nan_images: bool = False, nan_param: bool = False,
 
 
 def fit(batches: list, tmp_path, stop_on_skip: bool = False):
-    """Trains on `batches` as `pretext.run` does; returns (model, optimizer, checkpoint store)."""
+    """Trains on `batches` as `pretext_stage.train` does; returns (model, optimizer, checkpoint
+    store)."""
     model = tiny_aet_model()
     schedule = optimizers.Schedule("constant", 1e-3, len(batches))
     optimizer = optimizers.build_optimizer("adam", schedule)
     model.compile(optimizer=optimizer, loss=losses.GeodesicLoss(), jit_compile=False)
     optimizer.build(model.trainable_variables)
-    step_fn = StepCounter(0, len(batches))  # batches consumed, skipped ones included
     store = KerasCheckpoints(str(tmp_path / "checkpoints"), keep=100)
-    callbacks = [step_fn, StopOnSkippedStep(optimizer, step_fn, stop_on_skip),
-                 CheckpointEvery(store, step_fn, every=1)]
+    # the step: batches consumed, skipped ones included
+    control = RunControl(0, len(batches), len(batches), saver=CheckpointSaver(store, every=1),
+                         nonfinite=NonFiniteSteps(stop_on_skip))
     data = tf.data.Dataset.from_generator(
         lambda: iter(batches), output_signature=tf.nest.map_structure(
             lambda a: tf.TensorSpec(a.shape, tf.float32), batches[0]))
-    model.fit(data, epochs=1, steps_per_epoch=len(batches), callbacks=callbacks, verbose=0)
+    model.fit(data, epochs=1, steps_per_epoch=len(batches), callbacks=[control], verbose=0)
     return model, optimizer, store
 
 

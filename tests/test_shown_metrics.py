@@ -15,6 +15,7 @@ from aetv2_tf.method import recipes
 from aetv2_tf.method.metrics import geodesic_angle_deg, pretext_metrics
 from aetv2_tf.models import build_backbone
 from aetv2_tf.models.image_models import build_classifier
+from aetv2_tf.probes.classifier import probe_optimizer
 from aetv2_tf.program.monitoring import ProgressBar
 
 #: Each recipe's terms shown beside its loss: those of weight above 0.
@@ -76,31 +77,45 @@ def images(cifar10_dir):
     return test_images[:64], test_labels[:64]
 
 
+def _penalty(weights, weight_decay: float) -> float:
+    """``weight_decay / 2 * sum ||w||^2`` in float64."""
+    return weight_decay / 2 * sum(float(np.sum(np.square(w.numpy().astype(np.float64))))
+                                  for w in weights)
+
+
 def test_the_loss_shown_is_the_data_loss_and_the_weight_decay_is_shown_apart(images):
-    """A pretext model compiled by its recipe (L2 decay 5e-4, in `model.losses`) and a
-    classifier built on its encoder in the same process (which carries that decay): ``loss``
-    is the pretext loss (the sum of its terms) and the cross-entropy; ``l2_penalty`` is the
-    decay; the optimiser still minimises their sum (Keras's own total is their sum)."""
+    """A pretext model compiled by its recipe (coupled L2 decay 5e-4, the optimizer's): ``loss``
+    is the pretext loss (the sum of its terms), ``l2_penalty`` the decay's penalty of its
+    trainable weights; the model carries no regularizer and no added loss. Nor does a
+    classifier built on its encoder in the same process: compiled with a plain optimizer it
+    shows the cross-entropy alone, with the probes' (SGD with the coupled decay) the
+    cross-entropy and its own penalty apart."""
     x, y = images
     keras.utils.set_random_seed(0)
     encoder = build_backbone("nin")
     model = recipes.AETV2.build_model(encoder, seed=0)
     recipes.AETV2.compile(model, steps=10_000)
+    assert model.losses == [] and all(w.regularizer is None for w in model.weights)
     shown = model.evaluate(x[:16], batch_size=16, verbose=0, return_dict=True)
     assert sorted(shown) == sorted(["loss", "angle_term", "residual_term", "angle_deg",
                                     "rotation_accuracy", "l2_penalty"])
     assert shown["loss"] == pytest.approx(shown["angle_term"] + shown["residual_term"], rel=1e-5)
-    penalty = float(sum(keras.ops.convert_to_numpy(v) for v in model.losses))
+    penalty = _penalty(model.trainable_weights, 5e-4)
     assert shown["l2_penalty"] == pytest.approx(penalty, rel=1e-5) and penalty > 0.5
 
-    classifier = build_classifier(encoder, 10)  # the pretrained encoder carries the decay
-    classifier.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                       metrics=["accuracy"])
+    classifier = build_classifier(encoder, 10)  # the pretrained encoder: no decay of its own
+    assert classifier.losses == [] and all(w.regularizer is None for w in classifier.weights)
+    cross_entropy = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    classifier.compile("adam", cross_entropy, metrics=["accuracy"])
     shown = classifier.evaluate(x, y, batch_size=64, verbose=0, return_dict=True)
     logits = classifier.predict(x, batch_size=64, verbose=0)
-    cross_entropy = float(keras.losses.SparseCategoricalCrossentropy(from_logits=True)(y, logits))
-    assert shown["loss"] == pytest.approx(cross_entropy, rel=1e-4)
-    penalty = float(sum(keras.ops.convert_to_numpy(v) for v in classifier.losses))
+    assert sorted(shown) == ["accuracy", "loss"]
+    assert shown["loss"] == pytest.approx(float(cross_entropy(y, logits)), rel=1e-4)
+    classifier.compile(probe_optimizer(), cross_entropy, metrics=["accuracy"])
+    shown = classifier.evaluate(x, y, batch_size=64, verbose=0, return_dict=True)
+    assert sorted(shown) == ["accuracy", "l2_penalty", "loss"]
+    assert shown["loss"] == pytest.approx(float(cross_entropy(y, logits)), rel=1e-4)
+    penalty = _penalty(classifier.trainable_weights, 5e-4)
     assert shown["l2_penalty"] == pytest.approx(penalty, rel=1e-5) and penalty > 0.1
     # evaluate's list keeps Keras's order: [loss, accuracy, ...]
     assert classifier.evaluate(x, y, batch_size=64, verbose=0)[:2] == \

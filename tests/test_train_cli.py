@@ -107,7 +107,7 @@ def test_saved_model_loads_without_this_package(run_dir):
 
 @pytest.mark.parametrize("backend", ["tensorflow", "jax"])
 def test_the_keras_file_reloads_with_only_import_aetv2_tf(run_dir, backend):
-    """Issue 32's first finding: `import aetv2_tf` alone (no other module of the package, in
+    """`import aetv2_tf` alone (no other module of the package, in
     either order with Keras) registers every class the CLI's `.keras` file names, on both
     backends, in a fresh process (aetv2_tf/registry.py); under JAX with TensorFlow blocked."""
     path = str(run_dir[0] / "aet_model.keras")
@@ -148,17 +148,18 @@ def test_a_finished_run_rerun_says_complete_and_does_nothing_else(run_dir, cifar
 
 def test_warnings_name_flags_and_a_stopped_run_is_not_done(tmp_path, cifar10_dir, program,
                                                            capfd, caplog):
-    """A warm-up longer than half the run warns once in the flags' words (not the library's
-    fields or Python code); --stop_after_steps ends with "Stopped ... at step 2 of 4" and the
-    line that says to rerun, never "Done"; the progress bar shows the loss and its terms first
-    (in-process)."""
+    """A warm-up longer than half the run warns once, the library's words with the flags that
+    set what it names (not Python code); --stop_after_steps ends with "Stopped ... at step 2
+    of 4" and the line that says to rerun, never "Done"; the progress bar shows the loss and
+    its terms first (in-process)."""
     args = train_args(tmp_path / "run", cifar10_dir, "--train_steps=4", "--warmup_steps=3",
                       "--stop_after_steps=2", "--export=false", "--verbose=1")
     assert program(*args) == 0
     out, err = capfd.readouterr()
     err += caplog.text  # absl's log records
-    assert err.count("--warmup_steps=3 in a run of 4 steps: the learning rate peaks at ") == 1
-    assert "(--warmup_steps=0, say), or train for at least 6 steps (--train_steps=6)" in err
+    assert err.count("warmup_steps=3 in a run of 4 steps: the learning rate peaks at ") == 1
+    assert "shorten the warm-up (to 0, say), or train for at least 6 steps (flags: " \
+        "--warmup_steps, --train_steps)" in err
     assert "Warning" not in err and "recipe" not in err, err
     assert "Stopped (pretext) at step 2 of 4: steps=2, start_step=0," in out and \
         "rerun the same command to continue." in out and "Done (" not in out, out

@@ -164,7 +164,7 @@ def test_nan_and_inf_are_shown_as_diverged_with_a_warning(tmp_path, capsys):
     an infinite value ended in a traceback (stdev). Now such a value is shown as
     `nan (diverged?)`, the file named in a warning; the other runs are reported (exit 0)."""
     nan = results_file(tmp_path / "runs" / "nan", {"test_error": float("nan")})
-    results_file(tmp_path / "runs" / "ok", {"test_error": 30.0})
+    results_file(tmp_path / "runs" / "ok", {"test_error": 30.0, "test_top1": 70.0})
     inf = results_file(tmp_path / "runs" / "inf", {"wall_time_s": float("inf")})
     assert report.main(["report", str(tmp_path / "runs")]) == 0
     out, err = capsys.readouterr()

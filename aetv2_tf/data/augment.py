@@ -6,7 +6,9 @@
   224 crop and flip, or the centre crop for evaluation), resizing only the crop's window;
 * `decode_resize_crop`: the same from the encoded file, decoding only that window of a JPEG
   (BENCHMARKS.md, "ImageNet-size input": 2-3x fewer CPU-seconds per image than a full decode,
-  a full resize and a crop, for the same pixels).
+  a full resize and a crop, for the same pixels);
+* `decode_rgb`: an encoded image -> uint8 RGB, decoded as Pillow decodes it under JAX
+  (`data.stream.rgb_image`; the same pixels, tests/test_image_files.py).
 """
 
 from __future__ import annotations
@@ -20,6 +22,28 @@ def to_float(images) -> tf.Tensor:
     if images.dtype == tf.uint8:
         return tf.cast(images, tf.float32) / 255.0
     return tf.cast(images, tf.float32)
+
+
+#: libjpeg's accurate integer inverse DCT, Pillow's: TensorFlow's default ("INTEGER_FAST")
+#: differs from it by up to 5 levels.
+JPEG_DCT = "INTEGER_ACCURATE"
+
+
+def decode_rgb(contents) -> tf.Tensor:
+    """An encoded JPEG, PNG, GIF (its first frame) or BMP -> uint8 ``(h, w, 3)`` RGB, the pixels
+    Pillow gives (`data.stream.rgb_image`): JPEGs with `JPEG_DCT`, 16-bit PNG channels by their
+    high byte, alpha dropped, palettes applied (a BMP's 8 bits are read as grey levels: the
+    folder check refuses a colour palette, `data.headers`)."""
+    contents = tf.convert_to_tensor(contents)
+
+    def jpeg():
+        return tf.io.decode_jpeg(contents, channels=3, dct_method=JPEG_DCT)
+
+    def other():
+        return tf.io.decode_image(contents, channels=3, expand_animations=False)
+
+    image = tf.cond(tf.io.is_jpeg(contents), jpeg, other)
+    return tf.ensure_shape(tf.cast(image, tf.uint8), [None, None, 3])
 
 
 def pad_crop_flip(images, seed, pad: int, flip: bool = True) -> tf.Tensor:
@@ -120,12 +144,12 @@ def decode_resize_crop(contents, seed, image_size: int, random: bool,
     def jpeg():
         plan = _crop_plan(tf.image.extract_jpeg_shape(contents)[:2], seed, image_size, random)
         lo, hi = plan[3], plan[4]
-        window = tf.io.decode_and_crop_jpeg(contents, tf.concat([lo, hi - lo], 0), channels=3)
+        window = tf.io.decode_and_crop_jpeg(contents, tf.concat([lo, hi - lo], 0), channels=3,
+                                            dct_method=JPEG_DCT)
         return _resize_window(window, plan, image_size)
 
     def other():
-        image = tf.io.decode_image(contents, channels=3, expand_animations=False)
-        image = tf.ensure_shape(tf.cast(image, tf.uint8), [None, None, 3])
+        image = decode_rgb(contents)
         plan = _crop_plan(tf.shape(image)[:2], seed, image_size, random)
         lo, hi = plan[3], plan[4]
         return _resize_window(image[lo[0]:hi[0], lo[1]:hi[1]], plan, image_size)

@@ -7,26 +7,29 @@ are left out of the list with their names and reasons logged (`image_files`). Th
 order is then a pure function of (seed, epoch) over the good files (`pipelines`), whatever the
 bad files were.
 
-The check reads the first 64 bytes, the headers (`headers`: a JPEG up to its frame header, a
-PNG's IHDR, a BMP's info header; a GIF's blocks, to its trailer, in 64 KiB chunks) and the last
-1 KiB of each file:
+The check reads the first 64 bytes and the last 1 KiB of each file, and its headers with Pillow
+(`headers`: lazily, the pixels are not decoded; a GIF's blocks to its trailer):
 
 * empty file, or no JPEG / PNG / GIF / BMP signature (a text or HTML file named ``.jpg``);
 * a JPEG with no end-of-image marker ``FF D9`` in its last 1 KiB (a truncated download: TF's
   decoder fails on it with "Premature end of JPEG file"); JPEG entropy data cannot hold
   ``FF D9`` (``FF`` is always stuffed there), so the marker only appears as a real end;
 * a PNG with no ``IEND`` chunk in its last 1 KiB (truncated);
-* a header TensorFlow cannot decode (12-bit or lossless JPEG, a 1-bit, OS/2 or RLE BMP, a
-  damaged PNG IHDR), a truncated GIF or BMP, or one declaring more than
-  `headers.MAX_IMAGE_PIXELS` pixels (89.5 M, Pillow's limit: a decompression bomb, whose decode
-  would fail or exhaust memory at its first batch on every rerun; a GIF's frames are bounded
-  too): `aetv2_tf.data.headers`.
+* headers Pillow cannot read (a 12-bit JPEG, a damaged PNG IHDR), a coding TensorFlow cannot
+  decode (a lossless JPEG, a 1-bit, OS/2 or RLE BMP), one the two decoders would decode
+  differently (an 8-bit BMP with a colour palette, a GIF whose first frame does not cover its
+  screen), a truncated GIF or BMP, or one declaring more than `headers.MAX_IMAGE_PIXELS` pixels
+  (89.5 M, Pillow's limit: a decompression bomb, whose decode would fail or exhaust memory at
+  its first batch on every rerun; a GIF's frames are bounded too).
 
-A PNG named ``.JPEG`` (ImageNet has one) and CMYK JPEGs (22 in ImageNet) decode: they pass.
-What the check cannot see (a JPEG corrupt in the middle) decodes with libjpeg's warnings, as
-measured in tests/test_image_files.py. A JPEG with more than 1 KiB of other data after its end
-marker (a "motion photo") is refused although it decodes: rare in photo datasets, and named in
-the log. Cost per file: BENCHMARKS.md, "Checking image files".
+What passes decodes to the same uint8 RGB pixels with TensorFlow (`decode_image_file`,
+`augment.decode_rgb`) and with Pillow (`data.stream.rgb_image`, the reader of Keras on JAX):
+tests/test_image_files.py compares them per format and depth. A PNG named ``.JPEG`` (ImageNet
+has one) and CMYK JPEGs (22 in ImageNet) decode: they pass. What the check cannot see (a JPEG
+corrupt in the middle) decodes with libjpeg's warnings, as measured in tests/test_image_files.py.
+A JPEG with more than 1 KiB of other data after its end marker (a "motion photo") is refused
+although it decodes: rare in photo datasets, and named in the log. Cost per file:
+BENCHMARKS.md, "Checking image files".
 """
 
 from __future__ import annotations
@@ -109,9 +112,10 @@ def image_files(paths: Sequence[str], labels: np.ndarray, class_names: list[str]
 
 
 def decode_image_file(path, label):
-    """(path, label) -> (image uint8 (h, w, 3), label): any of the checked formats, as RGB."""
+    """(path, label) -> (image uint8 (h, w, 3), label): any of the checked formats, as RGB
+    (`augment.decode_rgb`: the pixels Pillow gives)."""
     import tensorflow as tf
 
-    image = tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
-    image = tf.ensure_shape(tf.cast(image, tf.uint8), [None, None, 3])
-    return image, label
+    from aetv2_tf.data.augment import decode_rgb
+
+    return decode_rgb(tf.io.read_file(path)), label

@@ -215,8 +215,8 @@ def shown(path: str) -> str:
 
 def _check_name(folder: pathlib.Path, path: str) -> None:
     """DataError when the name ``path`` is not valid UTF-8: TensorFlow's file reader takes
-    UTF-8 paths only (before: a ValueError traceback at the first batch, after the run's
-    record was written)."""
+    UTF-8 paths only (it would fail with a traceback at the first batch, after the run's record
+    is written)."""
     try:
         os.fsencode(path).decode("utf-8")
     except UnicodeDecodeError:

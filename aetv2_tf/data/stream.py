@@ -9,11 +9,12 @@ Batches are `(B, H, W, 3)` uint8 arrays: augmentation, homographies and normalis
 the device inside the compiled step (`aetv2_tf.data.preprocessing_layers.HomographyPairs`). The
 order differs from the TensorFlow program's (another RNG); the distribution is the same.
 
-`FileBatches` is the same stream over a checked file list (`data.image_folders.ImageFiles`, a folder
-of JPEGs: ImageNet on an accelerator machine without TensorFlow): each image decoded with Pillow,
-its shorter side resized to `round(S * 256 / 224)`, a random `S x S` crop and flip (the
-224-pixel protocol of the tf.data pipelines), seeded by `(seed, 1, global element index)`;
-Keras runs `__getitem__` in `workers` threads (Pillow releases the GIL while it decodes).
+`FileBatches` is the same stream over a checked file list (`data.image_folders.ImageFiles`, a
+folder of JPEGs: ImageNet on an accelerator machine without TensorFlow): each image decoded with
+Pillow to the pixels TensorFlow's decoder gives (`rgb_image`), its shorter side resized to
+`round(S * 256 / 224)`, a random `S x S` crop and flip (the 224-pixel protocol of the tf.data
+pipelines), seeded by `(seed, 1, global element index)`; Keras runs `__getitem__` in `workers`
+threads (Pillow releases the GIL while it decodes).
 
 `LabelledBatches` serves the probe stages: one epoch of `(uint8 images, int64 labels)` batches
 per `fit` epoch, in the same epoch orders (training) or in order (evaluation); their
@@ -74,14 +75,27 @@ class ImageBatches(keras.utils.PyDataset):
         return self.batch(self.start + index)
 
 
+def rgb_image(image):
+    """An opened Pillow image -> RGB, the pixels TensorFlow's decoder gives
+    (`augment.decode_rgb`): 16-bit grey by its high byte (Pillow's own conversion clips it to
+    255: a nearly white image), any other mode by ``convert("RGB")`` (alpha dropped, palettes
+    applied, 16-bit colour by the high byte)."""
+    from PIL import Image
+
+    if image.mode == "I" or image.mode.startswith("I;16"):
+        grey = (np.asarray(image).astype(np.uint32) >> 8).astype(np.uint8)
+        return Image.fromarray(grey).convert("RGB")
+    return image.convert("RGB")
+
+
 def load_crop(path: str, size: int, rng: np.random.Generator | None) -> np.ndarray:
-    """One image file -> uint8 `(size, size, 3)`: RGB, shorter side resized (bilinear, with
-    Pillow's antialiasing) to `round(size * 256 / 224)`, then a random crop and flip drawn from
-    `rng`, or the centre crop when `rng` is None."""
+    """One image file -> uint8 `(size, size, 3)`: RGB (`rgb_image`), shorter side resized
+    (bilinear, with Pillow's antialiasing) to `round(size * 256 / 224)`, then a random crop and
+    flip drawn from `rng`, or the centre crop when `rng` is None."""
     from PIL import Image
 
     with Image.open(path) as image:
-        image = image.convert("RGB")
+        image = rgb_image(image)
         width, height = image.size
         short = int(round(size * 256 / 224))
         scale = short / min(width, height)

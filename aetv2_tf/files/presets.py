@@ -29,7 +29,6 @@ name."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import subprocess
 
@@ -119,8 +118,8 @@ def restore_weights(preset: Preset) -> str:
     """``<preset directory>/encoder.weights.h5`` (and its ``.sha256``), restored from the git
     blob ``preset.weights_blob`` if absent (module docstring); returns its path. A file there
     whose SHA-256 is not ``preset.weights_sha256`` is refused, never replaced."""
-    from aetv2_tf.files.provenance import file_digest
-    from aetv2_tf.files.safe_paths import write_text_atomically
+    from aetv2_tf.files.digests import file_digest, sha256
+    from aetv2_tf.files.safe_paths import write_atomically
 
     path = os.path.join(preset.directory, WEIGHTS)
     sidecar = f"{preset.weights_sha256}  {WEIGHTS}\n"
@@ -133,7 +132,7 @@ def restore_weights(preset: Preset) -> str:
                 f"{path} is not preset {preset.name!r}'s encoder ({why}); it is left as it is: "
                 "move it away and use the preset again to restore the preset's weights")
         if not os.path.isfile(path + CHECKSUM):
-            write_text_atomically(path + CHECKSUM, sidecar)
+            write_atomically(path + CHECKSUM, sidecar)
         return path
     try:
         blob = subprocess.run(["git", "-C", REPOSITORY, "cat-file", "blob", preset.weights_blob],
@@ -146,11 +145,11 @@ def restore_weights(preset: Preset) -> str:
             f"(blob {preset.weights_blob}), which cannot be read here ({why}); use a clone with "
             "its history (not `git clone --depth`; `git fetch --unshallow` completes one) and "
             "git on the PATH, or pass a run directory itself") from e
-    if hashlib.sha256(blob).hexdigest() != preset.weights_sha256:
+    if sha256([blob]) != preset.weights_sha256:
         raise FileNotFoundError(f"preset {preset.name!r}: git blob {preset.weights_blob} is not "
                                 f"its weights (SHA-256 differs); the repository is damaged")
-    write_text_atomically(path + CHECKSUM, sidecar)  # the digest first, as `saving` does
-    write_text_atomically(path, blob)
+    write_atomically(path + CHECKSUM, sidecar)  # the digest first, as `saving` does
+    write_atomically(path, blob)
     return path
 
 

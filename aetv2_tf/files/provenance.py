@@ -27,7 +27,6 @@ Two uses, and what the digest does and does not promise:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -36,7 +35,8 @@ import tempfile
 
 from absl import logging
 
-from aetv2_tf.files.safe_paths import read_json
+from aetv2_tf.files.digests import file_digest
+from aetv2_tf.files.safe_paths import process_alive, read_json, write_atomically
 
 MANIFEST = "aetv2_export.json"
 FORMAT = "aetv2_tf export"
@@ -44,15 +44,6 @@ FORMAT = "aetv2_tf export"
 
 class ExportTargetError(ValueError):
     """An export's output that is not ours to replace: the message names it and the fix."""
-
-
-def file_digest(path: str) -> str:
-    """SHA-256 (hex) of the file at `path`, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(2**20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _files(directory: str) -> list[str]:
@@ -78,9 +69,7 @@ def write_manifest(directory: str, encoder: dict | None = None) -> str:
     manifest = {"format": FORMAT, "version": 1, "sha256": files}
     if encoder is not None:
         manifest["encoder"] = encoder
-    with open(path, "w") as f:
-        json.dump(manifest, f, indent=1, sort_keys=True)
-    return path
+    return write_atomically(path, json.dumps(manifest, indent=1, sort_keys=True))
 
 
 def export_record(directory: str) -> dict | None:
@@ -102,7 +91,7 @@ def verify_export(directory: str) -> str | None:
     docstring); else why not, in a few words."""
     path = os.path.join(directory, MANIFEST)
     if not os.path.isfile(path):
-        return f"it has no {MANIFEST} (not an export of this project, or of an earlier version)"
+        return f"it has no {MANIFEST} (not an export of this project, or one without a manifest)"
     try:
         manifest = read_json(path)
         listed = manifest["sha256"]
@@ -130,27 +119,27 @@ def _is_same_or_ancestor(path: str, other: str) -> bool:
     return other == path or other.startswith(path.rstrip(os.sep) + os.sep)
 
 
-#: The files a SavedModel export of this project wrote before it had a manifest (and the prefix
-#: of its variable shards, `variables/variables.data-00000-of-00001`: one path component).
+#: The files of a SavedModel export without a manifest (and the prefix of its variable shards,
+#: `variables/variables.data-00000-of-00001`: one path component).
 _SAVED_MODEL_FILES = ("saved_model.pb", "fingerprint.pb", "keras_metadata.pb",
                       "variables/variables.index")
 _SHARD_PREFIX = "variables/variables.data-"
 
 
-def _earlier_run_export(directory: str) -> bool:
+def _run_export_without_manifest(directory: str) -> bool:
     """`directory` is `<run>/export/encoder` of a run (`<run>/flags.json`) and holds only the
-    files a SavedModel export writes: the export of an earlier version (no manifest), which the
-    run's own export may replace (written again from the same run)."""
+    files a SavedModel export writes, without a manifest: the run's own export may replace it
+    (written again from the same run)."""
     real = os.path.realpath(directory)
     export_dir = os.path.dirname(real)
     if (os.path.basename(real), os.path.basename(export_dir)) != ("encoder", "export") or \
             not os.path.isfile(os.path.join(os.path.dirname(export_dir), "flags.json")):
         return False
-    return _earlier_run_export_files(directory)
+    return _only_saved_model_files(directory)
 
 
-def _earlier_run_export_files(directory: str) -> bool:
-    """`directory` holds only the files a SavedModel export writes (`_earlier_run_export`);
+def _only_saved_model_files(directory: str) -> bool:
+    """`directory` holds only the files a SavedModel export writes;
     a file anywhere deeper (`variables/variables.data-x/notes.txt`) is not one of them."""
     files = _files(directory)
     return "saved_model.pb" in files and all(
@@ -162,8 +151,9 @@ def _earlier_run_export_files(directory: str) -> bool:
 def check_export_target(output: str) -> None:
     """Refuses (ExportTargetError, nothing touched) an `output` that an export must not replace:
     the working directory or a folder above it, the home folder, a file, a model_dir (it holds
-    flags.json) or any non-empty directory that is not a project export (`verify_export`), or
-    the manifest-less export of an earlier version at a run's `export/encoder`."""
+    flags.json) or any non-empty directory that is neither a project export (`verify_export`)
+    nor the manifest-less SavedModel at a run's `export/encoder`
+    (`_run_export_without_manifest`)."""
     real = os.path.realpath(output)
     fix = "choose a new or empty --output, or a previous export of this project"
     protected = {os.path.realpath(os.getcwd()): "the working directory",
@@ -183,7 +173,7 @@ def check_export_target(output: str) -> None:
     if not os.listdir(output):
         return
     why = verify_export(output)
-    if why is not None and not _earlier_run_export(output):
+    if why is not None and not _run_export_without_manifest(output):
         raise ExportTargetError(f"--output={output} is a non-empty directory that is not an "
                                 f"export of this project ({why}); nothing was changed. An export "
                                 f"replaces its output directory, so {fix}.")
@@ -195,8 +185,6 @@ def remove_dead_scratch(parent: str, name: str) -> list[str]:
     each holds only ``new`` (what that export wrote) and ``old`` (a previous export, moved aside:
     removed only when it verifies as ours, `verify_export`); any other content, a link, or a
     live process's folder is left as it is."""
-    from aetv2_tf.files.safe_paths import process_alive
-
     prefix, removed = f".{name}.tmp", []
     for entry in os.listdir(parent):
         pid = entry[len(prefix):].partition("-")[0]
@@ -209,7 +197,7 @@ def remove_dead_scratch(parent: str, name: str) -> list[str]:
         if set(parts) <= {"new", "old"} and not any(
                 os.path.islink(os.path.join(path, p)) for p in parts) and (
                 "old" not in parts or not os.listdir(old) or verify_export(old) is None or
-                _earlier_run_export_files(old)):
+                _only_saved_model_files(old)):
             shutil.rmtree(path)
             removed.append(path)
             logging.info("Removed %s, the scratch folder of an export killed mid-write.", path)
@@ -238,7 +226,7 @@ def replace_export(write, output: str, encoder: dict | None = None) -> str:
             os.replace(output, aside)
             os.replace(staged, output)
             if os.listdir(aside) and verify_export(aside) is not None and \
-                    not _earlier_run_export_files(aside):
+                    not _only_saved_model_files(aside):
                 # changed between the check and the move: the new export stands, the old
                 # folder is kept beside it, untouched, and named
                 kept = f"{output}.kept-{os.getpid()}"

@@ -9,17 +9,17 @@ parent or a report's `--output` goes through this module:
 * `open_for_writing`: the file opened with ``O_NOFOLLOW`` (``w``: truncated, ``a``: appended,
   ``a+``: read and written, neither truncated): a link planted after the check still fails
   (``ELOOP``) instead of being followed;
-* `write_text_atomically`: a text file written under a temporary name beside it (opened as
-  above), flushed to the disk and renamed into place: a reader never sees a partial file, and a
-  link at the path is refused, not replaced;
+* `write_atomically`: THE writer of whole files (text, bytes, or what a saver such as Keras's
+  ``save_weights`` writes): a temporary beside the file, created by the call itself, flushed to
+  the disk, renamed into place, the folder flushed too: a reader never sees a partial file, a
+  link at the path is refused, not replaced, and a failed write (a full disk) leaves the old
+  file as it was, the temporary removed, the error (its errno) raised as it came;
 * `process_alive`: whether the process whose pid names a temporary still runs (a killed
   process's temporaries are removed by the next writer, a live one's never).
 
-What the project reads back whole (a flagfile, flags.json, budget.json, results.json, an export
-manifest, a checksum) goes through `read_regular_file` or `read_json`: a path that is not a
-regular file is refused before it is opened for reading (a FIFO would block the reader forever,
-``/dev/zero`` would never end), and so is one over `MAX_RECORD_BYTES` (no such record is
-larger than a few KB), without reading it into memory.
+What the project reads back whole (a flagfile, flags.json, budget.json, results.json, a
+manifest, a checksum) goes through `read_regular_file`: a FIFO (which blocks its reader) or a
+device (``/dev/zero``: no end) is refused before it is read, a file over a limit unread.
 
 The folder given by the user (``--model_dir``, the folders above it) may be or contain links
 (a run on another disk): what is refused is a link INSIDE what the project writes, e.g.
@@ -33,6 +33,7 @@ import errno
 import json
 import os
 import stat
+from collections.abc import Callable
 from typing import IO, Any
 
 from aetv2_tf.errors import UsageError
@@ -75,22 +76,58 @@ def open_for_writing(path: str | os.PathLike, mode: str = "w", fix: str = LINK_F
     return os.fdopen(fd, "r+" if mode == "a+" else mode)
 
 
-def write_text_atomically(path: str | os.PathLike, text: str | bytes,
-                          fix: str = LINK_FIX) -> None:
-    """`text` (or bytes) into `path`: a temporary beside it (`open_for_writing`), fsync, then
-    ``os.replace``; a link at `path` (or at the temporary's name) is refused (`refuse_link`)."""
+def write_atomically(path: str | os.PathLike, content: str | bytes | Callable[[str], object],
+                     fix: str = LINK_FIX, *,
+                     before_replace: Callable[[str], object] | None = None) -> str:
+    """Writes the file ``path`` whole or not at all, and returns ``path``.
+
+    ``content``: text (UTF-8), bytes, or a saver ``content(tmp)`` that writes the file at
+    ``tmp`` (Keras's ``save_weights``, ``model.save``). It goes to the temporary
+    ``.tmp<pid>-<name>`` beside ``path`` (its name ends as ``path``'s: Keras checks suffixes),
+    created by this call (``O_EXCL | O_NOFOLLOW``: nothing planted there is followed), flushed
+    to the disk (fsync); then ``before_replace(tmp)`` if given (`saving.save_atomically`
+    writes the checksum there), ``os.replace`` into place and an fsync of the folder, so that
+    the rename survives a crash. A symbolic link (or a FIFO, a folder) at ``path`` or at the
+    temporary's name is refused (`refuse_link`). On any error (``ENOSPC`` or ``EFBIG`` of a full
+    disk, a saver's failure, an interrupt) the temporary is removed, ``path`` is left as it was,
+    and the error is raised as it came (an OSError keeps its errno)."""
     path = os.fspath(path)
+    directory, name = os.path.split(path)
+    tmp = os.path.join(directory, f".tmp{os.getpid()}-{name}")
     refuse_link(path, fix, regular=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open_for_writing(tmp, "w", fix) as f:
-        if isinstance(text, bytes):
-            f.flush()
-            f.buffer.write(text)
-        else:
-            f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    refuse_link(tmp, fix, regular=True)
+    if os.path.lexists(tmp):  # this pid's: a dead process's whose pid came back
+        os.remove(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if not callable(content):
+                f.write(content.encode() if isinstance(content, str) else content)
+        if callable(content):
+            content(tmp)
+        _fsync(tmp)
+        if before_replace is not None:
+            before_replace(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.lexists(tmp) and not os.path.islink(tmp):
+            os.remove(tmp)
+        raise
+    _fsync(directory or ".")
+    return path
+
+
+def _fsync(path: str) -> None:
+    """Flushes the file or folder at ``path`` to the disk (a file system that cannot flush a
+    folder, EINVAL, is left to its own ordering)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno != errno.EINVAL or not os.path.isdir(path):
+            raise
+    finally:
+        os.close(fd)
 
 
 def process_alive(pid: int) -> bool:
@@ -107,50 +144,42 @@ def process_alive(pid: int) -> bool:
     return True
 
 
-#: The most bytes of a record read whole (`read_regular_file`): the project's flagfiles,
-#: flags.json, budget.json, results.json and export manifests hold a few KB.
+#: The most bytes of a file read whole (`read_regular_file`): flagfiles, flags.json, budget.json,
+#: results.json and manifests hold a few KB.
 MAX_RECORD_BYTES = 2**20
 READ_FIX = "pass the file this project wrote (or a text file of your own), not this one"
-_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO, whose reader waits for a writer"),
-          (stat.S_ISCHR, "a device, whose bytes may never end"),
-          (stat.S_ISBLK, "a device, whose bytes may never end"), (stat.S_ISSOCK, "a socket"))
 
 
-def _not_regular(path: str, mode: int, fix: str) -> UsageError | None:
-    if stat.S_ISREG(mode):
-        return None
-    kind = next((name for test, name in _KINDS if test(mode)), "not a file")
-    return UsageError(f"{path}: not a regular file ({kind}); {fix}")
+def _refuse_unless_regular(path: str, mode: int, fix: str) -> None:
+    if not stat.S_ISREG(mode):
+        kind = ("a folder" if stat.S_ISDIR(mode) else
+                "a FIFO, whose reader waits for a writer" if stat.S_ISFIFO(mode) else
+                "a device, whose bytes may never end" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "not a file")
+        raise UsageError(f"{path}: not a regular file ({kind}); {fix}")
 
 
 def read_regular_file(path: str | os.PathLike, fix: str = READ_FIX,
                       max_bytes: int = MAX_RECORD_BYTES, what: str = "") -> bytes:
-    """The bytes of `path`, a regular file (a link to one is followed) of at most `max_bytes`;
-    else a UsageError naming `path`, what it is and `fix` (``what``: added after the size, e.g.
-    ", not a results file (about 1 KB)"). Checked by ``stat`` before it is opened, then opened
-    with ``O_NONBLOCK`` and checked again (a FIFO put there in between opens at once and is
-    refused), and at most ``max_bytes + 1`` bytes are read. An OSError (no such file, no
-    permission) is the caller's to name."""
+    """The bytes of the regular file `path` (links followed) of at most `max_bytes`; else a
+    UsageError naming `path`, what it is (``what`` follows the size) and `fix`. Checked by
+    ``stat``, then opened ``O_NONBLOCK`` and checked again by ``fstat`` (a FIFO swapped in
+    opens at once and is refused); an OSError (missing, no permission) is the caller's."""
     path = os.fspath(path)
-    if error := _not_regular(path, os.stat(path).st_mode, fix):
-        raise error
+    _refuse_unless_regular(path, os.stat(path).st_mode, fix)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     with os.fdopen(fd, "rb") as handle:
-        if error := _not_regular(path, os.fstat(fd).st_mode, fix):
-            raise error
+        _refuse_unless_regular(path, os.fstat(fd).st_mode, fix)
         data = handle.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise UsageError(f"{path}: larger than {max_bytes} bytes{what}; {fix}")
     return data
 
 
-def read_json(path: str | os.PathLike, fix: str = READ_FIX,
-              max_bytes: int = MAX_RECORD_BYTES) -> Any:
-    """The JSON value of the UTF-8 file `path` (`read_regular_file`): a ValueError for a file
-    that is not regular or too large (UsageError), not UTF-8, not JSON or nested too deeply
-    for Python (which would otherwise end in a RecursionError); an OSError as it comes."""
-    data = read_regular_file(path, fix, max_bytes)
+def read_json(path: str | os.PathLike, fix: str = READ_FIX) -> Any:
+    """The JSON value of the UTF-8 file `path` (`read_regular_file`); a ValueError for what is
+    not one (a UsageError: not a regular file, too large, nested too deeply for Python)."""
     try:
-        return json.loads(data.decode("utf-8"))
+        return json.loads(read_regular_file(path, fix).decode("utf-8"))
     except RecursionError:
-        raise ValueError(f"{os.fspath(path)}: JSON nested too deeply; {fix}") from None
+        raise UsageError(f"{os.fspath(path)}: JSON nested too deeply; {fix}") from None

@@ -64,7 +64,7 @@ def export_encoder(encoder: keras.Model, output: str, dataset: str | None = "cif
         raise ValueError("export_encoder: pass both mean and std, or neither (dataset's)")
     if mean is None:
         mean, std = normalization_constants(dataset)
-    # What a reader needs to rebuild this encoder and read its variables as data (trust.py).
+    # What a reader needs to rebuild this encoder and read its variables as data (provenance).
     record = dict(name=encoder.name, input_shape=[int(d) for d in encoder.input_shape[1:]],
                   mean=[float(v) for v in mean], std=[float(v) for v in std],
                   shapes=[[int(d) for d in v.shape] for v in encoder.variables],
@@ -74,7 +74,7 @@ def export_encoder(encoder: keras.Model, output: str, dataset: str | None = "cif
 
     def serve(images):
         # First: TensorFlow runs a signature on inputs of any rank, and an unbatched image
-        # (H, W, 3) reached the oneDNN convolution, whose failed check aborted the caller's
+        # (H, W, 3) would reach the oneDNN convolution, whose failed check aborts the caller's
         # process; this raises InvalidArgumentError, naming the shape, before anything runs.
         images = tf.ensure_shape(images, [None, height, width, 3])
         x = (tf.cast(images, tf.float32) / 255.0 - mean) / std
@@ -94,9 +94,10 @@ def restore_encoder(model_dir: str) -> tuple[keras.Model, dict]:
     """The encoder of the pretraining run in `model_dir` and its flags: its `encoder.weights.h5`
     (a finished run), else the encoder inside its newest `ckpt-*.weights.h5` checkpoint
     (`keras_checkpoints.load_encoder_weights`), under TensorFlow with the run's `--batch_norm`
-    (fused for runs of other backends), elsewhere with Keras's. A run of an earlier version of
-    the TensorFlow program, whose checkpoints are `tf.train.Checkpoint` files, is read from its
-    newest one under TensorFlow.
+    (fused for runs of other backends), elsewhere with Keras's. A run of the TensorFlow program
+    whose checkpoints are `tf.train.Checkpoint` files (``checkpoint``, ``ckpt-N.index``,
+    ``ckpt-N.data-*``; the program no longer resumes them) is read from its newest one under
+    TensorFlow.
     """
     from aetv2_tf.files.saving import (
         encoder_source,
@@ -124,7 +125,8 @@ def restore_encoder(model_dir: str) -> tuple[keras.Model, dict]:
 
 
 def _restore_tf_checkpoint(model_dir: str, saved: dict) -> keras.Model:
-    """The encoder in the newest `tf.train.Checkpoint` of a run of an earlier version."""
+    """The encoder in the newest `tf.train.Checkpoint` of the run in ``model_dir``, read into
+    the model those checkpoints hold (the joint-batch AET model unless ``saved`` says)."""
     import tensorflow as tf
 
     from aetv2_tf.models import build_aet_model, build_rotation_classifier
@@ -132,7 +134,7 @@ def _restore_tf_checkpoint(model_dir: str, saved: dict) -> keras.Model:
     encoder = build_backbone(saved["backbone"], batch_norm=saved["batch_norm"])
     model = build_rotation_classifier(encoder) if saved.get("pretext") == "rotation" else \
         build_aet_model(encoder, siamese_batch_norm=saved.get("siamese_batch_norm", "joint"),
-                        one_pass=False)  # the layout those checkpoints were written with
+                        one_pass=False)  # the layout of those checkpoints
     latest = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
     if latest is None:
         raise FileNotFoundError(f"no checkpoint in {model_dir}/checkpoints: train first.")

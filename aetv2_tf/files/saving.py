@@ -36,14 +36,15 @@ from absl import logging
 
 from aetv2_tf.data.constants import normalization_constants
 from aetv2_tf.files import presets
-from aetv2_tf.files.provenance import file_digest
+from aetv2_tf.files.digests import file_digest
 from aetv2_tf.files.safe_paths import (
     process_alive,
     read_json,
     read_regular_file,
-    refuse_link,
-    write_text_atomically,
+    write_atomically,
 )
+from aetv2_tf.files.weights_files import save_weights_file
+from aetv2_tf.files.write_targets import SAVED_BY, check_encoder_target
 from aetv2_tf.method.recipes import Recipe, as_recipe
 
 ENCODER_WEIGHTS = "encoder.weights.h5"
@@ -55,7 +56,7 @@ CHECKPOINT_NAME = re.compile(r"^ckpt-(\d+)\.weights\.h5$")
 
 
 def save_encoder(encoder: keras.Model, directory: str, *, recipe: Recipe | str | None = None,
-                 pretext: str = "aet", dataset: str = "cifar10") -> str:
+                 pretext: str = "aet", dataset: str = "cifar10", overwrite: bool = False) -> str:
     """Writes ``encoder`` to ``directory`` (module docstring) and returns ``directory``.
 
     ``encoder``: a `build_backbone` model ("nin", "alexnet": the run layout, weights only) or
@@ -66,8 +67,17 @@ def save_encoder(encoder: keras.Model, directory: str, *, recipe: Recipe | str |
     fixes the normalisation the probes, the export and `preprocessing` apply ("cifar10":
     CIFAR-10's mean and std; anything else: ImageNet's). The record's ``image_size`` is the
     side of the encoder's input, ``null`` for an encoder of any size (``keras.Input(shape=(None,
-    None, 3))``). Everything is checked before ``directory`` is made.
+    None, 3))``; `models.backbones.input_side`: square images only). Everything is checked
+    before ``directory`` is made.
+
+    ``directory`` must be new or empty; an encoder that `save_encoder` wrote there before is
+    replaced only with ``overwrite=True``; anything else (a training run's folder, whose
+    ``encoder.weights.h5`` holds trained weights; a folder with other files) is refused,
+    `errors.UsageError` (`write_targets.check_encoder_target`): nothing is written over a file
+    this function did not write.
     """
+    from aetv2_tf.models.backbones import input_side
+
     recipe = None if recipe is None else as_recipe(recipe)
     if pretext not in ("aet", "rotation"):
         raise ValueError(f"pretext must be 'aet' or 'rotation', got {pretext!r}")
@@ -82,12 +92,14 @@ def save_encoder(encoder: keras.Model, directory: str, *, recipe: Recipe | str |
     # Everything is validated before the directory is made (no empty directory on an error).
     record = {"stage": "pretext", "pretext": pretext, "backbone": encoder.name,
               "dataset": dataset, "batch_norm": "keras", "backend": keras.backend.backend(),
-              "loss": recipe.loss.kind if recipe else None, "saved_by": "aetv2_tf.save_encoder",
-              "image_size": _image_size(encoder)}
+              "loss": recipe.loss.kind if recipe else None, "saved_by": SAVED_BY,
+              "image_size": input_side(encoder, any_size=True)}
+    check_encoder_target(os.fspath(directory), overwrite, SAVED_ENCODER_FILES)
     os.makedirs(directory, exist_ok=True)
-    if twin is not None:  # the run layout, as today
+    if twin is not None:  # the run layout
         twin.set_weights(encoder.get_weights())
-        save_atomically(twin.save_weights, os.path.join(directory, ENCODER_WEIGHTS))
+        save_atomically(lambda tmp: save_weights_file(twin, tmp),
+                        os.path.join(directory, ENCODER_WEIGHTS))
         _remove(os.path.join(directory, ENCODER_FILE))
     else:
         save_atomically(encoder.save, os.path.join(directory, ENCODER_FILE))
@@ -96,24 +108,13 @@ def save_encoder(encoder: keras.Model, directory: str, *, recipe: Recipe | str |
                       encoder_name=encoder.name, features=features,
                       input_shape=[None if d is None else int(d)
                                    for d in encoder.inputs[0].shape[1:]])
-    write_text_atomically(os.path.join(directory, "flags.json"),
-                          json.dumps(record, indent=2) + "\n")
+    write_atomically(os.path.join(directory, "flags.json"), json.dumps(record, indent=2) + "\n")
     return directory
 
 
-def _image_size(encoder: keras.Model) -> int | None:
-    """The side of the images ``encoder`` takes (its input's height), None when it takes any
-    size (``keras.Input(shape=(None, None, 3))``); ValueError for an input that is not an
-    image batch ``(B, H, W, C)``."""
-    try:
-        shape = tuple(encoder.inputs[0].shape)
-    except (AttributeError, IndexError, TypeError, ValueError) as e:
-        raise ValueError(f"save_encoder: encoder {encoder.name!r} has no symbolic input: pass a "
-                         "functional or Sequential keras.Model built on keras.Input") from e
-    if len(shape) != 4:
-        raise ValueError(f"save_encoder: encoder {encoder.name!r} takes inputs of shape "
-                         f"{shape}; expected images (B, H, W, C)")
-    return None if shape[1] is None else int(shape[1])
+#: The files `save_encoder` writes into its directory.
+SAVED_ENCODER_FILES = frozenset({"flags.json", ENCODER_WEIGHTS, ENCODER_WEIGHTS + CHECKSUM,
+                                 ENCODER_FILE, ENCODER_FILE + CHECKSUM})
 
 
 def _package_twin(encoder: keras.Model) -> keras.Model | None:
@@ -234,49 +235,42 @@ def list_checkpoints(directory: str) -> list[tuple[int, str]]:
 
 
 def save_atomically(saver, path: str) -> str:
-    """`saver(tmp)`, its bytes flushed to the disk, then `os.replace(tmp, path)`; tmp ends like
-    `path` (Keras checks suffixes). Temporaries that a killed process left beside it are
-    removed first (never those of a live process). A symbolic link at `path` or at the
-    temporary's name is refused (`safe_paths.refuse_link`), never written through."""
+    """`saver(tmp)` into `path` by `safe_paths.write_atomically` (a temporary beside it, fsync,
+    ``os.replace``; a link refused; the old file intact on any error), the file's SHA-256
+    written beside it (`CHECKSUM`) before the rename. Temporaries of `path` or of a checkpoint
+    (``.tmp<pid>-<name>``) that a killed process left are removed first, never those of a live
+    process."""
     directory, name = os.path.split(path)
     os.makedirs(directory or ".", exist_ok=True)
-    tmp = os.path.join(directory, f".tmp{os.getpid()}-{name}")
-    refuse_link(path, regular=True)
-    refuse_link(tmp)
     for other in os.listdir(directory or "."):  # `.tmp<pid>-<name or a checkpoint's name>`
         head, _, rest = other.partition("-")
         ours = rest == name or CHECKPOINT_NAME.match(rest)
         if head.startswith(".tmp") and head[4:].isdigit() and ours and \
                 not process_alive(int(head[4:])):
             os.remove(os.path.join(directory, other))
-    try:
-        saver(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        write_text_atomically(path + CHECKSUM, f"{file_digest(tmp)}  {name}\n")  # before the file
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return path
+
+    def checksum(tmp: str) -> None:
+        write_atomically(path + CHECKSUM, f"{file_digest(tmp)}  {name}\n")
+
+    return write_atomically(path, saver, before_replace=checksum)
 
 
 def damage(path: str, required: bool = False) -> str | None:
     """Why the file at `path` cannot be trusted (its SHA-256 is not the one written with it;
     with `required`, also a missing `.sha256`: the project writes one beside every checkpoint
     and `.keras` file, so without it a changed file cannot be told from the one written), or
-    None: intact (or, unless `required`, written before checksums existed)."""
+    None: intact (or, unless `required`, a file without a `.sha256`)."""
     sidecar = path + CHECKSUM
     if not os.path.exists(sidecar):
         if required:
             return f"it has no {os.path.basename(sidecar)} (the SHA-256 written with it), so " \
                    "it cannot be told from a file changed after it was written"
         return None
-    try:
-        expected = read_regular_file(sidecar).decode("utf-8", "replace").split()[:1]
-    except (OSError, ValueError) as e:  # a FIFO, a device, a huge file: not a checksum
+    try:  # bytes: a sidecar of other bytes is a mismatch, not a crash
+        expected = read_regular_file(sidecar, max_bytes=4096).split()[:1]
+    except (OSError, ValueError) as e:  # a FIFO, a device, a large file: not a checksum
         return f"its {os.path.basename(sidecar)} cannot be read as a checksum ({e})"
-    if expected != [file_digest(path)]:
+    if expected != [file_digest(path).encode()]:
         return f"its SHA-256 is not the one in {os.path.basename(sidecar)}: the file changed " \
                "on disk after it was written"
     return None
@@ -290,14 +284,15 @@ def save_encoder_weights(encoder: keras.Model, backbone: str, model_dir: str) ->
 
     twin = build_backbone(backbone, tuple(encoder.input_shape[1:]), batch_norm="keras")
     twin.set_weights(encoder.get_weights())
-    return save_atomically(twin.save_weights, os.path.join(model_dir, ENCODER_WEIGHTS))
+    return save_atomically(lambda tmp: save_weights_file(twin, tmp),
+                           os.path.join(model_dir, ENCODER_WEIGHTS))
 
 
 def encoder_source(model_dir: str) -> str | None:
     """Where `load_encoder_weights` reads: `encoder.weights.h5`, else the newest checkpoint;
     a file whose checksum does not match, or a checkpoint without one, is skipped with a
-    warning (readers do not rename). An `encoder.weights.h5` without a checksum is read (the
-    presets of `results/` and runs of versions before checksums have none)."""
+    warning (readers do not rename). An `encoder.weights.h5` without a checksum is read: only
+    a checksum that differs refuses it."""
     candidates = [os.path.join(model_dir, ENCODER_WEIGHTS)] + [
         path for _, path in reversed(list_checkpoints(os.path.join(model_dir, "checkpoints")))]
     for path in candidates:
@@ -315,7 +310,7 @@ def load_encoder_weights(model_dir: str, saved: dict, batch_norm: str) -> keras.
 
     Reads `model_dir/encoder.weights.h5`, else the newest `checkpoints/ckpt-*.weights.h5`: the
     run's whole pretext model is rebuilt to read it (the pairs/rotations model of
-    `program.adapter_portable`, the AET/rotation model of the TensorFlow program, with the
+    `program.keras_native_backend`, the AET/rotation model of the TensorFlow program, with the
     run's batch norm). FileNotFoundError when neither exists.
     """
     from aetv2_tf.models import (
@@ -381,14 +376,14 @@ def load_model_part(model: keras.Model, path: str) -> None:
 
 def tensorflow_run_unreadable(model_dir: str, saved: dict) -> str | None:
     """Why a run of the TensorFlow program cannot be read on this (non-TensorFlow) backend, or
-    None: its checkpoints hold TensorFlow's layers (fused batch norm) or are in the
-    `tf.train.Checkpoint` format of earlier versions; its `encoder.weights.h5` (finished runs)
-    is read everywhere; a custom encoder's ``encoder.keras`` too."""
+    None: its checkpoints hold TensorFlow's layers (fused batch norm) or are
+    `tf.train.Checkpoint` files; its `encoder.weights.h5` (finished runs) is read everywhere;
+    a custom encoder's ``encoder.keras`` too."""
     if saved.get("custom_encoder") or saved.get("backend", "tensorflow") != "tensorflow" or \
             keras.backend.backend() == "tensorflow" or \
             os.path.isfile(os.path.join(model_dir, ENCODER_WEIGHTS)):
         return None
     return (f"{model_dir} is a run of the TensorFlow program without {ENCODER_WEIGHTS} (it is "
-            f"unfinished, or older than that file): its TensorFlow checkpoints load under "
+            f"unfinished): its TensorFlow checkpoints load under "
             f"KERAS_BACKEND=tensorflow only; finish the run (rerun its command) or run this "
             f"with KERAS_BACKEND=tensorflow.")

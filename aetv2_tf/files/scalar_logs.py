@@ -8,7 +8,7 @@
 * `tensorboard_writer`: a ``tf.summary`` file writer, or None where TensorFlow cannot be imported,
   so that the caller keeps the CSV alone.
 
-Library code: the probes (`probes.classifier`) and the program (`program.adapter_portable`) log
+Library code: the probes (`probes.classifier`) and the program (`program.monitoring`) log
 through it. The program has imported TensorFlow quietly before (`tensorflow_importable` of
 `program.flag_support`), so the import here finds it loaded.
 """
@@ -26,8 +26,8 @@ from aetv2_tf.files.safe_paths import open_for_writing
 class CsvLog:
     """Appends ``step,<columns>`` rows to ``path``; a missing column is an empty cell. ``fresh``
     starts the file anew (a run that does not resume), else a resumed run appends under the
-    file's own header (its columns, whatever ``columns`` says: a run of an earlier version
-    keeps its columns, a value without one is left out); never through a symbolic link
+    file's own header (its columns, whatever ``columns`` says: a file with other columns keeps
+    them, a value without one is left out); never through a symbolic link
     (`safe_paths.open_for_writing`)."""
 
     def __init__(self, path: str, columns: Sequence[str], step_name: str = "step",

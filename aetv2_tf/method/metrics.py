@@ -15,7 +15,8 @@ What a pretext model shows, in this order (`shown_order`):
   has no frame); it falls too;
 * ``rotation_accuracy``: whether the decoded homography turns the image by the right multiple
   of 90 degrees (chance: 25%); it rises;
-* ``l2_penalty``: the weight decay added to the loss the optimiser minimises, shown apart.
+* ``l2_penalty``: the penalty of the optimiser's coupled weight decay (its gradient is added to
+  the gradient, the penalty to no loss), shown apart.
 
 `geodesic_angle_deg` and `projection_residual` (the angle and residual in the UNIT model frame,
 whatever the loss) are the metrics of versions before these; they stay registered so that a
@@ -35,7 +36,7 @@ from keras import ops
 from aetv2_tf.method.geometry import aetv2_components, params_to_matrix
 from aetv2_tf.method.losses import TERMS, GeodesicLoss
 
-#: The scalar of a model's added losses (the L2 weight decay), shown apart from its ``loss``
+#: The scalar of the optimizer's coupled L2 weight decay, shown apart from the ``loss``
 #: (`models.displayed_loss`).
 PENALTY = "l2_penalty"
 #: The names a training shows, in the order shown (`shown_order`).

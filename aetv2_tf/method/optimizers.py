@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Sequence
+from typing import Any
 
 import keras
 import numpy as np
@@ -92,102 +93,258 @@ class Schedule(keras.optimizers.schedules.LearningRateSchedule):
                     epochs=self.epochs)
 
 
-@keras.saving.register_keras_serializable(package="aetv2_tf")
-class SkipNonFinite(keras.optimizers.LossScaleOptimizer):
-    """Applies a step only when every gradient is finite; otherwise skips it and counts it.
+class CoupledWeightDecay:
+    """Mixin of a Keras optimizer (first in the bases): PyTorch's coupled ``weight_decay``.
 
-    Built on Keras' `LossScaleOptimizer` (whose distributed finite-check is reused) with the loss
-    scale fixed at 1: nothing is rescaled, a non-finite step changes no weight, no optimiser slot
-    and not the step counter, and `skipped_steps` grows by one. Under `mixed_float16` use the real
-    dynamic `LossScaleOptimizer` instead, which skips non-finite steps the same way.
+    ``g <- g + l2_decay * w`` for every variable the optimizer updates, before its update rule
+    sees the gradient (SGD's momentum, Adam's moments), as ``torch.optim.SGD`` and
+    ``torch.optim.Adam`` do with ``weight_decay``; the AETv1 code decays every parameter this
+    way (kernels, biases and BatchNorm's gamma and beta alike). It is the gradient of
+    ``l2_decay / 2 * ||w||^2`` (`l2_penalty`, shown beside the loss, never added to it). Added
+    in `update_step`, so under `tf.distribute` it is added once, to the all-reduced gradient.
     """
 
-    def __init__(self, inner_optimizer, **kwargs):
-        kwargs.pop("initial_scale", None)
-        kwargs.pop("dynamic_growth_steps", None)
-        super().__init__(inner_optimizer, initial_scale=1.0, dynamic_growth_steps=2**31 - 1,
-                         **kwargs)
+    def __init__(self, *args: Any, l2_decay: float = 0.0, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        if not float(l2_decay) >= 0.0:
+            raise ValueError(f"l2_decay must be >= 0; got {l2_decay!r}")
+        self.l2_decay = float(l2_decay)
 
-    def build(self, var_list):
+    def update_step(self, gradient, variable, learning_rate):
+        if self.l2_decay > 0:
+            decay = ops.multiply(ops.cast(variable, gradient.dtype), self.l2_decay)
+            gradient = ops.add(gradient, decay)
+        super().update_step(gradient, variable, learning_rate)
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "l2_decay": self.l2_decay}
+
+
+@keras.saving.register_keras_serializable(package="aetv2_tf")
+class AdamL2(CoupledWeightDecay, keras.optimizers.Adam):
+    """`keras.optimizers.Adam` with PyTorch's coupled weight decay ``l2_decay``
+    (`CoupledWeightDecay`): ``torch.optim.Adam(weight_decay=l2_decay)``, Keras's epsilon."""
+
+
+@keras.saving.register_keras_serializable(package="aetv2_tf")
+class SGDL2(CoupledWeightDecay, keras.optimizers.SGD):
+    """`keras.optimizers.SGD` with PyTorch's coupled weight decay ``l2_decay``
+    (`CoupledWeightDecay`): ``torch.optim.SGD(momentum, nesterov, weight_decay=l2_decay)`` at a
+    constant rate (Keras's momentum holds ``lr * buf``, PyTorch's ``buf``)."""
+
+
+def coupled_l2_decay(optimizer: Any) -> float:
+    """The coupled L2 decay ``optimizer`` adds to its gradients (`CoupledWeightDecay`), looking
+    through the wrappers that hold an ``inner_optimizer`` (`SkipNonFinite`,
+    `keras.optimizers.LossScaleOptimizer`); 0 for any other optimizer or none."""
+    while optimizer is not None and not isinstance(optimizer, CoupledWeightDecay):
+        optimizer = getattr(optimizer, "inner_optimizer", None)
+    return optimizer.l2_decay if optimizer is not None else 0.0
+
+
+def l2_penalty(variables: Sequence, l2_decay: float):
+    """``l2_decay / 2 * sum ||w||^2`` over ``variables`` (a float32 scalar tensor): the penalty
+    whose gradient `CoupledWeightDecay` adds, for display."""
+    total = ops.sum(ops.stack([ops.sum(ops.square(ops.cast(v, "float32"))) for v in variables]))
+    return ops.multiply(total, l2_decay / 2.0)
+
+
+#: The loss-scale settings a `SkipNonFinite` configuration may name (a loss scale fixed at 1,
+#: `keras.optimizers.LossScaleOptimizer`'s arguments), accepted and not used; and the loss
+#: scale's variables a checkpoint of it holds after the three of its own.
+LOSS_SCALE_CONFIG = ("initial_scale", "dynamic_growth_steps")
+LOSS_SCALE_VARIABLES = 2
+
+
+@keras.saving.register_keras_serializable(package="aetv2_tf")
+class SkipNonFinite(keras.optimizers.Optimizer):
+    """Wraps ``inner_optimizer``: a step is applied only when every gradient is finite;
+    otherwise nothing changes (no weight, no optimizer slot, not the step counter
+    ``iterations``, the inner optimizer's) and `skipped_steps` grows by one.
+
+    Public Keras API only: ``apply`` (TensorFlow, eager backends), ``stateless_apply`` (the
+    JAX training step), both deciding with ``keras.ops``. Under a `tf.distribute` strategy the
+    replicas agree (the non-finite count is all-reduced) and the inner optimizer, whose update
+    merges the replicas, runs in a cross-replica ``cond``. ``learning_rate`` and ``iterations``
+    are the inner optimizer's. Under ``mixed_float16`` use `keras.optimizers.LossScaleOptimizer`
+    instead, which skips non-finite steps the same way.
+
+    A checkpoint holds its own variables (iteration, learning rate, `skipped_steps`) under
+    ``optimizer`` and the inner optimizer's under ``optimizer/inner_optimizer``
+    (`load_own_variables` names the layouts it reads).
+    """
+
+    def __init__(self, inner_optimizer: keras.optimizers.Optimizer, name: str | None = None,
+                 **loss_scale: Any):
+        unknown = set(loss_scale) - set(LOSS_SCALE_CONFIG)
+        if unknown:
+            raise TypeError(f"SkipNonFinite takes inner_optimizer and name; got {sorted(unknown)}")
+        super().__init__(learning_rate=0.0, name=name)
+        self.inner_optimizer = inner_optimizer
+
+    def build(self, var_list) -> None:
         self.skipped_steps = self.add_variable(
             shape=(), dtype="int", initializer="zeros", aggregation="none",
             name="skipped_steps")
+        self.inner_optimizer.build(var_list)
         super().build(var_list)
 
-    def scale_loss(self, loss):
-        return loss
+    @property
+    def own_variables(self) -> list:
+        """Its own variables: iteration, learning rate (both unused: the inner optimizer's
+        count and rate), `skipped_steps`."""
+        return super().variables
+
+    @property
+    def variables(self) -> list:
+        return [*self.own_variables, *self.inner_optimizer.variables]
+
+    @property
+    def iterations(self):
+        return self.inner_optimizer.iterations
+
+    @property
+    def learning_rate(self):
+        return self.inner_optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, learning_rate) -> None:
+        self.inner_optimizer.learning_rate = learning_rate
+
+    def finalize_variable_values(self, var_list) -> None:
+        self.inner_optimizer.finalize_variable_values(var_list)
+
+    def apply(self, grads, trainable_variables=None) -> None:
+        if not self.built:
+            self.build(trainable_variables)
+        grads = list(grads)
+        finite = all_finite(grads)
+        if keras.backend.backend() == "tensorflow":
+            self._tf_apply(finite, grads, trainable_variables)
+        elif bool(ops.convert_to_numpy(finite)):  # eager (a JAX step is `stateless_apply`)
+            self.inner_optimizer.apply(grads, trainable_variables)
+        else:
+            self.skipped_steps.assign_add(1)
+
+    def _tf_apply(self, finite, grads, trainable_variables) -> None:
+        """TensorFlow: a ``cond`` on ``finite``; under a strategy the replicas' verdicts are
+        all-reduced and the ``cond`` runs in cross-replica context (the inner optimizer's update
+        merges the replicas, which a replica-context ``cond`` branch may not)."""
+        import tensorflow as tf
+
+        def step():
+            self.inner_optimizer.apply(grads, trainable_variables)
+
+        def skip():
+            self.skipped_steps.assign_add(1)
+
+        if not tf.distribute.has_strategy():
+            ops.cond(finite, step, skip)
+            return
+        context = tf.distribute.get_replica_context()
+        if context is None:
+            raise ValueError("SkipNonFinite.apply must be called in a replica context "
+                             "(inside strategy.run, as model.fit does)")
+        non_finite = context.all_reduce(tf.distribute.ReduceOp.SUM,
+                                        ops.cast(ops.logical_not(finite), "float32"))
+
+        def cross_replica(strategy, non_finite, grads):
+            agreed = ops.equal(strategy.experimental_local_results(non_finite)[0], 0.0)
+            ops.cond(agreed, lambda: strategy.run(
+                lambda g: self.inner_optimizer.apply(g, trainable_variables), args=(grads,)),
+                skip)
+
+        context.merge_call(cross_replica, args=(non_finite, grads))
+
+    def stateless_apply(self, optimizer_variables, grads, trainable_variables):
+        """The JAX training step's: ``(trainable values, optimizer values)`` after the inner
+        optimizer's ``stateless_apply`` if every gradient is finite, else the same values with
+        `skipped_steps` one higher."""
+        own_variables = self.own_variables
+        own_values = list(optimizer_variables[:len(own_variables)])
+        inner_values = optimizer_variables[len(own_variables):]
+
+        def step():
+            new_trainable, new_inner = self.inner_optimizer.stateless_apply(
+                inner_values, grads, trainable_variables)
+            return list(new_trainable), [*own_values, *new_inner]
+
+        def skip():
+            mapping = list(zip(own_variables, own_values, strict=True))
+            with keras.StatelessScope(state_mapping=mapping) as scope:
+                self.skipped_steps.assign_add(1)
+            return list(trainable_variables), [
+                *(scope.get_current_value(v) for v in own_variables), *inner_values]
+
+        return ops.cond(all_finite(grads), step, skip)
 
     def save_own_variables(self, store) -> None:
-        """Its own variables only (step counter, loss scale, `skipped_steps`): Keras's
-        `LossScaleOptimizer` would also store the inner optimizer's here, which are saved under
-        ``inner_optimizer`` as well: every checkpoint would hold the optimizer state twice."""
-        for i, variable in enumerate(self._variables):
-            store[str(i)] = keras.ops.convert_to_numpy(variable)
+        """Its own variables (the inner optimizer saves its own under ``inner_optimizer``)."""
+        for i, variable in enumerate(self.own_variables):
+            store[str(i)] = ops.convert_to_numpy(variable)
 
     def load_own_variables(self, store) -> None:
-        """Its own variables from a checkpoint of this class: its own alone, or (files written
-        before `save_own_variables` existed) its own followed by the inner optimizer's, which
-        load from ``inner_optimizer``. Any other count is refused: a silent skip would resume
-        with a fresh optimizer."""
-        count = len(store.keys())
-        if count < len(self._variables):  # saved before it was built (a compiled, untrained
-            warnings.warn(f"optimizer {self.name!r}: the file holds {count} of its "  # model)
-                          f"{len(self._variables)} variables (saved before its first step): its "
-                          "state starts afresh", UserWarning, stacklevel=2)
+        """Its own variables: the file's first three (iteration, learning rate,
+        `skipped_steps`), in a group of 3, of 5 (the layout of a loss-scaling wrapper: the
+        same followed by its step counter and its scale, fixed at 1 here: not read), or either
+        followed by the inner optimizer's variables (which load from ``inner_optimizer``). A
+        file of fewer (saved before the first step) leaves the state fresh, with a warning;
+        other counts are refused: a silent skip would resume with a fresh optimizer."""
+        count, own = len(store.keys()), len(self.own_variables)
+        if count < own:
+            warnings.warn(f"optimizer {self.name!r}: the file holds {count} of its {own} "
+                          "variables (saved before its first step): its state starts afresh",
+                          UserWarning, stacklevel=2)
             return
-        if count not in (len(self._variables), len(self.variables)):
+        inner = len(self.inner_optimizer.variables)
+        layouts = (own, own + LOSS_SCALE_VARIABLES)
+        if count not in (*layouts, *(n + inner for n in layouts)):
             raise ValueError(f"optimizer {self.name!r}: the checkpoint holds {count} variables, "
-                             f"expected {len(self._variables)} (or {len(self.variables)}): it is "
-                             "not a checkpoint of this optimizer")
-        for i, variable in enumerate(self._variables):
+                             f"expected {' or '.join(map(str, layouts))} (or with the inner "
+                             f"optimizer's {inner} after them): it is not a checkpoint of this "
+                             "optimizer")
+        for i, variable in enumerate(self.own_variables):
             variable.assign(store[str(i)])
 
-    def _stateful_handle_finite_grads(self, grads, trainable_variables):
-        self.inner_optimizer.apply(grads, trainable_variables=trainable_variables)
+    def get_config(self) -> dict:
+        return {"name": self.name,
+                "inner_optimizer": keras.saving.serialize_keras_object(self.inner_optimizer)}
 
-    def _stateful_handle_non_finite_grads(self):
-        self.skipped_steps.assign_add(1)
+    @classmethod
+    def from_config(cls, config: dict, custom_objects=None) -> SkipNonFinite:
+        config = dict(config)
+        inner = keras.saving.deserialize_keras_object(config.pop("inner_optimizer"),
+                                                      custom_objects=custom_objects)
+        return cls(inner, **config)
 
-    def _stateless_handle_non_finite_grads(self, optimizer_variables, trainable_variables):
-        """The JAX (stateless) path: count the skipped step, change nothing else (Keras would
-        halve the loss scale, which would then double every later gradient)."""
-        mapping = list(zip(self.variables, optimizer_variables, strict=True))
-        with keras.StatelessScope(state_mapping=mapping) as scope:
-            self.skipped_steps.assign_add(1)
-        return trainable_variables, [scope.get_current_value(v) for v in self.variables]
+
+def all_finite(grads: Sequence):
+    """Whether every value of every gradient (None: none) is finite, a boolean scalar."""
+    checks = [ops.all(ops.isfinite(g)) for g in grads if g is not None]
+    return ops.all(ops.stack(checks)) if checks else ops.convert_to_tensor(True)
 
 
 def build_optimizer(name: str, schedule, *, momentum: float = 0.9, beta_1: float = 0.9,
                     beta_2: float = 0.999, weight_decay: float = 0.0,
                     weight_decay_mode: str = "l2", mixed_float16: bool = False):
-    """The stage's optimiser: Adam or SGD Nesterov, wrapped to skip non-finite steps.
+    """The stage's optimiser: Adam or SGD Nesterov with the weight decay, wrapped to skip
+    non-finite steps (`SkipNonFinite`; under ``mixed_float16``, Keras's loss scaling).
 
-    With `weight_decay_mode="l2"` the optimiser itself does no decay: call `add_l2_decay` on the
-    model instead (PyTorch's `weight_decay`, which the AETv1 code and the paper's settings mean).
+    ``weight_decay_mode="l2"``: PyTorch's coupled ``weight_decay`` (`CoupledWeightDecay`, which
+    the AETv1 code and the paper's settings mean); ``"decoupled"``: Keras's ``weight_decay``
+    (``w -= lr * weight_decay * w`` beside the step).
     """
-    decoupled = weight_decay if weight_decay_mode == "decoupled" and weight_decay > 0 else None
+    if weight_decay_mode not in ("l2", "decoupled"):
+        raise ValueError(f"unknown weight_decay_mode {weight_decay_mode!r}: l2 or decoupled")
+    coupled = weight_decay_mode == "l2"
+    decay = {"l2_decay": weight_decay if coupled else 0.0,
+             "weight_decay": weight_decay if not coupled and weight_decay > 0 else None}
     if name == "adam":
-        inner = keras.optimizers.Adam(schedule, beta_1=beta_1, beta_2=beta_2,
-                                      weight_decay=decoupled)
+        inner = AdamL2(schedule, beta_1=beta_1, beta_2=beta_2, **decay)
     elif name == "sgd":
-        inner = keras.optimizers.SGD(schedule, momentum=momentum, nesterov=True,
-                                     weight_decay=decoupled)
+        inner = SGDL2(schedule, momentum=momentum, nesterov=True, **decay)
     else:
         raise ValueError(f"unknown optimizer {name!r}: use \"adam\" or \"sgd\"")
     if mixed_float16:
         return keras.optimizers.LossScaleOptimizer(inner)
     return SkipNonFinite(inner)
-
-
-def add_l2_decay(model: keras.Model, weight_decay: float) -> int:
-    """Adds `weight_decay / 2 * ||w||^2` of every trainable weight to `model.losses`.
-
-    Its gradient is `weight_decay * w`: PyTorch's coupled `weight_decay`, which the AETv1 code
-    applies to every parameter (kernels, biases and BatchNorm's gamma and beta alike).
-    Returns the number of decayed weights.
-    """
-    if weight_decay <= 0:
-        return 0
-    for weight in model.trainable_weights:
-        weight.regularizer = keras.regularizers.L2(weight_decay / 2.0)
-    return len(model.trainable_weights)

@@ -145,8 +145,9 @@ class OptimizerSpec:
     ``warmup_steps``, ``lr_drop_epochs`` (for "step": the rate drops after these epochs of a
     run of ``epochs`` epochs, `optimizers.Schedule` turning them into steps; () = at 30/60/80 %
     of the run), ``lr_drop_factor``, ``momentum``, ``adam_beta1/2``, ``weight_decay`` and
-    ``weight_decay_mode`` ("l2": added to the model's losses, as PyTorch's coupled decay;
-    "decoupled"); ``epochs``: the run's length in epochs, with ``lr_drop_epochs`` only."""
+    ``weight_decay_mode`` ("l2": added to the gradient, PyTorch's coupled decay;
+    "decoupled": Keras's); ``epochs``: the run's length in epochs, with ``lr_drop_epochs``
+    only."""
 
     name: str = "adam"
     learning_rate: float = 1e-5
@@ -178,29 +179,27 @@ class OptimizerSpec:
                              f"lr_schedule={self.lr_schedule!r}, epochs={self.epochs}")
         object.__setattr__(self, "lr_drop_epochs", drops)
 
-    def build(self, model: keras.Model, steps: int, mixed_float16: bool | None = None, *,
-              _stacklevel: int = 2):
+    def build(self, steps: int, mixed_float16: bool | None = None, *,
+              _stacklevel: int = 2) -> tuple[Any, keras.optimizers.Optimizer]:
         """``(schedule, optimizer)`` for a run of ``steps`` optimizer steps (`training_steps`;
-        the schedules are fractions of it). ``weight_decay_mode="l2"`` adds the decay to
-        ``model``'s losses (once per model); call inside a distribution scope.
-        ``mixed_float16``: wrap for loss scaling (None: from Keras's dtype policy). A warm-up
-        longer than half the run warns (`errors.SettingWarning`) with the rate the run will
-        really reach."""
+        the schedules are fractions of it), touching no model: the weight decay is the
+        optimizer's (``weight_decay_mode="l2"``: PyTorch's coupled decay,
+        `optimizers.CoupledWeightDecay`). Build it inside the distribution scope the model is
+        built in. ``mixed_float16``: wrap for loss scaling (None: from Keras's dtype policy). A
+        warm-up longer than half the run warns (`errors.SettingWarning`) with the rate the run
+        will really reach."""
         from aetv2_tf.method import optimizers
 
-        if self.weight_decay_mode == "l2":
-            optimizers.add_l2_decay(model, self.weight_decay)
         schedule = optimizers.Schedule(self.lr_schedule, self.learning_rate, steps,
                                        self.warmup_steps, drop_factor=self.lr_drop_factor,
                                        drop_epochs=self.lr_drop_epochs, epochs=self.epochs)
         if self.warmup_steps > int(steps) // 2:
             shorter, longer = int(steps) // 10, 2 * self.warmup_steps
-            warnings.warn(SettingWarning(*(
-                f"{at}warmup_steps={self.warmup_steps} in a run of {int(steps)} steps: the "
-                f"learning rate peaks at {schedule.reached_peak():.3g}, not at {at}learning_rate="
-                f"{self.learning_rate:.3g}; shorten the warm-up ({to}{shorter}, say), or train "
-                f"for at least {longer} steps{run}" for at, to, run in (
-                    ("", "to ", ""), ("--", "--warmup_steps=", f" (--train_steps={longer})")))),
+            warnings.warn(SettingWarning(
+                f"warmup_steps={self.warmup_steps} in a run of {int(steps)} steps: the learning "
+                f"rate peaks at {schedule.reached_peak():.3g}, not at learning_rate="
+                f"{self.learning_rate:.3g}; shorten the warm-up (to {shorter}, say), or train "
+                f"for at least {longer} steps", ("warmup_steps", "steps")),
                 stacklevel=_stacklevel)
         if mixed_float16 is None:
             mixed_float16 = keras.mixed_precision.dtype_policy().name == "mixed_float16"

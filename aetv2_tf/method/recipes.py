@@ -13,7 +13,7 @@ sampler shift, the decoder's parameter scale, the recipe), so the loss frame, th
 and the model cannot disagree, and nothing is read back from its layers. ``recipe.compile(model,
 steps)`` compiles any AET pretext model with this recipe (the same as ``model.compile(steps=...,
 recipe=recipe)``). The parts stay public: ``recipe.build_loss(image_size=32)``,
-``recipe.build_optimizer(model, steps)``, ``recipe.metrics()``; the command line builds its
+``recipe.build_optimizer(steps)``, ``recipe.metrics()``; the command line builds its
 recipe from the flags (`aetv2_tf.program.config`) and its model through `build_model`.
 
 `AETV2` (configs/cifar10_aetv2.cfg: the squared geodesic angle in the 4x zoomed model frame plus
@@ -21,10 +21,11 @@ recipe from the flags (`aetv2_tf.program.config`) and its model through `build_m
 decay, L2 decay 5e-4: the best AETv2 measured, docs/reproduction.md), `AETV2_PAPER` (the paper's
 literal Eq. 11, lambda = 1, Adam 1e-5 constant: below a random init in our measurements) and
 `AETV1` (the std-normalised parameter MSE, SGD Nesterov 0.1 on the AETv1 code's piecewise
-schedule) are the three of the paper's tables. `AETV2_ZOOM16` is the default AETv2 of versions
-before 0.2 (the angle in the 16x zoomed frame, no residual: blind to scale, shear and keystone
-errors); `AETV2_SQ4` and `AETV2_HYBRID` are the variants screened beside `AETV2`
-(docs/reproduction.md, "AETv2 that earns its name"; `AETV2_SQ4_UNITRES` is `AETV2`'s earlier name).
+schedule) are the three of the paper's tables. `AETV2_ZOOM16` is the angle in the 16x zoomed
+frame without a residual (blind to scale, shear and keystone errors; the presets
+``aetv2_cifar10`` were trained with it); `AETV2_SQ4` and `AETV2_HYBRID` are the variants
+screened beside `AETV2` (docs/reproduction.md, "AETv2 that earns its name"; `AETV2_SQ4_UNITRES`
+is `AETV2` under the name of its config, configs/cifar10_aetv2_sq4_unitres.cfg).
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ import keras
 from aetv2_tf.method.recipe_parts import LossSpec, OptimizerSpec, square_side  # noqa: F401 - square_side: API
 
 _DEFAULT_LOSS, _DEFAULT_OPTIMIZER = LossSpec(), OptimizerSpec()
-#: The names a recipe took before its two parts existed, and where each lives now.
+#: The fields of the two parts by name (what `Recipe(...)` and `replace` take), and where each
+#: lives: ``(part, field)``.
 _FLAT = {**{f.name: ("loss", f.name) for f in dataclasses.fields(LossSpec)},
          **{f.name: ("optimizer", f.name) for f in dataclasses.fields(OptimizerSpec)}}
 _FLAT.update(loss=("loss", "kind"), optimizer=("optimizer", "name"))
@@ -97,10 +99,11 @@ class Recipe:
         """`LossSpec.build` of this recipe's loss."""
         return self.loss.build(image_size, param_std, step, shift)
 
-    def build_optimizer(self, model: keras.Model, steps: int, mixed_float16: bool | None = None,
-                        *, _stacklevel: int = 2):
-        """`OptimizerSpec.build` of this recipe's optimizer: ``(schedule, optimizer)``."""
-        return self.optimizer.build(model, steps, mixed_float16, _stacklevel=_stacklevel + 1)
+    def build_optimizer(self, steps: int, mixed_float16: bool | None = None, *,
+                        _stacklevel: int = 2) -> tuple[Any, keras.optimizers.Optimizer]:
+        """`OptimizerSpec.build` of this recipe's optimizer: ``(schedule, optimizer)`` for
+        ``steps`` optimizer steps, its weight decay its own (no model is touched)."""
+        return self.optimizer.build(steps, mixed_float16, _stacklevel=_stacklevel + 1)
 
     def metrics(self, image_size: int | Sequence[int] = 32,
                 param_std: Sequence[float] | None = None, step: Any = None,
@@ -141,7 +144,9 @@ class Recipe:
             if name in kwargs:
                 raise TypeError(f"build_model: the recipe decides {name} (decoder_scale=True / "
                                 "False overrides the scale); call build_pairs_model to set it")
-        options = self.decoder_options(image_size_of(encoder), shift, decoder_scale, param_std)
+        from aetv2_tf.models.backbones import input_side
+
+        options = self.decoder_options(input_side(encoder), shift, decoder_scale, param_std)
         count_steps = bool(kwargs.pop("count_steps", False)) or self.loss.counts_steps
         return build_pairs_model(encoder, seed, inputs=inputs, shift=shift, recipe=self,
                                  count_steps=count_steps, **options, **kwargs)
@@ -166,17 +171,6 @@ class Recipe:
         return model.schedule
 
 
-def image_size_of(model: keras.Model) -> int:
-    """The side of the square images ``model`` (an encoder or a pretext model) takes, read
-    from ``model.inputs[0]`` ``(batch, side, side, channels)``; else a ValueError."""
-    shape = tuple(model.inputs[0].shape)
-    if len(shape) != 4 or shape[1] is None or shape[1] != shape[2]:
-        raise ValueError(f"{model.name!r} takes inputs of shape {shape}: the recipe needs "
-                         "square images of a known size, e.g. build_backbone('nin', "
-                         "input_shape=(64, 64, 3))")
-    return int(shape[1])
-
-
 def training_steps(examples: int, batch_size: int, epochs: int = 1) -> int:
     """The optimizer steps of ``model.fit(x, batch_size=batch_size, epochs=epochs)`` on
     ``examples`` images: ``epochs * ceil(examples / batch_size)`` (a last, partial batch is a
@@ -197,8 +191,8 @@ AETV1 = Recipe(LossSpec("mse", mse_normalize=True),
 #: MSE on its own targets (PIL's inverse map, fixed normalisation), otherwise as `AETV1`.
 AETV1_OFFICIAL = AETV1.replace(mse_target="official")
 
-#: theta in the 16x zoomed frame, no residual (configs/cifar10_aetv2_zoom16.cfg): the default
-#: AETv2 before version 0.2, and the optimiser and schedule of every AETv2 below.
+#: theta in the 16x zoomed frame, no residual (configs/cifar10_aetv2_zoom16.cfg), with the
+#: optimiser and schedule of every AETv2 below.
 AETV2_ZOOM16 = Recipe(LossSpec("geodesic", projection_weight=0.0, frame_scale=16.0),
                       OptimizerSpec("adam", learning_rate=1e-4, lr_schedule="cosine",
                                     warmup_steps=1000))
@@ -211,7 +205,7 @@ AETV2_SQ4 = AETV2_ZOOM16.replace(angle_power=2, frame_scale=4.0)
 #: The AETv2 recipe (configs/cifar10_aetv2.cfg): theta^2 at 4x + 10 ||M - P||_F^2 of M in the
 #: UNIT frame, so that scale, shear and keystone errors weigh at their own size.
 AETV2 = AETV2_SQ4.replace(projection_weight=10.0, residual_frame="unit")
-#: `AETV2`'s name while it was a variant (configs/cifar10_aetv2_sq4_unitres.cfg).
+#: `AETV2` under the name of configs/cifar10_aetv2_sq4_unitres.cfg.
 AETV2_SQ4_UNITRES = AETV2
 #: A labelled hybrid: theta^2 at 4x + 0.3 x AETv1's normalised parameter MSE
 #: (configs/cifar10_aetv2_hybrid.cfg).

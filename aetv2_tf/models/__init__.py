@@ -3,13 +3,18 @@
 from aetv2_tf.models.aet import (
     PairConcat,
     build_aet_model,
-    build_backbone,
     build_rotation_classifier,
     default_feature,
     identity_params,
 )
 from aetv2_tf.models.alexnet import build_alexnet
-from aetv2_tf.models.backbones import BACKBONES, Backbone, batch_norm_kind
+from aetv2_tf.models.backbones import (
+    BACKBONES,
+    Backbone,
+    batch_norm_kind,
+    build_backbone,
+    input_side,
+)
 from aetv2_tf.models.blocks import (
     BATCH_NORM_KINDS,
     AdaptivePooling2D,
@@ -46,6 +51,7 @@ __all__ = [
     "conv_bn_relu",
     "dense_bn_relu",
     "identity_params",
+    "input_side",
     "make_batch_norm",
 ]
 

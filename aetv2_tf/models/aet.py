@@ -32,7 +32,7 @@ Choices:
   when the encoder allows it and the backend computes on a GPU; two calls on a CPU, where the
   numerics of CI and the tests stay those of two calls. Both layouts have the same variables:
   weights and checkpoints load across them (and across "joint").
-* `siamese_batch_norm="joint"` (the default of earlier versions): ONE encoder call on the joint
+* `siamese_batch_norm="joint"`: ONE encoder call on the joint
   batch `concat([x, t(x)], axis=0)`; batch norm normalizes with the joint statistics of the
   original and the transformed images (in training mode) and updates its moving averages once a
   step. The same variables either way: checkpoints of one load into the other.
@@ -52,7 +52,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from aetv2_tf.models.backbones import backbone
+from aetv2_tf.models.backbones import input_side
 from aetv2_tf.models.batch_groups import batch_statistics_groups, on_gpu, one_pass_blockers
 from aetv2_tf.models.displayed_loss import DataLossModel
 from aetv2_tf.models.features import (  # noqa: F401 - default_feature: API
@@ -231,28 +231,55 @@ def build_aet_model(
         attribute ``batch_groups`` is 2 for a one-pass per-branch model, else 1.
     """
     feature, features_of = encoder_at(encoder, feature)
+    inputs, (x, tx) = _pair_inputs(encoder, pairs)
+    grouped = resolve_one_pass(encoder, siamese_batch_norm, one_pass)
+    pair = _pair_features(features_of, x, tx, feature, pooled, siamese_batch_norm, grouped)
+    params = _decoder(pair, encoder, num_params, param_scale, init_rotation_deg, target)
+    if grouped and not _grouping_outside:
+        return OnePassSiamese(inputs, params, name=name, batch_groups=2)
+    model = keras.Model(inputs, params, name=name)
+    # `_grouping_outside`: a plain model inside a `PairsModel`, which sets the groups itself
+    # (the class name keys the weights of a nested model: "functional" as the two calls').
+    model.batch_groups = 2 if grouped else 1
+    return model
+
+
+def _pair_inputs(encoder: keras.Model, pairs: keras.Layer | None) -> tuple[list, tuple]:
+    """The AET model's inputs and its pair ``(x, tx)``: the inputs ``[x, tx]`` themselves, or
+    ``[uint8 images, T (B, 3, 3)]`` made into the pair by the layer ``pairs``."""
     input_shape = tuple(encoder.inputs[0].shape[1:])
     if pairs is None:
         inputs = [keras.Input(shape=input_shape, name="x"),
                   keras.Input(shape=input_shape, name="tx")]
-        x, tx = inputs
-    else:
-        inputs = [keras.Input(shape=input_shape, dtype="uint8", name="images"),
-                  keras.Input(shape=(3, 3), name="t")]
-        x, tx = pairs(inputs)
-    grouped = resolve_one_pass(encoder, siamese_batch_norm, one_pass)
-    if siamese_batch_norm == "joint" or grouped:  # grouped: per-half statistics (docstring)
+        return inputs, tuple(inputs)
+    inputs = [keras.Input(shape=input_shape, dtype="uint8", name="images"),
+              keras.Input(shape=(3, 3), name="t")]
+    return inputs, tuple(pairs(inputs))
+
+
+def _pair_features(features_of, x, tx, feature, pooled: bool, siamese_batch_norm: str,
+                   grouped: bool):
+    """The pair features ``(B, 2D)`` = ``[E(x), E(tx)]`` of the layer "pair_features": one
+    encoder call on the joint batch ("joint", or "per_branch" computed in one pass with
+    per-half statistics: ``grouped``) or two calls, x's first (module docstring)."""
+    if siamese_batch_norm == "joint" or grouped:
         joint = keras.layers.Concatenate(axis=0, name="joint_batch")([x, tx])
         features = vector_feature(features_of(joint), feature, pooled)
-        pair = PairConcat(name="pair_features")(features)
-    elif siamese_batch_norm == "per_branch":  # x's call first: its BN update comes first
+        return PairConcat(name="pair_features")(features)
+    if siamese_batch_norm == "per_branch":  # x's call first: its BN update comes first
         first = vector_feature(features_of(x), feature, pooled, "_x")
         second = vector_feature(features_of(After(name="after_x")([tx, first])), feature,
                                 pooled, "_tx")
-        pair = keras.layers.Concatenate(axis=-1, name="pair_features")([first, second])
-    else:
-        raise ValueError(f"siamese_batch_norm must be 'joint' or 'per_branch', got "
-                         f"{siamese_batch_norm!r}")
+        return keras.layers.Concatenate(axis=-1, name="pair_features")([first, second])
+    raise ValueError(f"siamese_batch_norm must be 'joint' or 'per_branch', got "
+                     f"{siamese_batch_norm!r}")
+
+
+def _decoder(pair, encoder: keras.Model, num_params: int, param_scale, init_rotation_deg: float,
+             target: str):
+    """The decoder on the pair features ``(B, 2D)`` -> ``(B, num_params)`` float32 parameters
+    of T (`build_aet_model`'s ``param_scale``, ``init_rotation_deg`` and ``target``; the
+    official targets are those of the encoder's images, `input_side`)."""
     scale = np.ones(num_params) if param_scale is None else np.asarray(param_scale, np.float64)
     initial = identity_params(num_params, init_rotation_deg) / scale
     if target == "official":
@@ -261,8 +288,9 @@ def build_aet_model(
         if param_scale is not None or num_params != 8:
             raise ValueError("target='official' regresses the AETv1 code's 8 normalised "
                              "targets: no param_scale")
+        side = input_side(encoder)
         initial = keras.ops.convert_to_numpy(aetv1_official_targets(
-            identity_params(8, init_rotation_deg)[None].astype(np.float64), input_shape[0]))[0]
+            identity_params(8, init_rotation_deg)[None].astype(np.float64), side))[0]
     elif target != "model":
         raise ValueError(f"target must be 'model' or 'official', got {target!r}")
     params = keras.layers.Dense(
@@ -273,18 +301,11 @@ def build_aet_model(
         name="decoder",
     )(pair)
     if target == "official":
-        params = FromAETv1Targets(input_shape[0], dtype="float32", name="from_aetv1_targets")(
-            params)
+        params = FromAETv1Targets(side, dtype="float32", name="from_aetv1_targets")(params)
     if param_scale is not None:
         params = keras.layers.Rescaling([float(v) for v in scale], dtype="float32",
                                         name="decoder_scale")(params)
-    if grouped and not _grouping_outside:
-        return OnePassSiamese(inputs, params, name=name, batch_groups=2)
-    model = keras.Model(inputs, params, name=name)
-    # `_grouping_outside`: a plain model inside a `PairsModel`, which sets the groups itself
-    # (the class name keys the weights of a nested model: "functional" as the two calls').
-    model.batch_groups = 2 if grouped else 1
-    return model
+    return params
 
 
 def build_rotation_classifier(
@@ -307,14 +328,3 @@ def build_rotation_classifier(
     logits = keras.layers.Dense(num_classes, dtype="float32", name="rotation_logits")(features)
     return DataLossModel(inputs, logits, name=name)
 
-
-def build_backbone(
-    name: str = "nin",
-    input_shape: tuple[int, int, int] | None = None,
-    batch_norm: str | None = None,
-) -> keras.Model:
-    """The backbone ``name`` of the table (`models.backbones`: "nin" or "alexnet") on
-    ``input_shape`` images (default: its own), with ``batch_norm`` "fused" (TensorFlow's
-    kernel) or "keras" (any backend), the same weights (`backbones.batch_norm_kind`: None is
-    fused under TensorFlow, keras elsewhere)."""
-    return backbone(name).build(input_shape, batch_norm)

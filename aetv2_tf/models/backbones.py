@@ -1,15 +1,18 @@
 """The backbones of the package, one table: every per-backbone fact in one place.
 
-    BACKBONES["nin"].input_size        # 32
+    BACKBONES["nin"].input_size        # 32: the side it is built for by default
     BACKBONES["nin"].probe_feature     # "block2": what the probes and the KNN read by default
-    BACKBONES["nin"].build()           # the encoder, `batch_norm_kind` of the backend
+    build_backbone("nin")              # THE way to build an encoder of the table
+    input_side(encoder)                # 32: the side of an encoder's square input, once built
 
 A backbone is a functional ``keras.Model`` on ``(S, S, 3)`` float images (normalised) whose
 output is a dict of named feature maps (`features`, in order); its name is the table's key.
 ``pretext_feature``: the feature the AET decoder and RotNet's head read (`build_aet_model`),
 ``probe_feature``: the feature probed when none is asked for (the paper's: CIFAR-10 NIN block 2,
 AlexNet conv5). The normalisation belongs to the data (`data.constants`), the decoder's
-parameter scale to the sampler (`data.sampler.parameter_std`).
+parameter scale to the sampler (`data.sampler.parameter_std`). The table's ``input_size`` is
+only what an encoder is built on when no shape is given: once an encoder exists, the side of
+its images is read from it (`input_side`), never from the table again.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from aetv2_tf.models.nin import build_nin
 @dataclasses.dataclass(frozen=True)
 class Backbone:
     """One backbone's facts (module docstring) and its builder ``builder(input_shape,
-    batch_norm=...)``."""
+    batch_norm=...)`` (called by `build_backbone`)."""
 
     name: str
     input_size: int
@@ -38,13 +41,6 @@ class Backbone:
     @property
     def input_shape(self) -> tuple[int, int, int]:
         return (self.input_size, self.input_size, 3)
-
-    def build(self, input_shape: tuple[int, int, int] | None = None,
-              batch_norm: str | None = None) -> keras.Model:
-        """The encoder on ``input_shape`` images (default: `input_shape`), with
-        `batch_norm_kind` of ``batch_norm``."""
-        return self.builder(tuple(input_shape or self.input_shape),
-                            batch_norm=batch_norm_kind(batch_norm))
 
 
 BACKBONES: dict[str, Backbone] = {
@@ -66,8 +62,34 @@ def batch_norm_kind(requested: str | None = None) -> str:
     return requested or "fused"
 
 
-def backbone(name: str) -> Backbone:
-    """The table's entry ``name``; ValueError naming the backbones otherwise."""
+def build_backbone(name: str = "nin", input_shape: tuple[int, int, int] | None = None,
+                   batch_norm: str | None = None) -> keras.Model:
+    """The backbone ``name`` of the table ("nin" or "alexnet") on ``input_shape`` images
+    (default: ``(input_size, input_size, 3)`` of its row), with ``batch_norm`` "fused"
+    (TensorFlow's kernel) or "keras" (any backend), the same weights (`batch_norm_kind`: None
+    is fused under TensorFlow, keras elsewhere). ValueError naming the backbones otherwise."""
     if name not in BACKBONES:
         raise ValueError(f"backbone must be one of {tuple(BACKBONES)}, got {name!r}")
-    return BACKBONES[name]
+    row = BACKBONES[name]
+    return row.builder(tuple(input_shape or row.input_shape),
+                       batch_norm=batch_norm_kind(batch_norm))
+
+
+def input_side(model: keras.Model, *, any_size: bool = False) -> int | None:
+    """The side S of the square images ``(B, S, S, C)`` that ``model`` (an encoder, or a model
+    built on one) takes, read from ``model.inputs[0]``. With ``any_size``, None for a model of
+    any size (``keras.Input(shape=(None, None, 3))``). ValueError naming the fix otherwise: no
+    symbolic input, not an image batch, not square, or (without ``any_size``) of no known
+    size."""
+    try:
+        shape = tuple(model.inputs[0].shape)
+    except (AttributeError, IndexError, TypeError, ValueError) as e:
+        raise ValueError(f"{getattr(model, 'name', model)!r} has no symbolic input: pass a "
+                         "functional or Sequential keras.Model built on keras.Input") from e
+    if len(shape) == 4 and shape[1] is None and shape[2] is None and any_size:
+        return None
+    if len(shape) != 4 or shape[1] is None or shape[1] != shape[2]:
+        raise ValueError(f"{model.name!r} takes inputs of shape {shape}: expected square images "
+                         "of a known size (B, S, S, C), e.g. build_backbone('nin', "
+                         "input_shape=(64, 64, 3))")
+    return int(shape[1])

@@ -1,9 +1,12 @@
 """Building blocks shared by the backbones and the probe heads.
 
 * `FusedBatchNormalization`: a drop-in replacement for `keras.layers.BatchNormalization` (channels
-  last) that runs TensorFlow's fused kernel (`FusedBatchNormV3`). Keras 3 computes the moments with
-  generic reductions; the fused kernel makes a whole NIN training step about 1.5x (float32) to 2.9x
-  (bfloat16) faster on CPU.
+  last) that runs TensorFlow's fused kernel (`FusedBatchNormV3`), kept for speed: Keras 3
+  computes the moments with generic reductions, and the fused kernel makes a whole NIN training
+  step 1.6x (float32) to 3.1x (bfloat16) faster per CPU-second on a CPU (docs/benchmarks-log.md,
+  "Training step (benchmarks.step)" on the Xeon with AMX: 46.9 against 28.8 pairs per CPU-second
+  in float32, 110.0 against 35.7 in bfloat16). Same variables as Keras's layer: its weights
+  load into either (`set_weights`), the encoder's files are written in Keras's layout.
 * `AdaptivePooling2D`: PyTorch's `AdaptiveAvgPool2d` / `AdaptiveMaxPool2d` for static shapes.
 * `make_batch_norm`, `conv_bn_relu`, `dense_bn_relu`: the "layer + BN + ReLU" unit used everywhere.
 

@@ -1,14 +1,14 @@
-"""Models that check what they are given (`aetv2_tf.input_checks`): on raw uint8 images
-(`ChecksInputs`), and encoders on normalised images (`ChecksNormalisedInputs`, at the end).
+"""Models that check what they are given (`aetv2_tf.input_checks`) at every entry: on raw uint8
+images (`ChecksInputs`), and encoders on normalised images (`ChecksNormalisedInputs`).
 
 `ChecksInputs` goes before `keras.Model` in the bases of a functional model subclass whose only
 input is the images (``keras.Input(shape=(H, W, 3), dtype="uint8")``): `models.pretext.PairsModel`
 (self-supervised: no labels) and `models.image_models.CheckedModel` (`build_classifier`: integer
-class labels; `feature_extractor`: labels unchecked). Its ``fit`` / ``evaluate`` / ``predict``
-and ``train_on_batch`` / ``test_on_batch`` / ``predict_on_batch`` check the images (uint8
-NHWC of the model's height and width: floats, NCHW, another size refused with the fix) and,
-by `labels`, the labels, then call Keras's own. Keras's input would otherwise be cast to uint8
-silently: [0, 1] floats become black images.
+class labels; `feature_extractor`: labels unchecked). Its ``fit`` / ``evaluate`` / ``predict``,
+``train_on_batch`` / ``test_on_batch`` / ``predict_on_batch`` and a call (``model(x)``, on an
+array or a tensor) check the images (uint8 NHWC of the model's height and width: floats, NCHW,
+another size refused with the fix) and, by `labels`, the labels, then call Keras's own. Keras's
+input would otherwise be cast to uint8 silently: [0, 1] floats become black images.
 
 `labels` (a class attribute, or set by ``__init__``):
 
@@ -18,17 +18,151 @@ silently: [0, 1] floats become black images.
   one-hot refused with ``labels.argmax(-1)``, one per image, below the number of logits;
 * ``"any"``: the images only are checked.
 
+Both mixins treat the batch the same way at every entry (`BatchSizes`):
+
+* ``x=None``, or a Python list of arrays (Keras would take each for an input of its own), is
+  refused with the fix (``np.stack(x)``);
+* an empty batch ``(0, H, W, 3)`` gives an empty result of the right shape, ``(0, D)``, as
+  NumPy does for an empty array (``predict`` and a call; ``fit`` and ``evaluate`` refuse it:
+  there is nothing to fit or score);
+* no layer's output for one batch holds more than `MAX_ACTIVATION_VALUES`: inference
+  (``predict``, ``evaluate``, a call with ``training`` false) runs larger batches in slices and
+  joins the results (the same numbers); training (``fit``, ``train_on_batch``, a call with
+  ``training=True``), whose BatchNorm statistics depend on the batch, refuses a batch past
+  `TRAINING_VALUES_LIMIT`, naming the largest that works. TensorFlow's CPU convolutions
+  (oneDNN and Eigen kernels alike) end the process with a segmentation fault, no exception,
+  when one output holds more than 2**31 - 1 values (its int32 indices: NIN block 1 at 10,900
+  images of 32 x 32 ran, at 11,000 crashed, with memory to spare), and oneDNN's also when an
+  allocation fails (measured under ``RLIMIT_AS``; Eigen raises ResourceExhaustedError there).
+
 Nothing here imports TensorFlow; a ``tf.data.Dataset`` is judged by its ``element_spec``.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+import numpy as np
+
+from aetv2_tf.errors import UsageError
+
 LABELS = ("none", "classes", "any")
+#: The most values one layer's output holds for one slice of an inference batch (1 GiB of
+#: float32): far below the crash at 2**31 values, and a bounded memory on any machine.
+MAX_ACTIVATION_VALUES = 2**28
+#: The most values one layer's output may hold for one training batch: TensorFlow's int32 limit.
+TRAINING_VALUES_LIMIT = 2**31 - 1
 
 
-class ChecksInputs:
+def values_per_image(model: Any, hw: tuple) -> int:
+    """The most values any layer of `model` (nested models included) outputs for one image of
+    height and width `hw`; an unknown dimension counts as the larger of `hw` (the layers of
+    an image model only shrink the image)."""
+    import keras
+
+    largest, side = 1, max(int(d) for d in hw)
+    for layer in model.layers:
+        try:
+            outputs = keras.tree.flatten(layer.output)
+        except (AttributeError, ValueError):  # a layer of several calls: its nodes differ
+            outputs = []
+        for output in outputs:
+            shape = tuple(output.shape)[1:]
+            largest = max(largest, math.prod(side if d is None else int(d) for d in shape))
+        if isinstance(layer, keras.Model):
+            largest = max(largest, values_per_image(layer, hw))
+    return largest
+
+
+class BatchSizes:
+    """The batch rules of both mixins (module docstring)."""
+
+    def _hw(self, images: Any) -> tuple:
+        return tuple(d if d is not None else images.shape[1 + i]
+                     for i, d in enumerate(self.inputs[0].shape[1:3]))
+
+    def largest_batch(self, images: Any, training: bool = False) -> int:
+        """The most images of `images`' size one call may take (module docstring)."""
+        limit = TRAINING_VALUES_LIMIT if training else MAX_ACTIVATION_VALUES
+        return max(1, limit // values_per_image(self, self._hw(images)))
+
+    def _refuse_missing(self, method: str, x: Any, sequences: tuple = (list,)) -> None:
+        """`x` None, or one of `sequences` (a list of images; a call takes no tuple either),
+        refused with the fix."""
+        name = f"{type(self).__name__} {self.name!r}.{method}"
+        if x is None:
+            raise UsageError(f"{name}: x is None; pass a batch of images (N, H, W, 3)")
+        if isinstance(x, sequences):
+            raise UsageError(f"{name}: x is a {type(x).__name__} of {len(x)} items; the model "
+                             "takes one batch array of images (N, H, W, 3): np.stack(x)")
+
+    def _refuse_large_training_batch(self, method: str, images: Any, batch_size: int) -> None:
+        most = self.largest_batch(images, training=True)
+        if batch_size > most:
+            height, width = self._hw(images)
+            raise UsageError(f"{type(self).__name__} {self.name!r}.{method}: a training batch of "
+                             f"{batch_size} images of {height}x{width} pixels would make a "
+                             f"layer output of more than {TRAINING_VALUES_LIMIT:,} values, "
+                             f"which TensorFlow's kernels cannot index (the process crashes); "
+                             f"pass batch_size={most} or less")
+
+    def _empty(self, images: Any, as_numpy: bool) -> Any:
+        """The model's outputs for the empty batch `images`: zeros of shape ``(0, ...)``."""
+        import keras
+
+        spec = self.compute_output_spec(keras.KerasTensor(tuple(images.shape),
+                                                          dtype=images.dtype))
+        make = (lambda s: np.zeros(s.shape, s.dtype)) if as_numpy else \
+            (lambda s: keras.ops.zeros(s.shape, s.dtype))
+        return keras.tree.map_structure(make, spec)
+
+    def _call_in_slices(self, images: Any, args: tuple, kwargs: dict) -> Any:
+        """`Layer.__call__` on `images` (an array or tensor of known batch size), an empty batch
+        answered with zeros and a large one in slices (module docstring)."""
+        import keras
+
+        training = kwargs.get("training", args[0] if args else None)
+        n = images.shape[0]
+        if n is None:  # a tensor being traced: its batch is the caller's (predict's: capped)
+            return super().__call__(images, *args, **kwargs)
+        if n == 0:
+            return self._empty(images, as_numpy=False)
+        if training is True:
+            self._refuse_large_training_batch("__call__", images, n)
+        if training not in (None, False):  # training, or a flag known only when it runs
+            return super().__call__(images, *args, **kwargs)
+        step = self.largest_batch(images)
+        if n <= step:
+            return super().__call__(images, *args, **kwargs)
+        parts = [super(BatchSizes, self).__call__(images[i:i + step], *args, **kwargs)
+                 for i in range(0, n, step)]
+        return keras.tree.map_structure(lambda *p: keras.ops.concatenate(p, axis=0), *parts)
+
+    def _predicted(self, method: str, x: Any, batch_size: int | None, run) -> Any:
+        """`run(batch_size)` (Keras's predict or evaluate) on checked `x`: an empty array
+        answered with zeros (predict) or refused (evaluate), the batch size capped."""
+        if not hasattr(x, "shape") or len(x.shape) != 4:
+            return run(batch_size)
+        if x.shape[0] == 0:
+            if method == "predict":
+                return self._empty(x, as_numpy=True)
+            raise UsageError(f"{type(self).__name__} {self.name!r}.{method}: no images (an "
+                             "empty batch); pass at least one")
+        return run(min(batch_size or 32, self.largest_batch(x)))
+
+    def _fitted(self, method: str, x: Any, batch_size: int | None) -> None:
+        """Refuses an empty array or a training batch past `TRAINING_VALUES_LIMIT`."""
+        if not hasattr(x, "shape") or len(x.shape) != 4:
+            return
+        if x.shape[0] == 0:
+            raise UsageError(f"{type(self).__name__} {self.name!r}.{method}: no images (an empty "
+                             "batch); pass at least one")
+        size = x.shape[0] if method == "train_on_batch" else min(batch_size or 32, x.shape[0])
+        self._refuse_large_training_batch(method, x, size)
+
+
+class ChecksInputs(BatchSizes):
     """Mixin: the inputs of a Keras model on uint8 images checked at the door (module
     docstring). Put it before ``keras.Model`` in the bases."""
 
@@ -38,6 +172,7 @@ class ChecksInputs:
                       predicting: bool = False) -> None:
         from aetv2_tf.input_checks import check_pretext_inputs, check_supervised_inputs
 
+        self._refuse_missing(method, x)
         name = f"{type(self).__name__}.{method}"
         expected_hw = tuple(self.inputs[0].shape[1:3])
         if self.labels == "classes" and not predicting:
@@ -54,22 +189,41 @@ class ChecksInputs:
         else:
             self._check_inputs(name, data)
 
-    def fit(self, x=None, y=None, *args, **kwargs):
+    def __call__(self, *args, **kwargs):
+        from aetv2_tf.input_checks import check_images
+
+        if not args or len(self.inputs) != 1:
+            return super().__call__(*args, **kwargs)
+        images = args[0]
+        self._refuse_missing("__call__", images, (list, tuple))
+        if isinstance(images, dict):
+            return super().__call__(*args, **kwargs)
+        check_images(images, name=f"{type(self).__name__} {self.name!r}.__call__: x",
+                     expected_hw=tuple(self.inputs[0].shape[1:3]))
+        return self._call_in_slices(images, args[1:], kwargs)
+
+    def fit(self, x=None, y=None, batch_size=None, *args, **kwargs):
         self._check_inputs("fit", x, y)
         if kwargs.get("validation_data") is not None:
             self._check_validation(kwargs["validation_data"])
-        return super().fit(x, y, *args, **kwargs)
+        self._fitted("fit", x, batch_size)
+        return super().fit(x, y, batch_size, *args, **kwargs)
 
-    def evaluate(self, x=None, y=None, *args, **kwargs):
+    def evaluate(self, x=None, y=None, batch_size=None, *args, **kwargs):
         self._check_inputs("evaluate", x, y)
-        return super().evaluate(x, y, *args, **kwargs)
+        return self._predicted("evaluate", x, batch_size,
+                               lambda size: super(ChecksInputs, self).evaluate(
+                                   x, y, size, *args, **kwargs))
 
-    def predict(self, x, *args, **kwargs):
+    def predict(self, x, batch_size=None, *args, **kwargs):
         self._check_inputs("predict", x, predicting=True)
-        return super().predict(x, *args, **kwargs)
+        return self._predicted("predict", x, batch_size,
+                               lambda size: super(ChecksInputs, self).predict(
+                                   x, size, *args, **kwargs))
 
     def train_on_batch(self, x, y=None, *args, **kwargs):
         self._check_inputs("train_on_batch", x, y)
+        self._fitted("train_on_batch", x, None)
         return super().train_on_batch(x, y, *args, **kwargs)
 
     def test_on_batch(self, x, y=None, *args, **kwargs):
@@ -81,40 +235,58 @@ class ChecksInputs:
         return super().predict_on_batch(x)
 
 
-class ChecksNormalisedInputs:
+class ChecksNormalisedInputs(BatchSizes):
     """Mixin: a functional encoder on NORMALISED float images (`saving.load_encoder`'s) whose
-    ``fit`` / ``evaluate`` / ``predict``, ``*_on_batch`` and a call on a NumPy array refuse raw
-    pixels (`input_checks.check_normalised_images`: uint8 images, floats with no value below 0),
-    as the raw-image models above refuse floats. Calls on tensors (inside other models, traced
-    steps) are not checked. Put it before ``keras.Model`` in the bases."""
+    ``fit`` / ``evaluate`` / ``predict``, ``*_on_batch`` and calls refuse raw pixels
+    (`input_checks.check_normalised_images`: uint8 images, floats with no value below 0), as
+    the raw-image models above refuse floats; a call on a tensor being traced (inside another
+    model, a compiled step) is checked for its dtype only. Put it before ``keras.Model`` in the
+    bases."""
 
     def _check_normalised(self, method: str, x: Any) -> None:
         from aetv2_tf.input_checks import check_normalised_images
 
+        self._refuse_missing(method, x)
         check_normalised_images(x, name=f"{type(self).__name__} {self.name!r}.{method}",
                                 expected_hw=tuple(self.inputs[0].shape[1:3]))
 
     def __call__(self, *args, **kwargs):
-        import numpy as np
-
-        if args and isinstance(args[0], np.ndarray):
-            self._check_normalised("__call__", args[0])
-        return super().__call__(*args, **kwargs)
+        if not args or len(self.inputs) != 1:
+            return super().__call__(*args, **kwargs)
+        images = args[0]
+        self._refuse_missing("__call__", images, (list, tuple))
+        if not hasattr(images, "shape"):
+            return super().__call__(*args, **kwargs)
+        if isinstance(images, np.ndarray):
+            self._check_normalised("__call__", images)
+        elif "float" not in getattr(images.dtype, "name", str(images.dtype)):
+            raise UsageError(f"{type(self).__name__} {self.name!r}.__call__: a tensor of "
+                             f"{getattr(images.dtype, 'name', images.dtype)} (raw pixels?); "
+                             "this encoder takes normalised float images (u / 255 - mean) / "
+                             "std: give uint8 images to aetv2_tf.feature_extractor, which "
+                             "normalises them")
+        return self._call_in_slices(images, args[1:], kwargs)
 
     def fit(self, x=None, *args, **kwargs):
         self._check_normalised("fit", x)
+        self._fitted("fit", x, kwargs.get("batch_size", args[1] if len(args) > 1 else None))
         return super().fit(x, *args, **kwargs)
 
-    def evaluate(self, x=None, *args, **kwargs):
+    def evaluate(self, x=None, y=None, batch_size=None, *args, **kwargs):
         self._check_normalised("evaluate", x)
-        return super().evaluate(x, *args, **kwargs)
+        return self._predicted("evaluate", x, batch_size,
+                               lambda size: super(ChecksNormalisedInputs, self).evaluate(
+                                   x, y, size, *args, **kwargs))
 
-    def predict(self, x, *args, **kwargs):
+    def predict(self, x, batch_size=None, *args, **kwargs):
         self._check_normalised("predict", x)
-        return super().predict(x, *args, **kwargs)
+        return self._predicted("predict", x, batch_size,
+                               lambda size: super(ChecksNormalisedInputs, self).predict(
+                                   x, size, *args, **kwargs))
 
     def train_on_batch(self, x, *args, **kwargs):
         self._check_normalised("train_on_batch", x)
+        self._fitted("train_on_batch", x, None)
         return super().train_on_batch(x, *args, **kwargs)
 
     def test_on_batch(self, x, *args, **kwargs):

@@ -36,9 +36,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import keras
+import numpy as np
 
 from aetv2_tf.data.constants import CIFAR10_MEAN, CIFAR10_STD
 from aetv2_tf.data.preprocessing_layers import ClassifierInputs
+from aetv2_tf.errors import UsageError
 from aetv2_tf.models.checked_inputs import LABELS, ChecksInputs, ChecksNormalisedInputs
 from aetv2_tf.models.displayed_loss import ShowsDataLoss
 from aetv2_tf.models.features import (  # noqa: F401 - classifier_feature: API
@@ -195,7 +197,7 @@ def build_classifier(
 
     Args:
         encoder, feature, mean, std: as `feature_extractor` (feature None: "block2" for NIN).
-        num_classes: the number of logits.
+        num_classes: the number of logits, a whole number >= 2 (else `errors.UsageError`).
         head: a kind of `build_head`: "linear" (default; on a map: adaptive average pooling to
             about 9,000 values, BatchNorm without affine, Dense; on a vector: BatchNorm, Dense),
             "fc1", "fc2", "fc3", "conv", "nonlinear"; or your own Keras layer/model, called on
@@ -213,6 +215,10 @@ def build_classifier(
         "preprocessing", the cut encoder (named like
         `encoder`), "pool" when `pool` is given, and the head (last layer "logits").
     """
+    if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) or \
+            num_classes < 2:
+        raise UsageError(f"build_classifier: num_classes={num_classes!r}; a classifier needs a "
+                         "whole number of at least 2 classes (its logits), e.g. 10 for CIFAR-10")
     feature = classifier_feature(encoder, feature)
     images, x = _preprocessed(encoder, mean, std, augment=augment, seed=seed)
     x = cut_encoder(encoder, feature)(x)

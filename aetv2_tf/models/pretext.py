@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import keras
 
@@ -41,12 +41,28 @@ from aetv2_tf.data import warping
 from aetv2_tf.data.constants import AETV1_FILL, CIFAR10_MEAN, CIFAR10_STD
 from aetv2_tf.data.preprocessing_layers import HomographyPairs, QuarterTurns
 from aetv2_tf.errors import SettingWarning
+from aetv2_tf.method.recipe_parts import LossSpec, OptimizerSpec
 from aetv2_tf.models.aet import build_aet_model, build_rotation_classifier
+from aetv2_tf.models.backbones import input_side
 from aetv2_tf.models.batch_groups import batch_statistics_groups
 from aetv2_tf.models.checked_inputs import ChecksInputs
 from aetv2_tf.models.displayed_loss import ShowsDataLoss
 
 NUM_PARAMS = 8
+
+
+class PretextRecipe(Protocol):
+    """What a `PairsModel` compiles itself from (`recipes.Recipe`): its two parts and the
+    values they build, neither of which touches a model."""
+
+    loss: LossSpec
+    optimizer: OptimizerSpec
+
+    def build_loss(self, image_size: int, param_std: Sequence[float] | None = None,
+                   step: Any = None, shift: str = "integer") -> keras.losses.Loss: ...
+
+    def build_optimizer(self, steps: int, mixed_float16: bool | None = None, *,
+                        _stacklevel: int = 2) -> tuple[Any, keras.optimizers.Optimizer]: ...
 
 
 @keras.saving.register_keras_serializable(package="aetv2_tf")
@@ -70,7 +86,8 @@ class PairsModel(ChecksInputs, ShowsDataLoss, keras.Model):
     encoder's joint batch has its own BatchNorm statistics, `models.aet`), else 1."""
 
     def __init__(self, *args, count_steps: bool = False, split: int | None = NUM_PARAMS,
-                 pretext: dict | None = None, recipe: Any = None, batch_groups: int = 1,
+                 pretext: dict | None = None, recipe: PretextRecipe | dict | None = None,
+                 batch_groups: int = 1,
                  **kwargs):
         super().__init__(*args, **kwargs)
         self.batch_groups = int(batch_groups)
@@ -100,10 +117,12 @@ class PairsModel(ChecksInputs, ShowsDataLoss, keras.Model):
             return super().call(inputs, training=training, mask=mask, **kwargs)
 
     def compile(self, optimizer: Any = "auto", loss: Any = "auto", metrics: Any = "auto", *,
-                steps: int | None = None, recipe: Any = None, **kwargs: Any) -> None:
+                steps: int | None = None, recipe: PretextRecipe | None = None,
+                **kwargs: Any) -> None:
         """``keras.Model.compile``, where ``"auto"`` (the default) is the recipe's (``recipe``,
         else the one the model was built with): its loss for this model's image size, sampler
-        and decoder scale (`recipe_parts.LossSpec.build`), its metrics, and its optimizer with the
+        and decoder scale (`recipe_parts.LossSpec.build`), its metrics, and the optimizer it
+        builds (`recipe_parts.OptimizerSpec.build`: a value, which touches no model) with the
         schedule laid out over ``steps`` optimizer steps (`recipes.training_steps`; required
         for ``optimizer="auto"``). ``metrics="auto"`` describes the loss compiled
         (`metrics.pretext_metrics`: the angle in its frame, the quarter turns); without a recipe
@@ -129,13 +148,12 @@ class PairsModel(ChecksInputs, ShowsDataLoss, keras.Model):
                 rate = recipe.optimizer.learning_rate
                 warnings.warn(SettingWarning(
                     "this recipe's MSE is meant for a decoder that regresses std-normalised "
-                    "parameters (the command line's default) and the model has none: SGD at its "
-                    "learning rate diverges; build the model with recipe.build_model(encoder)",
-                    f"--loss=mse with --decoder_scale=false: the AETv1 MSE is meant for a "
-                    f"decoder that regresses std-normalised parameters, and SGD at "
-                    f"--learning_rate={rate:g} diverges without one; drop --decoder_scale=false"),
+                    "parameters and the model has none (decoder_scale=False): SGD at its "
+                    f"learning_rate={rate:g} diverges; build the model with "
+                    "recipe.build_model(encoder), whose decoder_scale follows the loss",
+                    ("decoder_scale", "learning_rate")),
                     stacklevel=3)
-            self.schedule, optimizer = recipe.build_optimizer(self, steps, _stacklevel=4)
+            self.schedule, optimizer = recipe.build_optimizer(steps, _stacklevel=4)
         if "loss" in auto:
             loss = recipe.build_loss(self.pretext["image_size"], self.pretext["param_scale"],
                                      self.loss_step, self.pretext["shift"])
@@ -248,7 +266,7 @@ def build_pairs_model(
     target: str = "model",
     feature: str | int | None = None,
     fused_warp: bool | None = None,
-    recipe: Any = None,
+    recipe: PretextRecipe | None = None,
     one_pass: bool | None = None,
 ) -> PairsModel:
     """The AET pretext model of ``encoder`` (module docstring), a `PairsModel`.
@@ -265,10 +283,9 @@ def build_pairs_model(
     add the training-step counter `loss_step`. ``recipe``: what ``model.compile()`` defaults to
     (`recipes.Recipe.build_model` passes itself).
     """
-    size = tuple(encoder.inputs[0].shape[1:])
     if inputs not in ("images", "warp", "pairs"):
         raise ValueError(f"inputs must be 'images', 'warp' or 'pairs'; got {inputs!r}")
-    pretext = dict(inputs=inputs, image_size=int(size[0]), shift=shift, target=target,
+    pretext = dict(inputs=inputs, image_size=input_side(encoder), shift=shift, target=target,
                    param_scale=None if param_scale is None else [float(v) for v in param_scale])
     common = dict(pretext=pretext, recipe=recipe, count_steps=count_steps)
     aet_options = dict(param_scale=param_scale, init_rotation_deg=init_rotation_deg,
@@ -280,7 +297,8 @@ def build_pairs_model(
         aet = build_aet_model(encoder, feature, pairs=pairs, **aet_options)
         return PairsModel(aet.inputs, aet.outputs[0], name="aet", split=None,
                           batch_groups=aet.batch_groups, **common)
-    images = keras.Input(shape=size, dtype="uint8", name="images")
+    images = keras.Input(shape=tuple(encoder.inputs[0].shape[1:]), dtype="uint8",
+                         name="images")
     x, tx, params = HomographyPairs(seed=seed, shift=shift, augment=augment, mean=mean, std=std,
                                     name="pairs")(images)
     aet = build_aet_model(encoder, feature, **aet_options)

@@ -13,7 +13,7 @@ Protocol (docs/method.md, section 2, with its one deliberate change):
   does neither.
 * Optimiser (`probe_optimizer`, `step_lr_schedule`): SGD, momentum 0.9, Nesterov, lr 0.1, weight
   decay 5e-4 added to the gradient (PyTorch's coupled ``weight_decay``, applied to every trainable
-  variable as in the AETv1 code: `optimizers.add_l2_decay`), lr x0.2 at 30%, 60% and 80% of the
+  variable as in the AETv1 code: `optimizers.SGDL2`), lr x0.2 at 30%, 60% and 80% of the
   epochs (60/120/160 of 200, the AETv1/RotNet classifier schedule; boundaries scale with the epoch
   count; `optimizers.Schedule`).
 
@@ -41,28 +41,27 @@ from aetv2_tf.models.displayed_loss import ShowsDataLoss
 
 
 def probe_optimizer(
-    model: keras.Model,
     kind: str = "sgd",
     learning_rate: float = 0.1,
     momentum: float = 0.9,
     nesterov: bool = True,
     weight_decay: float = 5e-4,
 ) -> keras.optimizers.Optimizer:
-    """The probe-head optimiser for ``model``: by default SGD, momentum 0.9, Nesterov, lr 0.1,
-    and PyTorch's coupled L2 weight decay 5e-4 on ``model``'s trainable weights (the head's:
-    the encoder is frozen), added to its losses by `optimizers.add_l2_decay`, the project's one L2
-    mechanism (its gradient ``weight_decay * w`` goes through the momentum as in
-    ``torch.optim.SGD``; `EpochScalars` logs the data loss and the penalty apart).
+    """The probe-head optimiser: by default SGD, momentum 0.9, Nesterov, lr 0.1, and PyTorch's
+    coupled L2 weight decay 5e-4 (`optimizers.CoupledWeightDecay`, the project's one L2
+    mechanism: ``weight_decay * w`` added to the gradient of every variable it updates, the
+    head's (the encoder is frozen), before the momentum, as ``torch.optim.SGD``; the model
+    shows the penalty apart, `displayed_loss.ShowsDataLoss`). Touches no model.
 
     ``kind="adam"`` gives Adam (betas 0.9, 0.999) with the same L2. The learning rate is a
     plain float so that `step_lr_schedule` can set it once per epoch.
     """
-    if kind not in ("sgd", "adam"):
-        raise ValueError(f"unknown probe optimizer {kind!r}; use 'sgd' or 'adam'")
-    optimizers.add_l2_decay(model, weight_decay)
     if kind == "sgd":
-        return keras.optimizers.SGD(learning_rate, momentum=momentum, nesterov=nesterov)
-    return keras.optimizers.Adam(learning_rate)
+        return optimizers.SGDL2(learning_rate, momentum=momentum, nesterov=nesterov,
+                                l2_decay=weight_decay)
+    if kind == "adam":
+        return optimizers.AdamL2(learning_rate, l2_decay=weight_decay)
+    raise ValueError(f"unknown probe optimizer {kind!r}; use 'sgd' or 'adam'")
 
 
 def step_lr_schedule(
@@ -259,7 +258,7 @@ def train_probe(
         once per epoch (shuffle/augment it inside the pipeline), val_ds once per epoch, test_ds
         exactly once at the end.
       epochs: training epochs.
-      optimizer: default `probe_optimizer(model)`.
+      optimizer: default `probe_optimizer()`.
       lr_schedule: ``"step"`` (`step_lr_schedule(epochs, base_lr=<optimizer lr>)`), a callable
         ``epoch (0-based) -> lr``, or None to leave the optimiser's learning rate alone.
       model_dir: if given, ``best.weights.h5`` (best epoch so far) is saved there.
@@ -271,7 +270,7 @@ def train_probe(
       val_top1_history)``; accuracies and error in percent.
     """
     start = time.perf_counter()
-    optimizer = optimizer if optimizer is not None else probe_optimizer(model)
+    optimizer = optimizer if optimizer is not None else probe_optimizer()
     model.compile(
         optimizer=optimizer,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),

@@ -25,7 +25,7 @@ A Keras encoder is cut to the layers its feature needs (`truncate`): a probe on 
 not run blocks 3-4, an AlexNet conv probe skips fc6/fc7. Every failure is a `UsageError` naming
 the problem and the fix; `check_pretrained` makes the cheap checks (path, kind, backbone) before
 the run writes anything. TensorFlow is imported only for SavedModels and TensorFlow checkpoints:
-a `--pretrained` run of `program.adapter_portable` (Keras checkpoints) loads on any backend.
+a `--pretrained` run of `program.keras_native_backend` (Keras checkpoints) loads on any backend.
 """
 
 from __future__ import annotations
@@ -101,8 +101,8 @@ def check_saved_model_trusted(path: str, trust_saved_model: bool = False) -> Non
     path = os.path.expanduser(path)
     why = verify_export(path)
     if why is None and export_record(path) is None:
-        why = ("its manifest records no encoder to rebuild (an export of an earlier version); "
-               "re-export it")
+        why = ("its manifest records no encoder to rebuild; re-export it with python -m "
+               "aetv2_tf.export")
     if why is not None:
         raise UsageError(
             f"--pretrained={path} is a SavedModel that this project cannot recognise as its own "
@@ -304,7 +304,7 @@ def load_frozen_encoder(pretrained: str, backbone: str, feature: str, *, batch_n
     from aetv2_tf.files.saving import encoder_source
 
     checkpoint = encoder_source(path)
-    if checkpoint is None:  # a run of an earlier version: tf.train.Checkpoint files
+    if checkpoint is None:  # a run whose checkpoints are tf.train.Checkpoint files
         import tensorflow as tf
 
         checkpoint = tf.train.latest_checkpoint(os.path.join(path, "checkpoints"))

@@ -47,6 +47,7 @@ from collections.abc import Callable, Iterable, Sequence
 import keras
 import numpy as np
 
+from aetv2_tf.errors import UsageError
 from aetv2_tf.input_checks import check_feature, check_images, check_labels
 
 # The pooling of a feature map lives with the features (models); the probes re-export it.
@@ -265,6 +266,13 @@ def knn_classify(
     queries = np.asarray(np.asarray(query_features, np.float32), dtype)
     if train.ndim != 2 or queries.ndim != 2 or train.shape[1] != queries.shape[1]:
         raise ValueError(f"need (N, D) and (Q, D) features, got {train.shape}, {queries.shape}")
+    for name, features in (("train_features", train), ("query_features", queries)):
+        bad = int(np.count_nonzero(~np.isfinite(features).all(axis=1)))
+        if bad:
+            raise UsageError(f"{name}: {bad} of {len(features)} rows hold NaN or infinite "
+                             "values, which have no neighbours (the accuracy would be a number "
+                             "without meaning); the encoder diverged or was given bad images: "
+                             "check them, or drop those rows")
     labels = check_labels(train_labels, train.shape[0], name="train_labels",
                           what="training features")
     if not 1 <= k <= train.shape[0]:

@@ -5,21 +5,25 @@
   value;
 * `config`: the flags read ONCE into a frozen `RunConfig` (the recipe, model, data, training,
   machine, outputs and probe), every combination checked; nothing reads the flags after it;
-* `run_length`: the run's steps (``--epochs``, ``--train_steps``, ``--train_seconds``) and where
-  an invocation stops;
-* `common`: what both adapters share besides: the training images, the fit and its summary,
-  the start line, the quick KNN;
-* `pretext`: THE pretext training loop and THE build of its model (through the recipe);
-* `probe_stage`: THE probe and supervised stage (built on `aetv2_tf.probes`);
-* `callbacks`, `keras_checkpoints`, `rundir`, `precision`, `distribute`, `console`: the run's
-  machinery;
-* the backend adapters, side by side: `adapter_tensorflow` (tf.distribute, tf.data,
-  TensorBoard, SavedModel) and `adapter_portable` (Keras on JAX and other backends).
+* `stages`: THE run sequence of every backend (machine, precision, data, model_dir, start line,
+  then the stage);
+* `backend`: what a Keras backend supplies, side by side `tensorflow_backend` (tf.distribute,
+  tf.data, TensorBoard, SavedModel) and `keras_native_backend` (Keras on JAX and other
+  backends);
+* `pretext_stage` (with `pretext_data`): THE pretext training loop and THE build of its model
+  (through the recipe); `probe_stage`: THE probe and supervised stage (built on
+  `aetv2_tf.probes`);
+* `run_control`: THE callback of the loop's ``fit`` that counts, stops and saves, and the typed
+  `Outcome` of a run, with its parts `checkpoint_saver`, `divergence` (non-finite steps, the
+  loss growth), `signal_stop`; `run_length`: the run's steps (``--epochs``, ``--train_steps``,
+  ``--train_seconds``) and where an invocation stops;
+* `monitoring` (progress bar, TensorBoard and CSV logs), `keras_checkpoints`, `rundir`,
+  `precision`, `distribute`, `step_memory`, `console`: the run's machinery.
 
-`aetv2_tf.train` is only the entry point: it parses the flags, picks the adapter by Keras
-backend and turns the outcome into an exit code; `aetv2_tf.export` and `aetv2_tf.report` are the
-other command lines. Nothing here (nor an entry point) is imported by the library
-(`tests/test_program_structure.py`).
+`aetv2_tf.train` is only the entry point: it parses the flags, picks the backend by Keras
+backend, runs `stages.run` and turns the outcome into an exit code; `aetv2_tf.export` and
+`aetv2_tf.report` are the other command lines. Nothing here (nor an entry point) is imported by
+the library (`tests/test_program_structure.py`).
 """
 
 import time as _time

@@ -90,7 +90,7 @@ def _multi_worker_strategy(
 def signal_agreement(strategy: tf.distribute.Strategy):
     """Under `MultiWorkerMirroredStrategy`, a function `(sigint, sigterm) -> (sigint, sigterm)`
     that sums every worker's counts of received signals (one collective, a few ms), so that all
-    workers stop after the same step when any is signalled (`callbacks.StopOnSignal`); None
+    workers stop after the same step when any is signalled (`signal_stop.SignalStop`); None
     elsewhere (one process receives its own signals)."""
     if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return None
@@ -145,11 +145,13 @@ def patch_keras_multi_worker_fit(model, strategy: tf.distribute.Strategy) -> Non
     - before training, Keras 3 builds the model's metrics from one batch that it averages over
       the replicas with `strategy.reduce`, which fails on a nested batch such as ((x, t(x)),
       params). Only the batch's shapes and dtypes matter there, so this builds from this
-      worker's first replica's values instead;
+      worker's first replica's values instead (through the model's private
+      `_maybe_symbolic_build`, which reduces that batch before any public hook of `fit` runs:
+      Keras has no public one for it);
     - every step, Keras averages the replicas' logs with `strategy.reduce("MEAN", v, axis=0)`,
-      which fails on scalars. The train step's scalars are returned with shape (1,) instead;
-      the same reduction then averages them over every replica of every worker into scalars,
-      as Keras does under `MirroredStrategy`.
+      which fails on scalars. The train step's scalars are returned with shape (1,) instead
+      (through the public `train_step`); the same reduction then averages them over every
+      replica of every worker into scalars, as Keras does under `MirroredStrategy`.
     """
     if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return

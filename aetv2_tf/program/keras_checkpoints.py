@@ -4,7 +4,11 @@ Layout under `<model_dir>/checkpoints/`: `ckpt-<step>.weights.h5`, one file per 
 by `model.save_weights`: the model's weights, the optimizer's variables (Keras saves those of a
 built optimizer with the model's) and the `HomographyPairs` seed-generator state (that layer
 saves it itself); `<step>` is the number of training batches consumed, which fixes the data
-position (the optimizer's step counter, which fixes the learning rate, is inside). A checkpoint is
+position (the optimizer's step counter, which fixes the learning rate, is inside); the file
+holds it too (its root attribute `STEP`), and a checkpoint whose name says another step (a
+renamed file: `misnamed`) is set aside like a damaged one. The weights are serialised in memory
+and written with plain writes (`files.weights_files`: a full disk is an OSError, never an HDF5
+crash). A checkpoint is
 written to a temporary name in the same directory and renamed into place (`os.replace`, atomic),
 so a listed `ckpt-*.weights.h5` is always complete; only the `keep` newest are kept. Beside
 each file its SHA-256 (`<file>.sha256`, written before the file is renamed into place), checked
@@ -25,13 +29,12 @@ keras-BN twin.
 
 from __future__ import annotations
 
-import math
 import os
 
 import keras
-import numpy as np
 from absl import logging
 
+from aetv2_tf.files.safe_paths import read_regular_file
 from aetv2_tf.files.saving import (  # noqa: F401 - the run directory's files, re-exported
     CHECKPOINT_NAME,
     CHECKSUM,
@@ -45,16 +48,42 @@ from aetv2_tf.files.saving import (  # noqa: F401 - the run directory's files, r
     save_atomically,
     save_encoder_weights,
     tensorflow_run_unreadable,
-    write_text_atomically,
+    write_atomically,
 )
-from aetv2_tf.program.callbacks import CheckpointStore
+from aetv2_tf.files.weights_files import file_attributes, save_weights_file, variables_bytes
+from aetv2_tf.program.checkpoint_saver import CheckpointStore
 
 BAD = ".bad"  # the suffix of a file set aside
+STEP = "aetv2_step"  # the root attribute of a checkpoint file that holds its step
 
 
-def variables_bytes(variables) -> int:
-    """Bytes that `variables` take in a `.weights.h5` file (their shapes x dtype sizes)."""
-    return sum(math.prod(v.shape) * np.dtype(v.dtype).itemsize for v in variables)
+def held_step(path: str) -> int | None:
+    """The step the checkpoint at `path` holds: its `STEP` attribute; for a checkpoint without
+    one, the step in the name its checksum was written for (`<file>.sha256`: "<digest>
+    ckpt-<step>.weights.h5"); None when neither says (or the file cannot be read: loading it
+    then says why)."""
+    try:
+        stored = file_attributes(path).get(STEP)
+    except OSError:
+        return None
+    if isinstance(stored, int):
+        return stored
+    try:
+        written_as = read_regular_file(path + CHECKSUM, max_bytes=4096).decode().split()[1:2]
+    except (OSError, ValueError):  # a FIFO, a device, a large file: no name
+        return None
+    match = CHECKPOINT_NAME.match(written_as[0]) if written_as else None
+    return int(match.group(1)) if match else None
+
+
+def misnamed(path: str, step: int) -> str | None:
+    """Why the checkpoint at `path`, named for `step`, is not that step's (`held_step`: it was
+    renamed, e.g. ckpt-2 to ckpt-3 with its checksum), or None."""
+    held = held_step(path)
+    if held is None or held == step:
+        return None
+    return (f"its name says step {step}, but it holds the checkpoint of step {held} (renamed?); "
+            "a checkpoint is resumed only under the name it was written with")
 
 
 def disk_bytes_needed(model: keras.Model, encoder: keras.Model, keep: int, export: bool,
@@ -86,7 +115,7 @@ def set_aside(path: str, reason: str) -> str:
 
 class KerasCheckpoints(CheckpointStore):
     """`ckpt-<step>.weights.h5` files in `directory`, written atomically; the `keep` newest are
-    kept (`callbacks.CheckpointEvery` saves into it, after its finiteness check)."""
+    kept (`checkpoint_saver.CheckpointSaver` saves into it, after its finiteness check)."""
 
     def __init__(self, directory: str, keep: int):
         self.directory, self.keep = directory, keep
@@ -96,7 +125,7 @@ class KerasCheckpoints(CheckpointStore):
         return found[-1][0] if found else None
 
     def save(self, model: keras.Model, step: int) -> str:
-        path = save_atomically(model.save_weights,
+        path = save_atomically(lambda tmp: save_weights_file(model, tmp, {STEP: step}),
                                os.path.join(self.directory, f"ckpt-{step}.weights.h5"))
         for _, old in list_checkpoints(self.directory)[:-self.keep]:
             os.remove(old)
@@ -113,7 +142,8 @@ class KerasCheckpoints(CheckpointStore):
 def restore_checkpoint(model: keras.Model, directory: str, writer: bool = True) -> int:
     """Loads the newest intact checkpoint of `directory` into `model` (its optimizer built
     first); returns its step, 0 when there is none. A damaged (its checksum missing or not its
-    own) or unreadable one is set aside
+    own), misnamed (`misnamed`: the step of its name not the one it holds) or unreadable one
+    is set aside
     (`writer`; another worker only skips it) and the next older one tried; when none is left,
     FileNotFoundError (exit 2): the run is not restarted from scratch behind the user's back."""
     found = list_checkpoints(directory)
@@ -121,7 +151,7 @@ def restore_checkpoint(model: keras.Model, directory: str, writer: bool = True) 
         logging.info("No checkpoint in %s: starting at step 0.", directory)
         return 0
     for step, path in reversed(found):
-        reason = damage(path, required=True)
+        reason = damage(path, required=True) or misnamed(path, step)
         if reason is None:
             try:
                 model.load_weights(path)

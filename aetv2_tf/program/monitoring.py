@@ -1,7 +1,7 @@
 """What a training run shows while it runs: the progress bar on the console and the scalars and
-image pairs written for TensorBoard (and train/log.csv), in the same order: the loss and its
+image pairs written for TensorBoard and train/log.csv, in the same order: the loss and its
 terms first (`metrics.shown_order`). Both are Keras callbacks of the pretext stage, on every
-backend; TensorFlow is imported only by the TensorBoard writer.
+backend; TensorFlow is imported only by the TensorBoard log.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 
 from aetv2_tf.method.metrics import shown_order
 from aetv2_tf.models.displayed_loss import ShownOrderBar
-from aetv2_tf.program.callbacks import due
+from aetv2_tf.program.run_length import due
 
 
 class ProgressBar(ShownOrderBar):
@@ -37,27 +37,88 @@ class ProgressBar(ShownOrderBar):
         super().on_epoch_end(epoch, logs)
 
 
+class TensorBoardLog:
+    """A run's scalars and images as TensorBoard events in ``log_dir`` (TensorFlow)."""
+
+    def __init__(self, log_dir: str):
+        import tensorflow as tf
+
+        self.writer = tf.summary.create_file_writer(log_dir)
+
+    def scalars(self, step: int, row: dict[str, float]) -> None:
+        import tensorflow as tf
+
+        with self.writer.as_default(step=step):
+            for name, value in row.items():
+                tf.summary.scalar(name, value)
+        self.writer.flush()
+
+    def images(self, step: int, name: str, grid: np.ndarray) -> None:
+        import tensorflow as tf
+
+        with self.writer.as_default(step=step):
+            tf.summary.image(name, grid, max_outputs=len(grid))
+        self.writer.flush()
+
+    def flush(self) -> None:
+        self.writer.flush()
+
+
+class CsvScalars:
+    """A run's scalars as the rows of a CSV file at ``path`` (`scalar_logs.CsvLog`: its columns
+    are the first row's; a resumed run appends); images are not kept there."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.log = None
+
+    def scalars(self, step: int, row: dict[str, float]) -> None:
+        from aetv2_tf.files.scalar_logs import CsvLog
+
+        if self.log is None:
+            self.log = CsvLog(self.path, tuple(row))
+        self.log.write(step, row)
+
+    def images(self, step: int, name: str, grid: np.ndarray) -> None:
+        """Nothing: a CSV holds scalars only."""
+
+    def flush(self) -> None:
+        """Nothing: rows are written as they come."""
+
+
+def model_prediction(model: keras.Model, inputs) -> np.ndarray:
+    """The decoded parameters (B, 8) of ``inputs``: a direct call, not predict_on_batch, which
+    would gather across workers while only the chief draws images (a collective on one worker
+    hangs a multi-worker run)."""
+    output = model(inputs, training=False)
+    return keras.ops.convert_to_numpy(keras.ops.cast(output, "float32"))
+
+
 class PretextSummaries(keras.callbacks.Callback):
-    """TensorBoard scalars every `every` steps and (x, t(x)) image pairs every `image_every` steps.
+    """Scalars every ``every`` steps and (x, t(x)) image pairs every ``image_every`` steps, into
+    each of ``logs`` (`TensorBoardLog`, `CsvScalars`).
 
     Scalars: what the model shows, in the order shown (`metrics.shown_order`: `loss`, its terms,
     `angle_deg`, `rotation_accuracy`, `l2_penalty`; means over the steps since the previous
     summary, recovered from Keras' running means since the start of the epoch), then
-    `learning_rate`, `pairs_per_sec`. Images `pairs`: x beside t(x), with the
-    true corner quadrilateral (green) and the predicted one (red) drawn on t(x). `sample`:
-    ``((x, tx), params)`` normalised pairs, or ``((x, tx), params, inputs)`` where the model
-    takes other inputs for them (``--warp=device``: the uint8 images and homographies).
+    `learning_rate` (``lr_fn(step)``), `pairs_per_sec`. Images `pairs`: x beside t(x), with the
+    true corner quadrilateral (green) and the predicted one (red, ``predict(model, inputs)``)
+    drawn on t(x) by ``draw_fn``. ``sample``: ``((x, tx), params)`` normalised pairs, or
+    ``((x, tx), params, inputs)`` where the model takes other inputs for them
+    (``--warp=device``: the uint8 images and homographies); None: no images. ``step_fn()``:
+    the step reached (`run_control.RunControl.step`).
     """
 
-    def __init__(self, log_dir: str, step_fn, lr_fn, every: int, image_every: int,
-                 global_batch: int, sample=None, draw_fn=None):
+    def __init__(self, logs: list, step_fn, lr_fn, every: int, image_every: int,
+                 global_batch: int, sample=None, draw_fn=None, predict=model_prediction):
         super().__init__()
-        self.writer = self._create_writer(log_dir)
+        self.logs = logs
         self.step_fn, self.lr_fn = step_fn, lr_fn
         self.every, self.image_every, self.global_batch = every, image_every, global_batch
-        self.sample, self.draw_fn = sample, draw_fn
+        self.sample, self.draw_fn, self.predict = sample, draw_fn, predict
         self._t0 = self._s0 = None
-        self._seen, self._sums = 0, {}
+        self._previous = self._seen = 0
+        self._sums: dict[str, float] = {}
 
     def on_train_begin(self, logs=None):
         self._t0, self._s0 = time.perf_counter(), self.step_fn()
@@ -76,6 +137,10 @@ class PretextSummaries(keras.callbacks.Callback):
         if self.sample is not None and due(step, previous, self.image_every):
             self._images(step)
 
+    def on_train_end(self, logs=None):
+        for log in self.logs:
+            log.flush()
+
     def _interval_means(self, seen: int, logs: dict) -> dict:
         """Means over the batches since the last summary, from running means over the epoch."""
         means = {}
@@ -86,43 +151,18 @@ class PretextSummaries(keras.callbacks.Callback):
         self._seen = seen
         return means
 
-    def on_train_end(self, logs=None):
-        self.writer.flush()
-
-    def _create_writer(self, log_dir: str):
-        import tensorflow as tf
-
-        return tf.summary.create_file_writer(log_dir)
-
     def _scalars(self, step: int, logs: dict) -> None:
         now = time.perf_counter()
         rate = (step - self._s0) * self.global_batch / max(now - self._t0, 1e-9)
         self._t0, self._s0 = now, step
         row = {name: float(value) for name, value in logs.items()}
         row.update(learning_rate=float(self.lr_fn(step)), pairs_per_sec=rate)
-        self._write_scalars(step, row)
-
-    def _write_scalars(self, step: int, row: dict[str, float]) -> None:
-        import tensorflow as tf
-
-        with self.writer.as_default(step=step):
-            for name, value in row.items():
-                tf.summary.scalar(name, value)
-        self.writer.flush()
-
-    def _predict(self, inputs) -> np.ndarray:
-        """The decoded parameters (B, 8) of the sample pairs. A direct call, not
-        predict_on_batch: that would gather across workers, but only the chief draws images (a
-        collective on one worker hangs a multi-worker run)."""
-        output = self.model(inputs, training=False)
-        return keras.ops.convert_to_numpy(keras.ops.cast(output, "float32"))
+        for log in self.logs:
+            log.scalars(step, row)
 
     def _images(self, step: int) -> None:
-        import tensorflow as tf
-
         (x, tx), params, *model_inputs = self.sample  # the model's own inputs, if not (x, tx)
-        predicted = self._predict(model_inputs[0] if model_inputs else (x, tx))
+        predicted = self.predict(self.model, model_inputs[0] if model_inputs else (x, tx))
         grid = self.draw_fn(x, tx, np.asarray(params), predicted)
-        with self.writer.as_default(step=step):
-            tf.summary.image("pairs", grid, max_outputs=len(grid))
-        self.writer.flush()
+        for log in self.logs:
+            log.images(step, "pairs", grid)

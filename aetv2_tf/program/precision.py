@@ -13,7 +13,6 @@ TPUs, float16 on GPUs.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
@@ -21,7 +20,9 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
-from aetv2_tf.files.safe_paths import read_json
+from aetv2_tf.errors import UsageError
+from aetv2_tf.files.digests import sha256
+from aetv2_tf.files.safe_paths import read_json, write_atomically
 
 MARGIN = 1.1  # bfloat16 must beat float32 by 10% to be chosen: rounding costs something
 PROBE_POLICIES = ("float32", "mixed_bfloat16")
@@ -53,7 +54,7 @@ def cpu_model() -> tuple[str, str]:
                     break
     except OSError:
         pass
-    return name, hashlib.sha1(flags.encode()).hexdigest()[:10]
+    return name, sha256([flags.encode()])[:10]
 
 
 def onednn_state() -> str:
@@ -181,11 +182,8 @@ def _store(path: str, key: str, entry: dict) -> None:
     data[key] = entry
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=1)
-        os.replace(tmp, path)
-    except OSError:
+        write_atomically(path, json.dumps(data, indent=1))
+    except (OSError, UsageError):  # UsageError: a link or a folder at `path`, left alone
         pass
 
 

@@ -1,105 +1,80 @@
 """The pretext stage (AET or RotNet pretraining) of every Keras backend: one training loop.
 
-    --train_seconds budget -> steps -> model -> resume -> fit to the stop -> summary ->
-    (finished) encoder.weights.h5, --export, quick KNN
+    images (`load`) -> --train_seconds budget -> steps -> model -> resume -> fit to the stop
+    (`run_control.RunControl`) -> summary -> (finished) encoder.weights.h5, --export, quick KNN
 
-What a backend does its own way is a `PretextAdapter`: where the pairs are made (its
-``inputs`` of `build_model`), the distribution scope, the batches of steps ``start .. stop - 1``,
-the checkpoint store it resumes from, the summaries and the export. TensorFlow's is
-`adapter_tensorflow.TensorFlowPretext` (tf.data pairs, tf.distribute), the others' is
-`adapter_portable.KerasPretext` (NumPy batches, pairs on the device). Both build their model
-through `build_model` (the recipe's `build_model` and the model's own ``compile``: the one
-assembly path of the library) and save Keras ``.weights.h5`` checkpoints. Everything else is
-here once: the step counter (batches consumed: the data position and the checkpoint name), the
-exact stop, the signal, non-finite, loss-growth and checkpoint callbacks, the summary and what
-a finished run writes.
+What a backend does its own way is its `backend.Backend`: where the pairs are made (its
+``inputs`` of `build_model`), the distribution scope, the batches of steps ``start .. stop -
+1``, the checkpoint store it resumes from, the summaries and the export. Both backends build
+their model through `build_model` (the recipe's `build_model` and the model's own
+``compile``: the one assembly path of the library) and save Keras ``.weights.h5``
+checkpoints. Everything else is here once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import time
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
+from absl import logging
 
-from aetv2_tf.data.constants import normalization_constants
-from aetv2_tf.program import common as program
+from aetv2_tf.errors import UsageError
+from aetv2_tf.files.digests import weights_digest
 from aetv2_tf.program import run_length
-from aetv2_tf.program.callbacks import (
-    CheckpointEvery,
-    CheckpointStore,
-    StepCounter,
-    StopAtDeadline,
-    StopAtStep,
-    StopOnSignal,
-    StopOnSkippedStep,
-)
+from aetv2_tf.program.checkpoint_saver import CheckpointSaver, CheckpointStore
 from aetv2_tf.program.config import RunConfig
-from aetv2_tf.program.keras_checkpoints import discard_encoder_weights, save_encoder_weights
-from aetv2_tf.program.loss_growth import StopOnLossGrowth
+from aetv2_tf.program.divergence import LossGrowth, NonFiniteSteps, skipped_steps
+from aetv2_tf.program.keras_checkpoints import (
+    ENCODER_WEIGHTS,
+    discard_encoder_weights,
+    list_checkpoints,
+    save_encoder_weights,
+)
+from aetv2_tf.program.pretext_data import PretextData, read
+from aetv2_tf.program.run_control import Outcome, RunControl, StageResult
+from aetv2_tf.program.signal_stop import SignalStop
+
+if TYPE_CHECKING:
+    from aetv2_tf.program.backend import Backend
+
+#: The last commit of this repository whose program resumes a run checkpointed in the
+#: `tf.train.Checkpoint` format of aetv2_tf 0.1 (it goes on in `.weights.h5` checkpoints).
+TF_CHECKPOINTS_RESUMED_BY = "9bd4fb4"
 
 
-class PretextAdapter:
-    """A backend's part of the pretext stage (module docstring). ``chief``: this worker writes
-    the model_dir; ``images_per_step``: training images a step consumes (RotNet: a quarter of
-    the batch, shown in 4 rotations); ``fit_kwargs``: extra ``model.fit`` arguments;
-    ``skip_check_every``: how often the non-finite step counter is read (reading it waits for
-    the device)."""
+def load(config: RunConfig, accelerator: bool = False) -> PretextData:
+    """Reads and checks the training images (`pretext_data.read`), the batch against them and
+    the machine (`check_batch_fits`) and the model_dir's checkpoints (`check_resumable`): before
+    the model_dir is written."""
+    data = read(config)
+    check_batch_fits(config, data.num_examples, accelerator)
+    check_resumable(config.outputs.model_dir)
+    return data
 
-    chief: bool = True
-    other_writers: int = 0  # workers that write throwaway checkpoints beside the chief's
-    fit_kwargs: dict[str, Any] = {}
-    skip_check_every: int = 1
 
-    def __init__(self, config: RunConfig, images):
-        """What both backends derive from the configuration alike: ``size`` (the backbone's
-        input side), ``rotation`` (RotNet), ``images_per_step``, and ``mean``, ``std``: the
-        dataset's normalisation (`normalization_constants`, the one rule that the probes and
-        the export follow too)."""
-        self.config = config
-        self.images = images
-        self.size = config.image_size
-        self.rotation = config.pretext == "rotation"
-        batch = config.train.batch_size
-        self.images_per_step = batch // 4 if self.rotation else batch
-        self.mean, self.std = normalization_constants(config.data.dataset)
+def check_resumable(model_dir: str) -> None:
+    """A run whose checkpoints are all in the `tf.train.Checkpoint` format of aetv2_tf 0.1
+    (``checkpoints/checkpoint``, ``ckpt-<step>.index``) is refused, naming the version that
+    resumes it (UsageError, before anything is written)."""
+    directory = os.path.join(model_dir, "checkpoints")
+    if list_checkpoints(directory) or not os.path.isfile(os.path.join(directory, "checkpoint")):
+        return
+    raise UsageError(
+        f"--model_dir={model_dir} holds checkpoints in the tf.train.Checkpoint format of "
+        f"aetv2_tf 0.1 ({directory}/checkpoint), which this version does not read: resume the "
+        f"run with the last version that does (git checkout {TF_CHECKPOINTS_RESUMED_BY}, then "
+        "the same command; it goes on in .weights.h5 checkpoints, which this version resumes), "
+        "or choose a new --model_dir. Nothing was changed.")
 
-    def build(self, steps: int) -> tuple[keras.Model, keras.Model, Any, Any]:
-        """``(encoder, compiled pretext model, schedule, optimizer)`` of a ``steps``-step run,
-        the same initial weights every call (seeded): `build_model` with this backend's
-        inputs and scope."""
-        raise NotImplementedError
 
-    def batches(self, start: int, stop: int) -> Any:
-        """The training batches of steps ``start .. stop - 1`` (what ``fit`` takes), ending
-        there."""
-        raise NotImplementedError
-
-    def checkpoints(self, model: keras.Model, optimizer) -> tuple[CheckpointStore, int]:
-        """The store checkpoints go to, and the step restored from its newest one (0: none)."""
-        raise NotImplementedError
-
-    def summaries(self, counter: StepCounter, schedule) -> list[keras.callbacks.Callback]:
-        """The logging callbacks (`monitoring.PretextSummaries` and friends)."""
-        raise NotImplementedError
-
-    def export(self, encoder: keras.Model, model: keras.Model) -> dict:
-        """``--export`` of a finished run; returns summary entries."""
-        raise NotImplementedError
-
-    def exports(self) -> bool:
-        """Whether ``--export`` writes a SavedModel here (not where TensorFlow is missing)."""
-        return self.config.outputs.export
-
-    def signal_agreement(self):
-        """How the workers agree to stop on a signal (`callbacks.StopOnSignal`'s ``agree``);
-        None: one process."""
-        return None
-
-    def close(self) -> None:
-        """Called once at the end (e.g. a non-chief worker's scratch directory)."""
+def rotation_objective() -> tuple[keras.losses.Loss, list[keras.metrics.Metric]]:
+    """RotNet's loss and metric: the cross-entropy over the 4 quarter turns, its accuracy."""
+    return (keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            [keras.metrics.SparseCategoricalAccuracy(name="rotation_accuracy")])
 
 
 def build_model(config: RunConfig, steps: int, *, inputs: str, mean, std, augment: bool,
@@ -116,18 +91,19 @@ def build_model(config: RunConfig, steps: int, *, inputs: str, mean, std, augmen
     per-branch BatchNorm is computed (`models.aet.build_aet_model`; None: one encoder call on
     a GPU); ``compile_kwargs``: ``model.compile``'s (``jit_compile``)."""
     from aetv2_tf.models.aet import build_rotation_classifier
+    from aetv2_tf.models.backbones import build_backbone
     from aetv2_tf.models.pretext import build_rotations_model
 
     seed, model_config = config.train.seed, config.model
     keras.utils.set_random_seed(seed)  # the same weights whatever was built before
     compile_kwargs["steps_per_execution"] = config.train.steps_per_execution
     with scope or contextlib.nullcontext():
-        encoder = model_config.backbone.build(batch_norm=model_config.batch_norm)
+        encoder = build_backbone(model_config.backbone.name, batch_norm=model_config.batch_norm)
         if config.pretext == "rotation":
             model = build_rotations_model(encoder, seed, augment=augment, mean=mean, std=std) \
                 if inputs == "images" else build_rotation_classifier(encoder)
-            schedule, optimizer = config.recipe.build_optimizer(model, steps)
-            loss, metrics = program.rotation_objective()
+            schedule, optimizer = config.recipe.build_optimizer(steps)
+            loss, metrics = rotation_objective()
             model.compile(optimizer=optimizer, loss=loss, metrics=metrics, **compile_kwargs)
         else:
             model = config.recipe.build_model(
@@ -148,7 +124,6 @@ def check_batch_fits(config: RunConfig, num_examples: int | None,
     training images than that, or a step whose memory exceeds the machine's on the CPU (not
     ``accelerator``: `step_memory.check_step_memory`), is refused before the model_dir is
     written (UsageError)."""
-    from aetv2_tf.errors import UsageError
     from aetv2_tf.program.step_memory import check_step_memory
 
     batch, rotation = config.train.batch_size, config.pretext == "rotation"
@@ -170,7 +145,7 @@ def check_disk(config: RunConfig, model: keras.Model, encoder: keras.Model,
     the checkpoints already there as space (they are rotated out); ``other_writers`` workers
     beside the chief each keep one throwaway checkpoint under ``<model_dir>/.worker_tmp``."""
     from aetv2_tf.program import rundir
-    from aetv2_tf.program.keras_checkpoints import disk_bytes_needed, list_checkpoints
+    from aetv2_tf.program.keras_checkpoints import disk_bytes_needed
 
     outputs = config.outputs
     needed = disk_bytes_needed(model, encoder, outputs.keep_checkpoints, outputs.export,
@@ -182,117 +157,188 @@ def check_disk(config: RunConfig, model: keras.Model, encoder: keras.Model,
                             f"{', the final encoder and the export' if outputs.export else ''}")
 
 
+#: The settings that the library's warnings name (`errors.SettingWarning.settings`) -> the flag
+#: that sets each on the command line.
+SETTING_FLAGS = {"warmup_steps": "warmup_steps", "learning_rate": "learning_rate",
+                 "steps": "train_steps", "decoder_scale": "decoder_scale"}
+
+
 @contextlib.contextmanager
 def settings_as_flags(show: bool = True):
     """Inside, the library's warnings about a recipe's settings (`errors.SettingWarning`, e.g.
-    a warm-up longer than half the run) are logged in the command line's words (``--warmup_steps
-    =1000 ...``), or dropped where not ``show`` (a throwaway model's); other warnings pass as
-    they are."""
-    from absl import logging
-
+    a warm-up longer than half the run) are logged with the flags that set them
+    (`SETTING_FLAGS`), or dropped where not ``show`` (a throwaway model's); other warnings pass
+    as they are."""
     from aetv2_tf.errors import SettingWarning
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", SettingWarning)
         yield
     for w in caught:
-        if isinstance(w.message, SettingWarning):
-            if show:
-                logging.warning("%s", w.message.flags)
-        else:
+        if not isinstance(w.message, SettingWarning):
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+        elif show:
+            named = [f"--{SETTING_FLAGS[s]}" for s in w.message.settings if s in SETTING_FLAGS]
+            logging.warning("%s%s", w.message, f" (flags: {', '.join(named)})" if named else "")
 
 
-def export(adapter: PretextAdapter, encoder: keras.Model, model: keras.Model) -> dict:
-    """``adapter.export``, its failure turned into summary entries (``export_failed``: the
-    program exits 4): the training is done and its encoder written, so only the export is to
+def export(backend: Backend, encoder: keras.Model, model: keras.Model) -> tuple[dict, bool]:
+    """``backend.export`` and whether it failed (the program exits 4), its failure turned into
+    summary entries: the training is done and its encoder written, so only the export is to
     redo."""
     try:
-        out = adapter.export(encoder, model)
+        out = backend.export(encoder, model)
     except Exception as e:  # noqa: BLE001 - any failure of the export, reported, not raised
-        from absl import logging
-
         logging.error("SavedModel export failed: %s: %s", type(e).__name__, e)
         out = {"export": f"FAILED ({type(e).__name__})"}
-    if str(out.get("export", "")).startswith("FAILED"):
-        out["export_failed"] = True
-    return out
+    failed = str(out.get("export", "")).startswith("FAILED")
+    return ({**out, "export_failed": True} if failed else out), failed
 
 
-def completed(adapter: PretextAdapter, steps: int) -> dict | None:
+def completed(backend: Backend, steps: int) -> dict | None:
     """The outputs of a run that finished all its ``steps`` before this invocation, as the
-    summary `train.main` prints (``complete``: True), or None: its newest checkpoint is the one
-    of step ``steps``, its ``encoder.weights.h5`` is written (a run trained on discards it
-    first) and so is its SavedModel where `PretextAdapter.exports` (a failed export, exit 4,
-    is redone by rerunning the command)."""
-    from aetv2_tf.program.keras_checkpoints import ENCODER_WEIGHTS, list_checkpoints
-
-    model_dir = adapter.config.outputs.model_dir
+    summary `train.main` prints, or None: its newest checkpoint is the one of step ``steps``,
+    its ``encoder.weights.h5`` is written (a run trained on discards it first) and so is its
+    SavedModel where `Backend.exports` (a failed export, exit 4, is redone by rerunning the
+    command)."""
+    model_dir = backend.config.outputs.model_dir
     found = list_checkpoints(os.path.join(model_dir, "checkpoints"))
     encoder = os.path.join(model_dir, ENCODER_WEIGHTS)
-    export = os.path.join(model_dir, "export", "encoder")
+    export_dir = os.path.join(model_dir, "export", "encoder")
     if not found or found[-1][0] != steps or not os.path.isfile(encoder):
         return None
-    outputs = dict(complete=True, steps=steps, encoder_weights=encoder)
-    if adapter.exports():
-        if not os.path.isfile(os.path.join(export, "saved_model.pb")):
+    outputs = dict(steps=steps, encoder_weights=encoder)
+    if backend.exports():
+        if not os.path.isfile(os.path.join(export_dir, "saved_model.pb")):
             return None
-        outputs["export"] = export
+        outputs["export"] = export_dir
     return outputs
 
 
-def run(adapter: PretextAdapter, images, labels, num_examples: int | None) -> dict:
-    """Trains the run's pretext model with ``adapter``; returns the summary `train.main`
-    prints (`common.fit_and_summarize`, plus what a finished run wrote). A run that finished
-    before (`completed`) trains, exports and scores nothing: its outputs are the summary."""
-    config = adapter.config
-    train, outputs = config.train, config.outputs
+def run_steps(config: RunConfig, backend: Backend, data: PretextData) -> tuple[int, int]:
+    """``(steps per epoch, the run's steps)``: ``--train_seconds`` measured on a throwaway
+    model of a few steps (`run_length.budget_steps`), else ``--train_steps`` or ``--epochs``."""
 
     def fit_first_steps(n: int, timer: keras.callbacks.Callback) -> None:
         with settings_as_flags(show=False):  # a throwaway model of a few steps
-            model = adapter.build(n)[1]
-        model.fit(adapter.batches(0, n), epochs=1, steps_per_epoch=n, callbacks=[timer],
-                  verbose=0, **adapter.fit_kwargs)
+            model = backend.build(data, n)[1]
+        model.fit(backend.batches(data, 0, n), epochs=1, steps_per_epoch=n, callbacks=[timer],
+                  verbose=0, **backend.fit_kwargs)
 
-    budget = run_length.budget_steps(config, fit_first_steps, writer=adapter.chief) \
-        if train.train_seconds else 0
-    per_epoch, steps = run_length.total_steps(config, num_examples, adapter.images_per_step,
-                                              budget)
-    done = completed(adapter, steps)
+    budget = run_length.budget_steps(config, fit_first_steps, writer=backend.chief) \
+        if config.train.train_seconds else 0
+    return run_length.total_steps(config, data.num_examples, data.images_per_step, budget)
+
+
+def train(config: RunConfig, backend: Backend, data: PretextData) -> StageResult:
+    """Trains the run's pretext model on ``backend``; returns what `train.main` prints and
+    exits with: the summary (`fit`, plus what a finished run wrote) and the outcome. A run
+    that finished before (`completed`) trains, exports and scores nothing."""
+    outputs = config.outputs
+    per_epoch, steps = run_steps(config, backend, data)
+    done = completed(backend, steps)
     if done is not None:
-        adapter.close()
-        return done
+        backend.close()
+        return StageResult(done, Outcome(steps, steps), finished_before=True)
     with settings_as_flags():
-        encoder, model, schedule, optimizer = adapter.build(steps)
-    store, start = adapter.checkpoints(model, optimizer)
+        encoder, model, schedule, optimizer = backend.build(data, steps)
+    store, start = backend.checkpoints(model, optimizer)
     stop = run_length.stop_step(config, start, steps)
-    if adapter.chief and start < stop:
-        check_disk(config, model, encoder, adapter.other_writers)
-    counter = StepCounter(start, stop)
-    saver = CheckpointEvery(store, counter, outputs.checkpoint_every_steps, writer=adapter.chief)
-    deadline = run_length.deadline(config)
-    callbacks = [counter,
-                 StopOnSkippedStep(optimizer, counter, train.on_nonfinite == "stop",
-                                   every=adapter.skip_check_every),
-                 StopAtStep(stop, counter),
-                 *([StopAtDeadline(deadline)] if deadline else []),
-                 # before the saver: no checkpoint of the weights whose loss grew
-                 StopOnLossGrowth(saver, counter, train.max_loss_growth),
-                 saver,
-                 # after CheckpointEvery: its handlers outlive the final save
-                 StopOnSignal(adapter.signal_agreement()),
-                 *adapter.summaries(counter, schedule)]
-    if adapter.chief and start < stop:
+    if backend.chief and start < stop:
+        check_disk(config, model, encoder, backend.other_writers)
         discard_encoder_weights(outputs.model_dir)  # it would describe an older end of the run
-    summary, finished = program.fit_and_summarize(
-        config, model, adapter.batches(start, stop), start, stop, steps, per_epoch, callbacks,
-        **adapter.fit_kwargs)
-    if adapter.chief and finished:
+    control = run_control_of(config, backend, store, (start, stop, steps))
+    summary, outcome = fit(config, model, backend.batches(data, start, stop), control,
+                           backend.summaries(data, lambda: control.step, schedule), per_epoch,
+                           backend.fit_kwargs)
+    export_failed = False
+    if backend.chief and outcome.finished:
         summary["encoder_weights"] = save_encoder_weights(encoder, config.model.backbone.name,
                                                           outputs.model_dir)
         if outputs.export:
-            summary.update(export(adapter, encoder, model))
+            entries, export_failed = export(backend, encoder, model)
+            summary.update(entries)
         if outputs.quick_knn_train:
-            summary.update(program.quick_knn_summary(config, encoder, images, labels))
-    adapter.close()
-    return summary
+            summary.update(quick_knn_summary(config, encoder, data))
+    backend.close()
+    return StageResult(summary, outcome, export_failed=export_failed)
+
+
+def run_control_of(config: RunConfig, backend: Backend, store: CheckpointStore,
+                   span: tuple[int, int, int]) -> RunControl:
+    """The run's `RunControl` over ``span`` (from step ``start`` to ``stop`` of ``steps``):
+    checkpoints every ``--checkpoint_every_steps`` into ``store``, ``--on_nonfinite``,
+    ``--max_loss_growth``, ``--stop_after_seconds`` and the signals (agreed among workers)."""
+    train = config.train
+    return RunControl(
+        *span,
+        saver=CheckpointSaver(store, config.outputs.checkpoint_every_steps, backend.chief),
+        nonfinite=NonFiniteSteps(train.on_nonfinite == "stop", every=backend.skip_check_every()),
+        growth=LossGrowth(train.max_loss_growth), signals=SignalStop(backend.signal_agreement()),
+        deadline=run_length.deadline(config))
+
+
+def fit(config: RunConfig, model: keras.Model, batches, control: RunControl, summaries: list,
+        per_epoch: int, fit_kwargs: dict) -> tuple[dict, Outcome]:
+    """``model.fit`` of steps ``control.step .. control.stop - 1`` on ``batches`` (which end
+    after step ``stop - 1``) under ``control``, with the ``summaries`` and the program's
+    `monitoring.ProgressBar` where ``--verbose``; then the run's summary (``steps`` reached,
+    the last logs in the order shown, the digest of the trainable weights, what stopped it)
+    and its `Outcome`."""
+    from aetv2_tf.method.metrics import shown_order
+    from aetv2_tf.program.monitoring import ProgressBar
+
+    train, start, stop = config.train, control.step, control.stop
+    callbacks = [control, *summaries]
+    if config.outputs.verbose:  # Keras's bar, the loss first and stopping where it stops
+        callbacks.append(ProgressBar(lambda: control.step >= control.steps))
+    t0 = time.perf_counter()
+    history = {}
+    if start < stop:
+        try:
+            fitted = model.fit(batches, callbacks=callbacks, verbose=config.outputs.verbose,
+                               **fit_kwargs, **run_length.fit_epochs(
+                                   start, stop, per_epoch, train.steps_per_execution))
+        finally:
+            control.close()
+        history = {k: float(fitted.history[k][-1]) for k in shown_order(fitted.history)}
+    wall = time.perf_counter() - t0
+    outcome = control.outcome()
+    summary = dict(steps=outcome.step, start_step=start, wall_time_s=round(wall, 1),
+                   pairs_per_sec=round((outcome.step - start) * train.batch_size /
+                                       max(wall, 1e-9), 1),
+                   **history, trainable_digest=weights_digest(model.trainable_weights))
+    skipped = skipped_steps(model.optimizer)
+    if skipped:
+        summary["skipped_steps"] = skipped
+    summary.update(outcome.entries())
+    return summary, outcome
+
+
+def quick_knn_summary(config: RunConfig, encoder: keras.Model, data: PretextData) -> dict:
+    """``--quick_knn_train/test``: KNN of the trained and of a random-init encoder (seeded by
+    ``--seed``, as ``--pretrained=none``) on the first training and test images; printed and
+    returned (`probes.quick_knn`)."""
+    from aetv2_tf.data.sources import load_source
+    from aetv2_tf.models.backbones import build_backbone
+    from aetv2_tf.probes.quick_knn import quick_knn
+
+    if data.labels is None:
+        logging.warning("--quick_knn_train: only for CIFAR-10 from its python files; skipped.")
+        return {}
+    dataset, backbone = config.data, config.model.backbone
+    test_images, test_labels = load_source(dataset.dataset, dataset.data_dir, "test")
+    keras.utils.set_random_seed(config.train.seed)  # the random init of --pretrained=none
+    random_encoder = build_backbone(backbone.name, tuple(data.images.shape[1:]),
+                                    config.model.batch_norm)
+    n, m = config.outputs.quick_knn_train, config.outputs.quick_knn_test
+    train_set = (data.images[:n], data.labels[:n])
+    test_set = (test_images[:m], test_labels[:m])
+    feature = backbone.probe_feature
+    result = quick_knn(encoder, random_encoder, train_set, test_set, feature, data.mean,
+                       data.std)
+    print(f"Quick KNN (the authors': k=10, Euclidean, {feature} pooled 2x2; first "
+          f"{len(train_set[0])} training images vs first {len(test_set[0])} test images): "
+          f"{result['knn_top1']:.2f}% trained vs {result['random_knn_top1']:.2f}% random init "
+          f"({result['knn_gain']:+.2f} points, {result['knn_seconds']:.0f} s).", flush=True)
+    return result

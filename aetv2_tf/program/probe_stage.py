@@ -59,6 +59,7 @@ from aetv2_tf.probes.knn import extract_features, knn_accuracy, make_feature_fn,
 from aetv2_tf.probes.results import write_results
 from aetv2_tf.probes.splits import ProbeData, load_probe_data
 from aetv2_tf.program.config import RunConfig
+from aetv2_tf.program.run_lock import refuse_training
 
 PROBE_LR_SCHEDULES = ("step", "constant")
 
@@ -124,6 +125,8 @@ def check_probe(config: RunConfig) -> None:
     else:
         restore_preset(probe.pretrained)
         check_pretrained_is_not_model_dir(probe.pretrained, config.outputs.model_dir)
+        if probe.pretrained and os.path.isdir(probe.pretrained):
+            refuse_training(probe.pretrained, f"--pretrained={probe.pretrained}")
         frozen_encoder.check_pretrained(probe.pretrained, backbone,
                                   trust_saved_model=probe.trust_saved_model)
     if config.stage == "supervised" or probe.probe != "knn":
@@ -172,6 +175,23 @@ def check_pretrained_is_not_model_dir(pretrained: str | None, model_dir: str | N
                          "changed.")
 
 
+def check_probe_labels(data: ProbeData, dataset: str) -> None:
+    """UsageError, before anything is written, when the probe's training labels hold fewer than
+    2 classes: a probe of one class scores the test set's share of that class, a number without
+    meaning. Arrays (CIFAR-10's batches, whose reader refuses a label outside 0..9) are counted
+    here; a folder data set of one class is refused the same way when it is listed, and a
+    tensorflow-datasets split holds its record's classes."""
+    if data.train_labels is None:
+        return
+    classes = np.unique(np.asarray(data.train_labels))
+    if len(classes) < 2:
+        raise UsageError(
+            f"--dataset={dataset}: the {data.sizes['train']} training images hold "
+            f"{len(classes)} class ({', '.join(map(str, classes))}); a probe needs at least 2 "
+            "classes (with one, its top-1 is only the test set's share of that class); fix the "
+            "labels in --data_dir, or raise --train_examples. Nothing was written.")
+
+
 class Loaded(NamedTuple):
     """What `load` reads before the model_dir is touched: the stage's data, its input adapter,
     the frozen encoder (None for --stage=supervised), the feature and normalisation."""
@@ -197,6 +217,7 @@ def load(config: RunConfig) -> Loaded:
                            train_examples=data_config.train_examples,
                            test_examples=data_config.test_examples, seed=config.train.seed,
                            download=data_config.download)
+    check_probe_labels(data, data_config.dataset)
     if knn and probe.knn_k > data.sizes["train"]:
         raise UsageError(f"--knn_k={probe.knn_k} exceeds the {data.sizes['train']} training "
                          "images; lower --knn_k or raise --train_examples.")
@@ -331,7 +352,7 @@ def fit_head(config: RunConfig, model: keras.Model, data: ProbeData, batches: Ca
              chief: bool) -> dict:
     """`train_probe` with the run's settings; returns the selection and test numbers."""
     spec, model_dir = config.recipe.optimizer, config.outputs.model_dir
-    optimizer = probe_optimizer(model, spec.name, spec.learning_rate, momentum=spec.momentum,
+    optimizer = probe_optimizer(spec.name, spec.learning_rate, momentum=spec.momentum,
                                 weight_decay=spec.weight_decay)
     outcome = train_probe(
         model, batches(data.train, data.train_labels, True),

@@ -8,7 +8,9 @@ the pretext stage (every backend).
 * `stop_step`, `deadline`: where this invocation ends (``--stop_after_steps``,
   ``--stop_after_seconds``); the schedule is always that of the whole run;
 * `fit_epochs`: ``model.fit``'s epochs for a range of steps, so that no execution straddles the
-  end of the data.
+  end of the data;
+* `due`: whether an interval of steps (checkpoints, summaries, checks) ended at a batch end;
+* `StepTimes`: the clock of the budget's measurement.
 """
 
 from __future__ import annotations
@@ -22,11 +24,10 @@ import keras
 
 from aetv2_tf.errors import UsageError
 from aetv2_tf.program import flag_support
-from aetv2_tf.program.callbacks import StepTimes
 from aetv2_tf.program.config import BUDGET_FILE, RunConfig, recorded_budget
 
-#: Pairs after which the quickstart's quick KNN showed learning: 400 x 64 gained +4.4 to +5.5
-#: points over the random init, 68 x 64 about +1 (docs/reproduction.md, "The quickstart").
+#: Pairs at which the quickstart's quick KNN shows learning (docs/reproduction.md, "The
+#: quickstart": 400 x 64 pairs gain +4.4 to +5.5 points over the random init, 68 x 64 about +1).
 LEARNING_VISIBLE_PAIRS = 25_600
 
 
@@ -48,6 +49,17 @@ def total_steps(config: RunConfig, num_examples: int | None, images_per_step: in
                          f"more than the {flag_support.MAX_INT} a run counts; pass fewer "
                          "--epochs.")
     return min(per_epoch, steps), steps
+
+
+class StepTimes(keras.callbacks.Callback):
+    """``(steps done, time.perf_counter())`` at the end of every execution of ``fit``."""
+
+    def __init__(self):
+        super().__init__()
+        self.marks: list[tuple[int, float]] = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.marks.append((int(batch) + 1, time.perf_counter()))
 
 
 def _duration(seconds: float) -> str:
@@ -85,9 +97,9 @@ def budget_steps(config: RunConfig,
                   pairs_per_sec=round(rate * train.batch_size, 1), timed_steps=s1 - s0,
                   measured=time.strftime("%Y-%m-%d %H:%M:%S"))
     if writer:
-        from aetv2_tf.files.safe_paths import write_text_atomically
+        from aetv2_tf.files.safe_paths import write_atomically
 
-        write_text_atomically(path, json.dumps(record, indent=1))
+        write_atomically(path, json.dumps(record, indent=1))
     print(f"Time budget --train_seconds={train.train_seconds:g}: {record['pairs_per_sec']} "
           f"pairs/s measured here -> --train_steps={steps} of {train.batch_size} pairs, about "
           f"{_duration(steps / rate)} of training (recorded in {path}).", flush=True)
@@ -121,8 +133,16 @@ def fit_epochs(start: int, stop: int, per_epoch: int, steps_per_execution: int) 
     ends after step ``stop - 1``: Keras epochs of a multiple of ``steps_per_execution`` steps (an
     execution never straddles two epochs, so none takes a batch of the next), numbered on from
     ``start``. Only the very last execution can be short: there the data ends, and
-    `callbacks.StepCounter` (capped at ``stop``) counts exactly the batches consumed."""
+    `run_control.RunControl` (its step capped at ``stop``) counts exactly the batches
+    consumed."""
     size = -(-min(per_epoch, stop - start) // steps_per_execution) * steps_per_execution
     first = start // size
     return dict(steps_per_epoch=size, initial_epoch=first,
                 epochs=first + -(-(stop - start) // size))
+
+
+def due(step: int, previous: int, every: int) -> bool:
+    """True when a multiple of `every` lies in `(previous, step]`: an interval of `every` steps
+    ended since the previous batch end (`step % every == 0` would miss it after a resume that is
+    not aligned to `steps_per_execution`: stops are exact, executions are not)."""
+    return every > 0 and step // every > previous // every

@@ -12,8 +12,9 @@ Layout of a `--model_dir`:
                        with aetv2_export.json (`aetv2_tf.files.provenance`)
     overwritten-<time>/  a previous run, set aside by --overwrite (nothing is deleted)
 
-Runs of earlier versions of the TensorFlow program have `tf.train.Checkpoint` files in
-checkpoints/ (ckpt-<step>.{index,data-*}, checkpoint); they resume under TensorFlow.
+A run whose checkpoints/ holds only `tf.train.Checkpoint` files (ckpt-<step>.{index,data-*},
+checkpoint: aetv2_tf 0.1) is refused, naming the version that resumes it
+(`pretext_stage.check_resumable`).
 """
 
 from __future__ import annotations
@@ -24,12 +25,15 @@ import shutil
 import tempfile
 
 from aetv2_tf.errors import UsageError  # the library's (`rundir.UsageError` is the same class)
+from aetv2_tf.files.nesting import refuse_nested
 from aetv2_tf.files.safe_paths import (
     open_for_writing,
     read_json,
     read_regular_file,
-    write_text_atomically,
+    write_atomically,
 )
+from aetv2_tf.program.run_lock import LOCK_NAME, lock
+from aetv2_tf.program.run_lock import PART_FIX as _PART_FIX
 
 MIN_FREE_BYTES = 64 * 2**20
 
@@ -74,42 +78,12 @@ def _remove_if_created(model_dir: str, created: bool) -> None:
             pass
 
 
-LOCK_NAME = ".lock"
-_LOCKS: dict[str, object] = {}  # model_dir -> the open lock file this process holds
-
-
-def lock(model_dir: str) -> None:
-    """Takes `<model_dir>/.lock` for this process (an exclusive `flock`, released by the OS when
-    the process ends, however it ends) and writes its pid, host and start time into it; a
-    model_dir that another live process holds is refused, naming that process; a lock that is
-    a symbolic link or not a regular file is refused (`safe_paths.open_for_writing`), never
-    written through. Held until the process exits; taking it again in the same process is a
-    no-op."""
-    import fcntl
-    import socket
-    import time
-
-    key = os.path.realpath(model_dir)
-    if key in _LOCKS:
-        return
-    path = os.path.join(model_dir, LOCK_NAME)
-    # held open for the life of the process; never through a link (it would be truncated)
-    handle = open_for_writing(path, "a+", _PART_FIX)
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        holder = handle.read(1000).strip() or "another process"  # one line, by `lock`
-        handle.close()
-        raise UsageError(f"--model_dir={model_dir} is in use by {holder}; wait for it to end "
-                         "or stop it (a run stopped by a signal resumes from its checkpoint), "
-                         "or choose another --model_dir.") from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"pid {os.getpid()} on host {socket.gethostname()}, since "
-                 f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-    handle.flush()
-    _LOCKS[key] = handle
+def check_apart(model_dir: str, data_dir: str | None, pretrained: str | None) -> None:
+    """UsageError, before any data is read or anything written, when `model_dir` is, lies
+    inside or holds `data_dir` or a `pretrained` run (`files.nesting.refuse_nested`)."""
+    if pretrained and pretrained.strip().lower() == "none":
+        pretrained = None
+    refuse_nested({"--model_dir": model_dir}, {"--data_dir": data_dir, "--pretrained": pretrained})
 
 
 HISTORY = "flags_history.jsonl"
@@ -162,12 +136,6 @@ RUN_FILES = {
                "variables.index", "variables.data-*", ".tmp*"),
     ".worker_tmp": ("ckpt-*", ".tmp*", "*.sha256", "*.bad"),
 }
-
-
-#: How to mend a run folder's part that is a link: the run writes inside its model_dir only.
-_PART_FIX = ("a run's files and folders are written inside its --model_dir only: remove the link "
-             "(what it points to stays as it is; to keep a run on another disk, link the whole "
-             "--model_dir instead) or choose a new, empty --model_dir")
 
 
 def foreign_files(model_dir: str, limit: int = 5) -> list[str]:
@@ -300,7 +268,9 @@ def read_flags_record(path: str, run_flags: dict | None = None) -> dict:
            "folder holding a run of this project has the flags.json its first start wrote")
     try:
         saved = read_json(path, fix)
-    except (OSError, UnicodeDecodeError, ValueError) as e:
+    except UsageError:  # not a regular file, too large: named with the fix
+        raise
+    except (OSError, ValueError) as e:
         raise UsageError(f"{path} is not a readable JSON record of a run ({e}); {fix}.") from e
     if not isinstance(saved, dict):
         raise UsageError(f"{path} holds a JSON {type(saved).__name__}, not the object of flags "
@@ -350,7 +320,7 @@ def prepare(model_dir: str, run_flags: dict, flagfile: str, essential: tuple[str
         # A flag newer than the saved run is absent from it: that run had its default behaviour.
         diff = {k: (saved.get(k), run_flags.get(k)) for k in essential
                 if k in saved and saved[k] != run_flags.get(k)}
-        # The Keras backend (recorded by program.adapter_portable; absent: tensorflow) fixes
+        # The Keras backend (recorded by program.keras_native_backend; absent: tensorflow) fixes
         # the checkpoint format, so a run continues only on the backend that started it.
         backends = saved.get("backend", "tensorflow"), run_flags.get("backend", "tensorflow")
         if backends[0] != backends[1]:
@@ -388,7 +358,7 @@ def prepare(model_dir: str, run_flags: dict, flagfile: str, essential: tuple[str
                 f.write(json.dumps({"step": step, "changed": changed}, default=str) + "\n")
             print(f"Flags changed from step {step} on: {lines} (recorded in {HISTORY}).",
                   flush=True)
-    write_text_atomically(os.path.join(model_dir, "flags.cfg"), flagfile, _PART_FIX)
+    write_atomically(os.path.join(model_dir, "flags.cfg"), flagfile, _PART_FIX)
     if first_record:
-        write_text_atomically(saved_path, json.dumps(run_flags, indent=2, sort_keys=True,
+        write_atomically(saved_path, json.dumps(run_flags, indent=2, sort_keys=True,
                                                      default=str), _PART_FIX)

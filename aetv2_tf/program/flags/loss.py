@@ -56,8 +56,9 @@ defined(flags.DEFINE_float(
     "geodesic loss, --loss_frame=model: multiply the model frame's coordinates by this (> 0) "
     "before the SO(3) projection: rotations about the centre stay rotations, translations weigh "
     "s times more, perspective terms s times less."),
-    essential=True, aet_only=True, finite=True, float32=True,
-    valid=[(lambda v: v > 0, "--loss_frame_scale must be > 0 (1: the model frame).")])
+    essential=True, aet_only=True, finite=True,
+    valid=[(lambda v: 1e-6 <= v <= 1e6, "--loss_frame_scale must be from 1e-06 to 1e+06 (1: the "
+                                        "model frame): the loss inverts the frame it scales.")])
 defined(flags.DEFINE_enum(
     "residual_frame", "loss", ["loss", "unit"],
     "geodesic loss: the frame of the projection residual ||M - P||_F^2: loss (the frame of the "

@@ -1,0 +1,60 @@
+"""SHA-256 digests, one function for everything the project digests (library code).
+
+`sha256` digests a stream of byte blocks; a file (`file_digest`, read in 1 MiB blocks: one
+block in memory whatever the file's size), bytes already in memory, numpy arrays
+(`arrays_digest`: their C-order bytes, in order) and a model's variables (`weights_digest`)
+all feed it. Its values are stored and compared, so they do not change: a checkpoint's and a
+``.keras`` file's ``.sha256`` beside it (`saving.save_atomically`), an export's manifest
+(`provenance`), a preset's recorded SHA-256 (`presets`), and the ``trainable_digest`` a run
+prints (16 hex digits: equal digests mean bitwise-equal weights, across runs and backends).
+Nothing here imports TensorFlow or Keras at import time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+
+BLOCK = 2**20  # bytes read at once from a file
+
+
+def sha256(blocks: Iterable[bytes]) -> str:
+    """The SHA-256 (64 hex digits) of the concatenation of ``blocks``, fed one at a time."""
+    digest = hashlib.sha256()
+    for block in blocks:
+        digest.update(block)
+    return digest.hexdigest()
+
+
+def file_blocks(path: str | os.PathLike) -> Iterator[bytes]:
+    """The bytes of the file at ``path``, in blocks of `BLOCK` bytes."""
+    with open(path, "rb") as f:
+        yield from iter(lambda: f.read(BLOCK), b"")
+
+
+def file_digest(path: str | os.PathLike) -> str:
+    """The SHA-256 (hex) of the file at ``path`` (`sha256` of its `file_blocks`)."""
+    return sha256(file_blocks(path))
+
+
+def arrays_digest(arrays: Iterable[np.ndarray]) -> str:
+    """A short SHA-256 (its first 16 hex digits) of numpy arrays' C-order bytes, in order."""
+    return sha256(np.ascontiguousarray(a).tobytes() for a in arrays)[:16]
+
+
+def weights_digest(variables) -> str:
+    """`arrays_digest` of the variables' values (in order): equal digests mean bitwise-equal
+    weights, e.g. the trainable weights on every worker of a multi-worker run (BatchNorm moving
+    statistics are per replica, as in Keras, and differ), or in two ``--deterministic`` runs.
+    Any backend: the values are read with `keras.ops.convert_to_numpy`, under TensorFlow with
+    ``tf.convert_to_tensor(v).numpy()`` (distributed variables included)."""
+    import keras
+
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        return arrays_digest(tf.convert_to_tensor(v).numpy() for v in variables)
+    return arrays_digest(keras.ops.convert_to_numpy(v) for v in variables)

@@ -1,0 +1,70 @@
+"""Outputs apart from inputs: no folder a program writes lies inside a folder it reads, and no
+folder it reads lies inside one it writes.
+
+A ``--model_dir`` inside a folder data set's ``--data_dir`` becomes part of the data: the next
+listing takes the run's folder for a class (or its checkpoints for images), and every rerun or
+probe is then refused. A data folder (or a ``--pretrained`` run) inside a ``--model_dir`` is
+mixed with the run's outputs, which ``--overwrite`` moves aside. So each pair is refused before
+anything is read or written (`refuse_nested`: a `errors.UsageError` naming both paths and the
+fix): the training program's ``--model_dir`` against ``--data_dir`` and ``--pretrained``
+(`program.rundir.check_apart`), the export's ``--output`` against its run and the run's data
+(`aetv2_tf.export`), the report's ``--output`` against the runs it reads (`aetv2_tf.report`).
+
+Paths are compared resolved (`os.path.realpath`: ``~``, ``..`` and symbolic links followed), so
+a link cannot hide a nesting; a path that does not exist yet is compared as it will be made.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+
+from aetv2_tf.errors import UsageError
+
+
+def resolved(path: str | os.PathLike) -> str:
+    """`path` with ``~`` expanded and every link, ``.`` and ``..`` resolved (absolute)."""
+    return os.path.realpath(os.path.expanduser(os.fspath(path)))
+
+
+def inside(path: str | os.PathLike, folder: str | os.PathLike) -> bool:
+    """Whether `path` is `folder` or lies below it (both resolved)."""
+    path, folder = resolved(path), resolved(folder)
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def _named(label: str, path: str) -> str:
+    """``--model_dir=runs/x`` for a flag, ``the run folder runs/x`` for any other label."""
+    return f"{label}={path}" if label.startswith("--") else f"{label} {path}"
+
+
+def refuse_nested(outputs: Mapping[str, str | None] | Iterable[tuple[str, str | None]],
+                  inputs: Mapping[str, str | None] | Iterable[tuple[str, str | None]], *,
+                  within: Mapping[str, str] | None = None) -> None:
+    """UsageError when an output path (``{label: path}`` or ``(label, path)`` pairs, e.g.
+    ``{"--model_dir": ...}``) is, lies inside or holds an input path (``{"--data_dir": ...}``);
+    None or empty paths are skipped. ``within``: ``{input label: folder}``, the one place inside
+    that input where an output may lie (an export's ``--output`` under its run's ``export/``)."""
+    within = within or {}
+    outputs = list(outputs.items() if isinstance(outputs, Mapping) else outputs)
+    inputs = list(inputs.items() if isinstance(inputs, Mapping) else inputs)
+    for out_label, output in outputs:
+        for in_label, source in inputs:
+            if not output or not source:
+                continue
+            allowed = within.get(in_label)
+            if inside(output, source) and not (allowed and inside(output, allowed) and
+                                               resolved(output) != resolved(allowed)):
+                where = "is" if resolved(output) == resolved(source) else "lies inside"
+                raise UsageError(
+                    f"{_named(out_label, output)} {where} {_named(in_label, source)}, which is "
+                    "read: what is written there would be read back with it (in a folder data "
+                    "set, as a class of its own), and every later run refused; nothing was "
+                    f"written; choose another {out_label}, outside {in_label} (e.g. a new "
+                    "folder beside it).")
+            if inside(source, output):
+                raise UsageError(
+                    f"{_named(out_label, output)} holds {_named(in_label, source)}, which is "
+                    "read: the outputs would be mixed with it (and --overwrite would move it "
+                    f"aside); nothing was written; choose another {out_label}, a folder that "
+                    f"does not hold {in_label}.")

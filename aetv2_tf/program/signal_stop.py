@@ -1,0 +1,76 @@
+"""SIGTERM and SIGINT as a clean stop of a training run: after the current step, with a final
+checkpoint (`run_control.RunControl` applies it; `distribute.signal_agreement` makes the
+workers of a cluster stop after the same step)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable
+
+from absl import logging
+
+#: Sums every worker's received signals: ``(sigint, sigterm) -> (sigint, sigterm)``.
+Agreement = Callable[[int, int], tuple[int, int]]
+
+
+class SignalStop:
+    """Turns SIGTERM/SIGINT into a stop at the end of the current step: `install` puts its
+    handler in place for the length of training, `restore` the previous handlers back (after
+    the final checkpoint: a signal until then is still this handler's). ``received``: the name
+    of the signal that stops the run (None: none).
+
+    A second signal ends the process at once through the handler that was in place before (an
+    impatient Ctrl-C twice), except while ``writing`` is set (a checkpoint is being written):
+    the run then stops once it is complete. ``agree`` (several workers) sums every worker's
+    received signals after each step, so that all stop after the same step when one is
+    signalled: only the sums decide, never a signal that arrived after this worker's count was
+    sent."""
+
+    def __init__(self, agree: Agreement | None = None,
+                 writing: threading.Event | None = None):
+        self.agree = agree
+        self.writing = writing or threading.Event()
+        self.received: str | None = None
+        self._previous: dict[signal.Signals, object] = {}
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous[sig] = signal.signal(sig, self._handler)
+
+    def restore(self) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous = {}
+
+    def _handler(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.received is None:
+            self.received = name
+            logging.warning("%s received: stopping after this step and writing a checkpoint.",
+                            name)
+            return
+        if self.writing.is_set():
+            logging.warning("%s received while a checkpoint is written: stopping once it is "
+                            "complete.", name)
+            return
+        self.restore()  # the impatient second signal: the handler in place before acts
+        os.kill(os.getpid(), signum)
+
+    def stops(self) -> bool:
+        """After a step: whether training ends now (a signal received here or, with ``agree``,
+        by any worker: the sums of the counts sent after this step)."""
+        if self.agree is None:
+            return self.received is not None
+        # The handler may run while `agree` waits for the other workers, after this worker's
+        # count was sent: that signal is sent after the next step, and every worker stops then.
+        sent = self.received
+        sigint, sigterm = self.agree(int(sent == "SIGINT"), int(sent == "SIGTERM"))
+        if not (sigint or sigterm):
+            return False
+        if self.received is None:
+            self.received = "SIGTERM" if sigterm else "SIGINT"
+            logging.warning("Another worker received %s: stopping after this step and "
+                            "writing a checkpoint.", self.received)
+        return True
