@@ -79,6 +79,9 @@ def read():
     ("--verbose=7", r"--verbose must be 0 \(silent\), 1 \(a progress bar\) or 2"),
     ("--data_dir=", r"--data_dir is empty"),
     ("--model_dir=runs/a\0b", r"a path cannot hold a NUL byte"),
+    ("--method=AETv2\n--learning_rate=1", r"--method must be one line of text: a line break"),
+    ("--dataset_name=cifar\r10", r"--dataset_name must be one line of text"),
+    ("--data_service=grpc://a:1\0", r"--data_service must be one line of text"),
 ], ids=lambda x: x if x.startswith("--") else "")
 def test_a_value_outside_its_flags_domain_is_refused_while_parsing(read, arg, message):
     """Refused by absl's validators (exit 1 on the command line), naming the flag, the range
@@ -292,7 +295,7 @@ REFUSALS = {
                                "is not a readable budget record",
                                {"flags.json": VERSIONED, "budget.json": "[[["}),
     "budget_a_list": Refusal(("--train_seconds=60", "--train_steps=0"),
-                             "not the budget record of a run",
+                             "(a JSON list, not an object)",
                              {"flags.json": VERSIONED, "budget.json": "[]"}),
     "budget_other": Refusal(("--train_seconds=60", "--train_steps=0"),
                             "that sized the run in",

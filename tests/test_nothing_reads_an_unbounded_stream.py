@@ -115,7 +115,7 @@ def files(tmp_path) -> pathlib.Path:
     ("fifo", r"--flagfile=\S*fifo: not a regular file \(a FIFO"),
     ("/dev/zero", r"--flagfile=/dev/zero: not a regular file \(a device"),
     ("folder", r"folder: not a regular file \(a folder\)"),
-    ("huge.cfg", r"huge.cfg: larger than 1048576 bytes, not a flagfile"),
+    ("huge.cfg", r"huge.cfg: larger than 1048576 bytes; a flagfile is a text file"),
     ("latin1.cfg", r"latin1.cfg: not utf-8 text \(invalid continuation byte at byte 12\)"),
     ("nested_fifo.cfg", r"--flagfile=\S*fifo \(named in \S*nested_fifo.cfg\): not a regular"),
     ("nested_zero.cfg", r"--flagfile=/dev/zero \(named in \S*nested_zero.cfg\): not a regular"),

@@ -160,9 +160,9 @@ def _refuse_unless_regular(path: str, mode: int, fix: str) -> None:
 
 
 def read_regular_file(path: str | os.PathLike, fix: str = READ_FIX,
-                      max_bytes: int = MAX_RECORD_BYTES, what: str = "") -> bytes:
+                      max_bytes: int = MAX_RECORD_BYTES) -> bytes:
     """The bytes of the regular file `path` (links followed) of at most `max_bytes`; else a
-    UsageError naming `path`, what it is (``what`` follows the size) and `fix`. Checked by
+    UsageError naming `path`, what it is and `fix`. Checked by
     ``stat``, then opened ``O_NONBLOCK`` and checked again by ``fstat`` (a FIFO swapped in
     opens at once and is refused); an OSError (missing, no permission) is the caller's."""
     path = os.fspath(path)
@@ -172,7 +172,7 @@ def read_regular_file(path: str | os.PathLike, fix: str = READ_FIX,
         _refuse_unless_regular(path, os.fstat(fd).st_mode, fix)
         data = handle.read(max_bytes + 1)
     if len(data) > max_bytes:
-        raise UsageError(f"{path}: larger than {max_bytes} bytes{what}; {fix}")
+        raise UsageError(f"{path}: larger than {max_bytes} bytes; {fix}")
     return data
 
 

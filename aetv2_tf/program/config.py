@@ -256,8 +256,7 @@ def _drop_epochs(values: Mapping[str, Any]) -> tuple[int, ...]:
 
 
 def _last_given(argv: Sequence[str], names: Sequence[str]) -> str | None:
-    """Of ``names``, the flag given last on the command line, flagfiles expanded in place
-    (`flagfiles.expand`: read with its limits)."""
+    """Of ``names``, the flag given last on the command line, flagfiles expanded in place."""
     expanded = flagfiles.expand(argv[1:])
     last = {}
     for i, arg in enumerate(expanded):
@@ -311,21 +310,14 @@ def _check_values(v: Mapping[str, Any]) -> None:
                          "targets: drop --decoder_scale.")
 
 
-def _warnings(v: Mapping[str, Any], given: frozenset[str]) -> list[str]:
-    """What the flags ``v`` (``given``: named on the command line) make of the run that
-    trains, but not as meant: flags RotNet ignores, an Adam step too small for float32."""
-    said = [step_sizes.small_step_warning(v)]
-    ignored = [name for name in program_flags.AET_ONLY if name in given]
-    if v["stage"] == "pretext" and v["pretext"] == "rotation" and ignored:
-        shown = ", ".join(f"--{name}={_shown(v[name])}" for name in ignored)
-        said.append(f"{shown}: ignored by --pretext=rotation (RotNet: a cross-entropy over 4 "
-                    "rotations of each image, no homography, no decoder); drop them, or pass "
-                    "--pretext=aet to train with them.")
-    return [text for text in said if text]
-
-
-def _shown(value: Any) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)
+def _ignored_by_rotnet(v: Mapping[str, Any], given: frozenset[str]) -> str | None:
+    """A warning naming the flags ``given`` that only the AET pretext reads, under RotNet."""
+    ignored = [f"--{name}={v[name]}" for name in program_flags.AET_ONLY if name in given]
+    if not (v["stage"] == "pretext" and v["pretext"] == "rotation" and ignored):
+        return None
+    return (f"{', '.join(ignored)}: ignored by --pretext=rotation (RotNet: a cross-entropy over "
+            "4 rotations of each image, no homography, no decoder); drop them, or pass "
+            "--pretext=aet to train with them.")
 
 
 def _recorded_values(flag_values: Any, argv: Sequence[str]) -> dict[str, Any]:
@@ -353,8 +345,9 @@ def from_flags(flag_values: Any, argv: Sequence[str]) -> RunConfig:
     _check_values(values)
     recipe = recipe_of(values)
     step_sizes.check(values)
-    for text in _warnings(values, given):
-        logging.warning("%s", text)
+    for text in (step_sizes.small_step_warning(values), _ignored_by_rotnet(values, given)):
+        if text:
+            logging.warning("%s", text)
     backbone = BACKBONES[values["backbone"]]
     fields = dict(values, backbone=backbone, feature=values["feature"] or backbone.probe_feature,
                   dataset_name=values["dataset_name"] or values["dataset"])
@@ -377,11 +370,10 @@ def recorded_budget(config: RunConfig) -> dict | None:
            "then starts afresh), or choose another --model_dir")
     try:
         recorded = read_json(path, fix)
+        if not isinstance(recorded, dict):
+            raise ValueError(f"a JSON {type(recorded).__name__}, not an object")
     except (OSError, ValueError) as e:
         raise UsageError(f"{path} is not a readable budget record ({e}); {fix}.") from e
-    if not isinstance(recorded, dict):
-        raise UsageError(f"{path} holds a JSON {type(recorded).__name__}, not the budget "
-                         f"record of a run; {fix}.")
     seconds = config.train.train_seconds
     if recorded.get("train_seconds") != seconds:
         raise UsageError(f"--train_seconds={seconds:g} differs from the "
@@ -404,7 +396,7 @@ def check_run_version(model_dir: str) -> None:
     path = os.path.join(model_dir, "flags.json")
     try:
         saved = read_json(path)
-    except (OSError, ValueError):  # a FIFO, a device, a huge file too: `rundir` names it
+    except (OSError, ValueError):  # a FIFO, a huge file too: `rundir` names it
         return
     if isinstance(saved, dict) and "version" not in saved:
         raise UsageError(

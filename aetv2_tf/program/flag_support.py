@@ -259,7 +259,8 @@ class PathParser(flags.ArgumentParser):
 def strict_flags(flag_values: flags.FlagValues, modules: str | Sequence[str]) -> None:
     """Every integer flag of the ``modules`` (a module's name, or the names its flags were
     defined under) gets `WholeNumberParser` and the upper bound `MAX_INT`; every flag named in
-    `PATH_FLAGS` gets `PathParser`. Call once, after defining the flags."""
+    `PATH_FLAGS` gets `PathParser`; every text flag is one line (of flags.cfg). Call
+    once, after defining the flags."""
     modules = (modules,) if isinstance(modules, str) else tuple(modules)
     for flag in (f for module in modules for f in flag_values.get_flags_for_module(module)):
         if isinstance(flag.parser, flags.IntegerParser):
@@ -270,6 +271,11 @@ def strict_flags(flag_values: flags.FlagValues, modules: str | Sequence[str]) ->
                         "of step counters and seeds); pass a smaller whole number.")
         elif flag.name in PATH_FLAGS:
             flag.parser = PathParser()
+        if flag.flag_type() == "string":  # a list is refused a line break by its parser
+            flags.register_validator(
+                flag.name, lambda v: not set("\n\r\0") & set(v or ""),
+                flag_values=flag_values, message=f"--{flag.name} must be one line of text: a "
+                "line break would split it in the run's flags.cfg (a NUL byte would end it).")
 
 
 #: The flags that name a file or a directory (of `aetv2_tf.program.flags`, `aetv2_tf.report`).

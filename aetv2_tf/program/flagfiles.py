@@ -1,24 +1,13 @@
 """The flagfiles of a command line, read with limits before absl reads them.
 
-absl opens every ``--flagfile=`` (and every one named inside a flagfile) with a plain `open`
-and reads it whole: a FIFO blocks it forever, ``/dev/zero`` fills the memory, a file that
-names itself under another spelling (``./a.cfg`` in ``a.cfg``) recurses until Python's stack
-overflows, and bytes that are not text end in a traceback. `expand` reads them first, as absl
-would, and refuses (`UsageError`, naming the file, the flagfile that named it and the fix):
-
-* a flagfile that is not a regular file (a FIFO, a device, a folder), or over
-  `MAX_FLAGFILE_BYTES` (`safe_paths.read_regular_file`: refused before it is read);
-* more than `MAX_FLAGFILES` flagfiles for one command line (a file named twice counts twice),
-  or more than `MAX_FLAGFILE_BYTES` in all: a flagfile named many times over;
-* a flagfile that names itself, directly or through others (absl warns and skips a file
-  named again under the same spelling; another spelling loops);
-* bytes that are not text in the locale's encoding (what absl decodes them with).
-
-A file that cannot be opened (missing, no permission) and a ``--flagfile`` without a name are
-absl's errors (`absl.flags.Error`), as absl words them. `parse_command_line` is the parser that
-`absl.app.run` calls for the programs (`aetv2_tf.train`, `.export`, `.report`): `expand` first
-(exit 2 with ``error: ...``), then absl's own parsing of the same command line, which reads the
-files checked here (exit 1 on its errors).
+absl reads every ``--flagfile=`` (nested ones too) whole with a plain `open`: a FIFO blocks it,
+``/dev/zero`` fills the memory, a file naming itself under another spelling recurses until the
+stack overflows, bytes that are not text end in a traceback. `expand` reads them first, as absl
+would, and refuses (`UsageError` naming the file, the flagfile that named it and the fix) a
+flagfile that is not a regular file or is over `MAX_FLAGFILE_BYTES`, more than `MAX_FLAGFILES`
+flagfiles or `MAX_FLAGFILE_BYTES` in all, a loop, and bytes not in the locale's encoding. A
+missing file and ``--flagfile`` without a name stay absl's errors. `parse_command_line` is
+`absl.app.run`'s parser for `aetv2_tf.train`, `.export` and `.report`.
 """
 
 from __future__ import annotations
@@ -34,18 +23,16 @@ from absl import app, flags
 from aetv2_tf.errors import UsageError
 from aetv2_tf.files.safe_paths import MAX_RECORD_BYTES, read_regular_file
 
-#: The most bytes of one flagfile, and of all those a command line names together (the
-#: project's configs hold about 1 KB each).
+#: The most bytes of one flagfile, and of all a command line names (a config: about 1 KB).
 MAX_FLAGFILE_BYTES = MAX_RECORD_BYTES
-#: The most flagfiles read for one command line, nested ones and repeats included.
+#: The most flagfiles read for one command line, nested ones and repeats counted.
 MAX_FLAGFILES = 64
 _DIRECTIVES = ("--flagfile=", "-flagfile=")
 _FIX = "a flagfile is a text file of flags, one per line (configs/*.cfg): pass one"
 
 
 def _named(arg: str) -> str:
-    """The file of a ``--flagfile=NAME`` argument or line, as absl takes it (stripped, ``~``
-    expanded)."""
+    """The file of a ``--flagfile=NAME`` argument or line, as absl takes it."""
     return os.path.expanduser(arg.split("=", 1)[1].strip())
 
 
@@ -56,17 +43,17 @@ class _Reader:
         self.files, self.size = 0, 0
 
     def lines(self, name: str, chain: tuple[tuple[str, tuple[int, int]], ...]) -> list[str]:
-        """The flag lines of the flagfile ``name`` (nested flagfiles expanded in place), as
-        absl's `FlagValues._get_flag_file_lines` gives them; ``chain``: the flagfiles that
-        named it, outermost first, with their identities (device, inode)."""
+        """The flag lines of the flagfile ``name``, nested ones expanded, as absl's
+        `FlagValues._get_flag_file_lines` gives them; ``chain``: ``(name, (st_dev, st_ino))``
+        of the flagfiles that named it, outermost first."""
         if not name:  # absl skips `--flagfile=` (an empty name)
             return []
         where = f"--flagfile={name}" + (f" (named in {chain[-1][0]})" if chain else "")
         try:
             status = os.stat(name)
-        except (OSError, ValueError) as e:  # ValueError: a NUL byte in the name
-            if isinstance(e, ValueError):
-                raise UsageError(f"{where}: a file name cannot hold a NUL byte; {_FIX}") from None
+        except ValueError:  # a NUL byte in the name
+            raise UsageError(f"{where}: a file name cannot hold a NUL byte; {_FIX}") from None
+        except OSError as e:
             raise flags.CantOpenFlagFileError(f"ERROR:: Unable to open flagfile: {e}") from None
         identity = (status.st_dev, status.st_ino)
         if identity in (known for _, known in chain):
@@ -78,8 +65,7 @@ class _Reader:
             raise UsageError(f"{where}: more than {MAX_FLAGFILES} flagfiles for one command "
                              "line (nested ones and repeats counted); name each file once")
         try:
-            data = read_regular_file(name, _FIX, MAX_FLAGFILE_BYTES,
-                                     what=", not a flagfile (about 1 KB)")
+            data = read_regular_file(name, _FIX, MAX_FLAGFILE_BYTES)
         except OSError as e:
             raise flags.CantOpenFlagFileError(f"ERROR:: Unable to open flagfile: {e}") from None
         except UsageError as e:
@@ -98,8 +84,8 @@ class _Reader:
                            (*chain, (name, identity)))
 
     def _flags(self, lines: list[str], chain) -> list[str]:
-        """The flags of a flagfile's ``lines``: blank lines and comments (``#``, ``//``) left
-        out, each nested flagfile's flags in its place, the others stripped."""
+        """The flags of a flagfile's ``lines``: no blank lines and comments, each nested
+        flagfile's flags in its place."""
         out = []
         for line in lines:
             if line.isspace() or line.startswith(("#", "//")):
@@ -114,10 +100,9 @@ class _Reader:
 
 
 def expand(args: Sequence[str]) -> list[str]:
-    """``args`` (a command line without the program's name) with each flagfile's flags in its
-    place, as absl's `FlagValues.read_flags_from_files` expands them under GNU getopt's rules
-    (absl's default; everything after ``--`` is left as it is), every file read with the limits
-    of the module docstring: `UsageError`, or absl's `flags.Error` for what absl refuses."""
+    """``args`` (without the program's name) with each flagfile's flags in its place, as
+    absl's `FlagValues.read_flags_from_files` expands them (GNU rules: nothing after ``--``),
+    read with the limits above: `UsageError`, or absl's `flags.Error` for what absl refuses."""
     reader, out, rest = _Reader(), [], list(args)
     while rest:
         arg = rest.pop(0)
@@ -136,10 +121,8 @@ def expand(args: Sequence[str]) -> list[str]:
 
 
 def parse_command_line(argv: Sequence[str]) -> list[str]:
-    """The flags parser of `absl.app.run` (``flags_parser``): the flagfiles of ``argv`` checked
-    (`expand`: exit 2 with ``error: ...`` when one is refused, exit 1 with absl's words for
-    absl's errors), then ``argv`` parsed by `absl.app.parse_flags_with_usage`; returns what it
-    returns (the arguments left, the program's name first)."""
+    """`absl.app.run`'s ``flags_parser``: `expand` (exit 2 ``error: ...``, or exit 1 in absl's
+    words), then `absl.app.parse_flags_with_usage` of ``argv``, whose result it returns."""
     try:
         expand(argv[1:])
     except UsageError as e:

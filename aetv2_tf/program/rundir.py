@@ -307,47 +307,65 @@ def prepare(model_dir: str, run_flags: dict, flagfile: str, essential: tuple[str
     """
     check_run_parts(model_dir)
     check_writable(model_dir)
-    saved_path = os.path.join(model_dir, "flags.json")
-    first_record, step, changed, diff = True, 0, {}, {}
-    if os.path.exists(saved_path):
+    step, changed, diff = 0, {}, {}
+    if os.path.exists(os.path.join(model_dir, "flags.json")):
         checked = {"stage", "backend", *essential, *trajectory}
-        saved = read_flags_record(saved_path, {k: v for k, v in run_flags.items()
-                                               if k in checked})
+        saved = read_flags_record(os.path.join(model_dir, "flags.json"),
+                                  {k: v for k, v in run_flags.items() if k in checked})
         # A start that failed before it trained or wrote a result (a bad --pretrained, an
         # out-of-memory batch) left only its record: the corrected command starts afresh there,
         # the old record set aside (`_set_aside_run`), instead of being refused as another run.
-        restart = overwrite or not holds_results(model_dir)
-        # A flag newer than the saved run is absent from it: that run had its default behaviour.
-        diff = {k: (saved.get(k), run_flags.get(k)) for k in essential
-                if k in saved and saved[k] != run_flags.get(k)}
-        # The Keras backend (recorded by program.keras_native_backend; absent: tensorflow) fixes
-        # the checkpoint format, so a run continues only on the backend that started it.
-        backends = saved.get("backend", "tensorflow"), run_flags.get("backend", "tensorflow")
-        if backends[0] != backends[1]:
-            if not restart:
-                raise UsageError(f"--model_dir={model_dir} holds a run of the {backends[0]} "
-                                 f"backend, whose checkpoints KERAS_BACKEND={backends[1]} cannot "
-                                 f"continue; rerun it with KERAS_BACKEND={backends[0]}, pass "
-                                 "--overwrite to start afresh there, or choose a new --model_dir.")
-            diff["backend"] = backends
-        if diff and not restart:
-            lines = ", ".join(f"--{k}: saved {a!r}, now {b!r}" for k, (a, b) in diff.items())
-            raise UsageError(f"--model_dir={model_dir} holds a run with different essential "
-                             f"flags ({lines}). Resume with the saved flags "
-                             f"(--flagfile={os.path.join(model_dir, 'flags.cfg')}), pass "
-                             "--overwrite to start afresh there, or choose a new --model_dir.")
+        diff = _essential_differences(model_dir, saved, run_flags, essential,
+                                      restart=overwrite or not holds_results(model_dir))
         step, changed = _trajectory_changes(model_dir, saved, run_flags, trajectory)
-        lines = ", ".join(f"--{k}: {a!r} until now, {b!r} asked" for k, (a, b) in changed.items())
         if changed and not (overwrite or run_flags.get("allow_flag_changes")):
             raise UsageError(f"--model_dir={model_dir} holds a run trained to step {step} with "
-                             f"other values of flags that change its course ({lines}). Resume "
-                             f"with its flags (--flagfile={os.path.join(model_dir, 'flags.cfg')}"
-                             "), pass --allow_flag_changes to change them from this step on "
-                             f"(recorded in {HISTORY}), --overwrite to start afresh there, or "
-                             "choose a new --model_dir.")
-    if not chief:
-        return
+                             f"other values of flags that change its course "
+                             f"({_changes_text(changed)}). Resume with its flags (--flagfile="
+                             f"{os.path.join(model_dir, 'flags.cfg')}), pass --allow_flag_changes "
+                             f"to change them from this step on (recorded in {HISTORY}), "
+                             "--overwrite to start afresh there, or choose a new --model_dir.")
+    if chief:
+        _write_records(model_dir, run_flags, flagfile, overwrite, diff, step, changed)
+
+
+def _changes_text(changed: dict) -> str:
+    return ", ".join(f"--{k}: {a!r} until now, {b!r} asked" for k, (a, b) in changed.items())
+
+
+def _essential_differences(model_dir: str, saved: dict, run_flags: dict,
+                           essential: tuple[str, ...], restart: bool) -> dict:
+    """``{flag: (saved, now)}`` of the essential flags (and the backend) that differ from the
+    saved run's; a UsageError listing them unless the run may `restart` afresh."""
+    # A flag newer than the saved run is absent from it: that run had its default behaviour.
+    diff = {k: (saved.get(k), run_flags.get(k)) for k in essential
+            if k in saved and saved[k] != run_flags.get(k)}
+    # The Keras backend (recorded by program.keras_native_backend; absent: tensorflow) fixes
+    # the checkpoint format, so a run continues only on the backend that started it.
+    backends = saved.get("backend", "tensorflow"), run_flags.get("backend", "tensorflow")
+    if backends[0] != backends[1]:
+        if not restart:
+            raise UsageError(f"--model_dir={model_dir} holds a run of the {backends[0]} "
+                             f"backend, whose checkpoints KERAS_BACKEND={backends[1]} cannot "
+                             f"continue; rerun it with KERAS_BACKEND={backends[0]}, pass "
+                             "--overwrite to start afresh there, or choose a new --model_dir.")
+        diff["backend"] = backends
+    if diff and not restart:
+        lines = ", ".join(f"--{k}: saved {a!r}, now {b!r}" for k, (a, b) in diff.items())
+        raise UsageError(f"--model_dir={model_dir} holds a run with different essential "
+                         f"flags ({lines}). Resume with the saved flags "
+                         f"(--flagfile={os.path.join(model_dir, 'flags.cfg')}), pass "
+                         "--overwrite to start afresh there, or choose a new --model_dir.")
+    return diff
+
+
+def _write_records(model_dir: str, run_flags: dict, flagfile: str, overwrite: bool,
+                   diff: dict, step: int, changed: dict) -> None:
+    """Under the model_dir's lock: the run set aside (`diff`, or `changed` with `overwrite`),
+    the accepted `changed` flags appended to the history, flags.cfg, and flags.json when this
+    start begins the run."""
     lock(model_dir)
+    first_record = True
     if diff or (overwrite and changed):  # diff: with --overwrite, or nothing trained yet
         _set_aside_run(model_dir, "--overwrite" if overwrite else
                        "Other essential flags where the last start trained nothing")
@@ -356,9 +374,9 @@ def prepare(model_dir: str, run_flags: dict, flagfile: str, essential: tuple[str
         if changed:
             with open_for_writing(os.path.join(model_dir, HISTORY), "a", _PART_FIX) as f:
                 f.write(json.dumps({"step": step, "changed": changed}, default=str) + "\n")
-            print(f"Flags changed from step {step} on: {lines} (recorded in {HISTORY}).",
-                  flush=True)
+            print(f"Flags changed from step {step} on: {_changes_text(changed)} (recorded in "
+                  f"{HISTORY}).", flush=True)
     write_atomically(os.path.join(model_dir, "flags.cfg"), flagfile, _PART_FIX)
     if first_record:
-        write_atomically(saved_path, json.dumps(run_flags, indent=2, sort_keys=True,
-                                                     default=str), _PART_FIX)
+        write_atomically(os.path.join(model_dir, "flags.json"),
+                         json.dumps(run_flags, indent=2, sort_keys=True, default=str), _PART_FIX)

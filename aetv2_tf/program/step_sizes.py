@@ -1,20 +1,13 @@
-"""The optimizer's steps that the flags give, in float32: refused where one is 0.
+"""The optimizer's rates that the flags give, in float32: refused where one is 0.
 
-The learning rate, the weights and their updates are float32 under every ``--mixed_precision``
-(`flag_support.FLOAT32_TINY`), and where a rate is below float32's smallest normal number
-(about 1.2e-38) it is 0 or a denormal, which TensorFlow flushes to 0 on CPUs: from that step on
-no weight changes, and the run would end with "Done" as if it had trained. `check` computes,
-as `method.optimizers.Schedule` and Keras's optimizers do in float32, every rate that a
-schedule holds for a stretch of the run: the peak (``--learning_rate``), the warm-up's first
-step (the peak / ``--warmup_steps``), the rate after the last drop of ``--lr_schedule=step``
-(the peak x ``--lr_drop_factor`` ** drops) and the end of ``--lr_schedule=aetv1`` (the peak x
-1e-4); for Adam also each of them times ``sqrt(1 - --adam_beta2)``, the first factor of Keras's
-Adam step (``lr * sqrt(1 - beta_2^t) / (1 - beta_1^t)``, smallest at its first step). A cosine
-schedule's last steps approach 0 by design and are not judged. Any of them 0 in float32: a
-`UsageError` that names it, the flags that make it and the fix, before anything is written.
-
-`small_step_warning`: an Adam step below float32's resolution at 1 (2**-24 of it) changes no
-weight larger than the step times 2**24 (BatchNorm's scales start at 1): said, not refused.
+The rate, the weights and their updates are float32 under every ``--mixed_precision``; a rate
+below float32's smallest normal number (`flag_support.FLOAT32_TINY`) is 0 where denormals are
+flushed (TensorFlow on CPUs): no weight would change, and the run would end "Done". `check`
+computes, in float32 as `method.optimizers.Schedule` and Keras do, each rate a schedule holds
+for a stretch of the run: the peak, the warm-up's first step (peak / ``--warmup_steps``), the
+rate after the last drop of ``step`` (peak x ``--lr_drop_factor`` ** drops), the end of
+``aetv1`` (peak x 1e-4), and for Adam each times ``sqrt(1 - --adam_beta2)``, its first step's
+first factor. A cosine's last steps approach 0 by design: not judged.
 """
 
 from __future__ import annotations
@@ -27,14 +20,12 @@ from aetv2_tf.errors import UsageError
 from aetv2_tf.method.optimizers import AETV1_FINAL_MULTIPLIER, STEP_DROPS
 from aetv2_tf.program.flag_support import FLOAT32_TINY, as_float32
 
-#: float32 keeps 24 significant bits: w + s == w once |w| > |s| * 2**24 (half a unit in its last
-#: place, rounded to even).
+#: float32's significant bits: w + s == w once |w| > |s| * 2**24.
 FLOAT32_BITS = 24
 
 
 def scheduled_rates(v: Mapping[str, Any]) -> list[tuple[str, float]]:
-    """``(what, rate)``: the float32 rates of the run's schedule (module docstring), each
-    named by the flags that make it; ``v``: the run's flag values (`RunConfig.values`)."""
+    """``(what, rate)``: the float32 rates of the schedule of the flag values ``v``."""
     peak = as_float32(v["learning_rate"])
     rates = [(f"the rate --learning_rate={v['learning_rate']:g}", peak)]
     if v["warmup_steps"] > 1:
@@ -59,8 +50,8 @@ def scheduled_rates(v: Mapping[str, Any]) -> list[tuple[str, float]]:
 
 
 def check(v: Mapping[str, Any]) -> None:
-    """`UsageError` for the first of `scheduled_rates` that is 0 in float32 (module
-    docstring); only for the stages that train (a KNN probe trains nothing)."""
+    """`UsageError` for the first of `scheduled_rates` that is 0 in float32 (a KNN probe
+    trains nothing: not judged)."""
     if v["stage"] == "probe" and v["probe"] == "knn":
         return
     for what, rate in scheduled_rates(v):
@@ -74,8 +65,8 @@ def check(v: Mapping[str, Any]) -> None:
 
 
 def small_step_warning(v: Mapping[str, Any]) -> str | None:
-    """A warning when Adam's peak step is below float32's resolution at 1 (module docstring);
-    None otherwise (SGD's step also scales with the gradient: not judged)."""
+    """A warning when Adam's peak step changes no float32 weight of size 1 (BatchNorm's scales
+    start there); None otherwise (SGD's step scales with the gradient: not judged)."""
     if v["optimizer"] != "adam" or v["stage"] == "probe" and v["probe"] == "knn":
         return None
     step = as_float32(v["learning_rate"])
