@@ -310,27 +310,15 @@ def _check_values(v: Mapping[str, Any]) -> None:
                          "targets: drop --decoder_scale.")
 
 
-def _ignored_by_rotnet(v: Mapping[str, Any], given: frozenset[str]) -> str | None:
-    """A warning naming the flags ``given`` that only the AET pretext reads, under RotNet."""
-    ignored = [f"--{name}={v[name]}" for name in program_flags.AET_ONLY if name in given]
-    if not (v["stage"] == "pretext" and v["pretext"] == "rotation" and ignored):
-        return None
-    return (f"{', '.join(ignored)}: ignored by --pretext=rotation (RotNet: a cross-entropy over "
-            "4 rotations of each image, no homography, no decoder); drop them, or pass "
-            "--pretext=aet to train with them.")
-
-
 def _recorded_values(flag_values: Any, argv: Sequence[str]) -> dict[str, Any]:
     """Every flag's value as the run records it: lists as tuples, the run length decided
-    (`_run_length`), paths with ``~`` expanded, a preset's name as its run directory
-    (`presets.directory_of`: nothing read)."""
+    (`_run_length`), paths with ``~`` expanded (`flag_support.PathParser`), a preset's name as
+    its run directory (`presets.directory_of`: nothing read)."""
     from aetv2_tf.files import presets
 
     values = {flag.name: tuple(flag.value) if isinstance(flag.value, list) else flag.value
               for flag in program_flags.program_flags(flag_values)}
     values.update(_run_length(values, argv))
-    for name in ("model_dir", "data_dir"):
-        values[name] = os.path.expanduser(values[name]) if values[name] else values[name]
     if values["stage"] == "probe":
         values["pretrained"] = presets.directory_of(values["pretrained"])
     return values
@@ -345,9 +333,8 @@ def from_flags(flag_values: Any, argv: Sequence[str]) -> RunConfig:
     _check_values(values)
     recipe = recipe_of(values)
     step_sizes.check(values)
-    for text in (step_sizes.small_step_warning(values), _ignored_by_rotnet(values, given)):
-        if text:
-            logging.warning("%s", text)
+    if ignored := flag_support.ignored_by_rotnet(values, given):
+        logging.warning("%s", ignored)
     backbone = BACKBONES[values["backbone"]]
     fields = dict(values, backbone=backbone, feature=values["feature"] or backbone.probe_feature,
                   dataset_name=values["dataset_name"] or values["dataset"])
@@ -366,11 +353,9 @@ def recorded_budget(config: RunConfig) -> dict | None:
     path = os.path.join(config.outputs.model_dir, BUDGET_FILE)
     if config.stage != "pretext" or not os.path.lexists(path):
         return None
-    fix = ("it is the record a run sized by --train_seconds writes: move it away (its run "
-           "then starts afresh), or choose another --model_dir")
+    fix = "move it away (its run then starts afresh), or choose another --model_dir"
     try:
-        recorded = read_json(path, fix)
-        if not isinstance(recorded, dict):
+        if not isinstance(recorded := read_json(path, fix), dict):
             raise ValueError(f"a JSON {type(recorded).__name__}, not an object")
     except (OSError, ValueError) as e:
         raise UsageError(f"{path} is not a readable budget record ({e}); {fix}.") from e

@@ -85,6 +85,16 @@ def aet_only_flags() -> tuple[str, ...]:
     return tuple(_AET_ONLY)
 
 
+def ignored_by_rotnet(values: Mapping[str, Any], given: Collection[str]) -> str | None:
+    """A warning naming the flags ``given`` that only the AET pretext reads, under RotNet."""
+    ignored = [f"--{name}={values[name]}" for name in sorted(given) if name in _AET_ONLY]
+    if not (values["stage"] == "pretext" and values["pretext"] == "rotation" and ignored):
+        return None
+    return (f"{', '.join(ignored)}: ignored by --pretext=rotation (RotNet: a cross-entropy over "
+            "4 rotations of each image, no homography, no decoder); drop them, or pass "
+            "--pretext=aet to train with them.")
+
+
 @dataclass(frozen=True)
 class Rule:
     """`refused(value, present)` is True for the values a non-TensorFlow backend cannot run

@@ -16,6 +16,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from absl import logging
+
 from aetv2_tf.errors import UsageError
 from aetv2_tf.method.optimizers import AETV1_FINAL_MULTIPLIER, STEP_DROPS
 from aetv2_tf.program.flag_support import FLOAT32_TINY, as_float32
@@ -50,8 +52,8 @@ def scheduled_rates(v: Mapping[str, Any]) -> list[tuple[str, float]]:
 
 
 def check(v: Mapping[str, Any]) -> None:
-    """`UsageError` for the first of `scheduled_rates` that is 0 in float32 (a KNN probe
-    trains nothing: not judged)."""
+    """`UsageError` for the first of `scheduled_rates` that is 0 in float32, else a warning
+    logged for a step too small for a weight of 1 (a KNN probe trains nothing: not judged)."""
     if v["stage"] == "probe" and v["probe"] == "knn":
         return
     for what, rate in scheduled_rates(v):
@@ -62,12 +64,14 @@ def check(v: Mapping[str, Any]) -> None:
                 "CPUs): from there no weight would change. The weights and their updates are "
                 "float32 under every --mixed_precision; raise --learning_rate (or the flag "
                 "named).")
+    if warning := small_step_warning(v):
+        logging.warning("%s", warning)
 
 
 def small_step_warning(v: Mapping[str, Any]) -> str | None:
     """A warning when Adam's peak step changes no float32 weight of size 1 (BatchNorm's scales
     start there); None otherwise (SGD's step scales with the gradient: not judged)."""
-    if v["optimizer"] != "adam" or v["stage"] == "probe" and v["probe"] == "knn":
+    if v["optimizer"] != "adam":
         return None
     step = as_float32(v["learning_rate"])
     largest = step * 2**FLOAT32_BITS

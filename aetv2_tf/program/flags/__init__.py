@@ -59,8 +59,6 @@ def _in_order(names: tuple[str, ...]) -> tuple[str, ...]:
 TRAJECTORY = _in_order(flag_support.trajectory_flags())
 #: Flags a run keeps: a --model_dir holding a run with other values is refused (`rundir`).
 ESSENTIAL = _in_order(flag_support.essential_flags())
-#: Flags only the AET pretext reads: given with --pretext=rotation, a warning names them.
-AET_ONLY = _in_order(flag_support.aet_only_flags())
 
 
 def flags_of_group(group: str, flag_values: flags.FlagValues = FLAGS) -> list[flags.Flag]:
