@@ -26,24 +26,11 @@ from keras.backend import standardize_dtype
 
 from aetv2_tf.method.polar import adjugate_3x3, project_newton
 
-__all__ = [
-    "params_to_matrix",
-    "matrix_to_params",
-    "adjugate_3x3",
-    "determinant_3x3",
-    "inverse_3x3",
-    "normalize_determinant",
-    "PROJECTIONS",
-    "project_to_so3",
-    "rotation_angle",
-    "relative_homography",
-    "aetv2_components",
-    "aetv2_distance",
-    "AETV1_TARGET_MEAN",
-    "AETV1_TARGET_STD",
-    "aetv1_official_targets",
-    "params_from_aetv1_official_targets",
-]
+__all__ = ["params_to_matrix", "matrix_to_params", "adjugate_3x3", "determinant_3x3",
+           "inverse_3x3", "normalize_determinant", "PROJECTIONS", "project_to_so3",
+           "rotation_angle", "relative_homography", "aetv2_components", "aetv2_distance",
+           "AETV1_TARGET_MEAN", "AETV1_TARGET_STD", "aetv1_official_targets",
+           "params_from_aetv1_official_targets"]
 
 
 def _tensor(x, dtype=None):

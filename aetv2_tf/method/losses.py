@@ -26,12 +26,7 @@ from aetv2_tf.method.geometry import (
     rotation_angle,
 )
 
-__all__ = [
-    "TERMS",
-    "GeodesicLoss",
-    "ParameterMSELoss",
-    "nonfinite_samples",
-]
+__all__ = ["TERMS", "GeodesicLoss", "ParameterMSELoss", "nonfinite_samples"]
 
 IDENTITY_PARAMS = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0)
 _IDENTITY = np.array(IDENTITY_PARAMS, np.float32)
@@ -206,21 +201,12 @@ class GeodesicLoss(keras.losses.Loss):
     identity, not at 0.
     """
 
-    def __init__(
-        self,
-        projection_weight: float = 1.0,
-        angle_power: int = 1,
-        residual_scale: float = 0.0,
-        chordal_weight: float = 0.0,
-        mse_weight: float = 0.0,
-        mse_std: Sequence[float] | None = None,
-        mse_decay_steps: int = 0,
-        frame: Sequence[Sequence[float]] | None = None,
-        residual_frame: str = "loss",
-        projection: str = "svd",
-        name: str = "geodesic_loss",
-        reduction: str | None = "sum_over_batch_size",
-    ):
+    def __init__(self, projection_weight: float = 1.0, angle_power: int = 1,
+                 residual_scale: float = 0.0, chordal_weight: float = 0.0, mse_weight: float = 0.0,
+                 mse_std: Sequence[float] | None = None, mse_decay_steps: int = 0,
+                 frame: Sequence[Sequence[float]] | None = None, residual_frame: str = "loss",
+                 projection: str = "svd", name: str = "geodesic_loss",
+                 reduction: str | None = "sum_over_batch_size"):
         super().__init__(name=name, reduction=reduction, dtype="float32")
         self.projection_weight = _check_projection_weight(projection_weight)
         if angle_power not in (1, 2):
@@ -306,15 +292,9 @@ class ParameterMSELoss(keras.losses.Loss):
     `geometry.aetv1_official_targets` of both sides for ``image_size`` images (``std`` None).
     """
 
-    def __init__(
-        self,
-        mean: Sequence[float] | None = None,
-        std: Sequence[float] | None = None,
-        name: str = "parameter_mse",
-        reduction: str | None = "sum_over_batch_size",
-        target: str = "model",
-        image_size: int = 32,
-    ):
+    def __init__(self, mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
+                 name: str = "parameter_mse", reduction: str | None = "sum_over_batch_size",
+                 target: str = "model", image_size: int = 32):
         super().__init__(name=name, reduction=reduction, dtype="float32")
         self.mean = _check_vector("mean", mean, positive=False)
         self.std = _check_vector("std", std, positive=True)
