@@ -10,16 +10,10 @@ The AETv2 loss between the applied ``T`` and the decoded ``T_hat`` is
     P     = project_to_so3(M) = U diag(1, 1, det(U V^T)) V^T,   M = U S V^T
     loss  = angle(P) + lambda * ||M - P||_F^2             # angle = arccos((tr P - 1) / 2)
 
-Every function here takes tensors with arbitrary leading (batch) dimensions, works in float32 and
-float64, is differentiable, and uses only ops with XLA kernels: the 3x3 determinant and inverse
-are written out with cofactors (``MatrixDeterminant`` has no XLA CPU kernel), the projection has
-its own gradient (autodiff through the SVD is NaN at ``M = I`` and wrong at exact rotations,
-docs/method.md section 3), and the angle uses ``atan2`` (``acos`` has an infinite derivative at
-the identity and loses all precision there in float32).
-
-Only ``keras.ops`` is used, so the same code runs on the TensorFlow and the JAX backend (this
-module never imports TensorFlow); inputs and outputs are backend tensors (``tf.Tensor`` or
-``jax.Array``). Under JAX, float64 needs ``jax.config.update("jax_enable_x64", True)``.
+Every function takes tensors with any leading (batch) dimensions, in float32 or float64, is
+differentiable and XLA-compatible: cofactors instead of ``MatrixDeterminant``, a custom gradient
+for the projection (docs/method.md section 3), ``atan2`` instead of ``acos``. Only ``keras.ops``:
+TensorFlow or JAX tensors (under JAX, float64 needs ``jax_enable_x64``).
 """
 
 from __future__ import annotations
@@ -32,29 +26,15 @@ from keras.backend import standardize_dtype
 
 from aetv2_tf.method.polar import adjugate_3x3, project_newton
 
-__all__ = [
-    "params_to_matrix",
-    "matrix_to_params",
-    "adjugate_3x3",
-    "determinant_3x3",
-    "inverse_3x3",
-    "normalize_determinant",
-    "PROJECTIONS",
-    "project_to_so3",
-    "rotation_angle",
-    "relative_homography",
-    "aetv2_components",
-    "aetv2_distance",
-    "AETV1_TARGET_MEAN",
-    "AETV1_TARGET_STD",
-    "aetv1_official_targets",
-    "params_from_aetv1_official_targets",
-]
+__all__ = ["params_to_matrix", "matrix_to_params", "adjugate_3x3", "determinant_3x3",
+           "inverse_3x3", "normalize_determinant", "PROJECTIONS", "project_to_so3",
+           "rotation_angle", "relative_homography", "aetv2_components", "aetv2_distance",
+           "AETV1_TARGET_MEAN", "AETV1_TARGET_STD", "aetv1_official_targets",
+           "params_from_aetv1_official_targets"]
 
 
 def _tensor(x, dtype=None):
-    """`keras.ops.convert_to_tensor`, with a TensorFlow variable read to its value first (the
-    TensorFlow backend passes a `tf.Variable` through unchanged, and ops on it then fail)."""
+    """`keras.ops.convert_to_tensor`, a `tf.Variable` read to its value first."""
     return ops.convert_to_tensor(x.read_value() if hasattr(x, "read_value") else x, dtype=dtype)
 
 
@@ -93,16 +73,11 @@ def inverse_3x3(m):
 def normalize_determinant(m, eps: float | None = None):
     """Scale ``(..., 3, 3)`` matrices to determinant +1: ``m / cbrt(det m)``, REAL cube root.
 
-    ``cbrt(d) = sign(d) |d|^(1/3)``, so a negative determinant is handled (``-m`` is the same
-    homography, and ``det(-m) = -det(m)``); the result is invariant to any nonzero scale of ``m``.
-
-    Numerics: ``m`` is first divided by its largest absolute entry (no overflow for any finite
-    input). For that rescaled ``m_s`` the divisor ``|det m_s|^(1/3)`` is clamped below by ``eps``
-    (keeping the sign of the determinant, + for exactly 0). The default ``eps`` is the cube root
-    of the dtype's machine epsilon (4.9e-3 in float32, 6.1e-6 in float64): below it ``det m_s``
-    is rounding noise, i.e. ``m`` is numerically singular. There the result is ``m_s / eps``
-    (entries at most ``1 / eps``) with a finite gradient instead of a division by ~0; well
-    conditioned inputs are not affected.
+    ``cbrt(d) = sign(d) |d|^(1/3)`` (``-m`` is the same homography); invariant to any nonzero
+    scale of ``m``. ``m`` is first divided by its largest absolute entry ``-> m_s``; the divisor
+    ``|det m_s|^(1/3)`` is clamped below by ``eps`` (sign kept, + for 0; default: the cube root
+    of the dtype's machine epsilon, 4.9e-3 in float32), so a numerically singular ``m`` gives
+    ``m_s / eps`` with a finite gradient.
     """
     m = _tensor(m)
     info = _finfo(m.dtype)
@@ -136,7 +111,6 @@ def _project_to_so3(m):
     info = _finfo(m.dtype)
 
     def grad(*args, upstream=None):
-        # TF and JAX call grad(upstream); PyTorch grad(*inputs, upstream=...) (keras.ops docs).
         g = args[0] if upstream is None else upstream
         # Polar-decomposition gradient (docs/method.md section 3): with B = U'^T G V,
         # dL/dM = U' [K o (B - B^T)] V^T, K_ij = 1 / (s'_i + s'_j) off the diagonal, 0 on it.
@@ -160,18 +134,11 @@ PROJECTIONS = ("svd", "newton")
 def project_to_so3(m, method: str = "svd"):
     """Nearest rotation (Frobenius norm) ``P = U diag(1, 1, det(U V^T)) V^T`` of ``m = U S V^T``.
 
-    Shapes ``(..., 3, 3) -> (..., 3, 3)``, same float dtype; ``det(U V^T)`` is taken by its sign.
-    The custom gradient is the polar-decomposition one (denominators ``s'_i + s'_j``, never the
-    differences ``s_i - s_j`` of the plain SVD gradient), so it is finite and exact at ``m = I``
-    and at exact rotations. On the cut locus (``s'_2 + s'_3 = 0``, where the projection itself is
-    discontinuous) the denominators are clamped to ``eps_machine * s_1``: finite but large.
-    Backend-independent (``keras.ops.custom_gradient``: ``tf.custom_gradient`` under TensorFlow,
-    ``jax.custom_gradient`` under JAX).
-
-    ``method``: "svd" (the default, above) or "newton": the same projection and gradient
-    without an SVD where every matrix of the batch has ``det > 0`` and a moderate condition
-    number (a scaled Newton iteration on the 3x3 cofactors, `polar`), the SVD for the whole
-    batch otherwise.
+    Shapes ``(..., 3, 3) -> (..., 3, 3)``, same float dtype. The custom gradient is the polar
+    decomposition's (denominators ``s'_i + s'_j``): exact at ``m = I`` and at rotations; on the
+    cut locus (``s'_2 + s'_3 = 0``) the denominators are clamped to ``eps_machine * s_1``.
+    ``method``: "svd" or "newton" (the same projection and gradient by `polar`'s iteration where
+    the whole batch is in its range, else the SVD).
     """
     m = _tensor(m)
     if method == "svd":
@@ -184,10 +151,9 @@ def project_to_so3(m, method: str = "svd"):
 def rotation_angle(r):
     """Geodesic angle ``theta in [0, pi]`` of rotation matrices ``(..., 3, 3) -> (...,)``.
 
-    ``theta = atan2(||R - R^T||_F / (2 sqrt 2), (tr R - 1) / 2)``: ``sin`` and ``cos`` of the angle,
-    so it equals the paper's ``arccos((tr R - 1) / 2)`` but stays accurate near 0 and pi in
-    float32. The norm is "safe": where ``R = R^T`` (``theta`` = 0 or pi, the apex of a cone) its
-    gradient is the zero subgradient instead of NaN.
+    ``theta = atan2(||R - R^T||_F / (2 sqrt 2), (tr R - 1) / 2)``: the paper's
+    ``arccos((tr R - 1) / 2)``, accurate near 0 and pi in float32; where ``R = R^T`` the norm's
+    gradient is the zero subgradient, not NaN.
     """
     r = _tensor(r)
     sq = ops.sum(ops.square(r - _transpose(r)), axis=(-2, -1))
@@ -221,11 +187,8 @@ def _check_matrices(t, t_hat) -> tuple:
 
 
 def relative_homography(t, t_hat, eps: float | None = None):
-    """``M = normalize_determinant(T^{-1} T_hat)``, ``(..., 3, 3)``: the error of ``T_hat``.
-
-    ``M = I`` exactly when ``T_hat`` equals ``T`` up to scale; ``t`` and ``t_hat`` as in
-    `aetv2_components`.
-    """
+    """``M = normalize_determinant(T^{-1} T_hat)`` ``(..., 3, 3)``: ``I`` iff ``T_hat = T`` up to
+    scale; ``t``, ``t_hat`` as in `aetv2_components`."""
     t, t_hat = _check_matrices(t, t_hat)
     return normalize_determinant(ops.matmul(inverse_3x3(t), t_hat), eps=eps)
 
@@ -251,22 +214,14 @@ def aetv2_components(t, t_hat, eps: float | None = None, projection: str = "svd"
 
 def aetv2_distance(t, t_hat, projection_weight: float = 1.0, eps: float | None = None,
                    projection: str = "svd"):
-    """Per-sample AETv2 loss (Eq. 11) ``angle(P) + lambda ||M - P||_F^2``, shape ``(...,)``.
-
-    ``t`` and ``t_hat`` are ``(..., 3, 3)`` matrices (see `aetv2_components`);
-    ``projection_weight`` is the paper's ``lambda`` (1 in all its experiments); ``projection``:
-    the ``method`` of `project_to_so3`.
-    """
+    """Per-sample AETv2 loss (Eq. 11) ``angle(P) + lambda ||M - P||_F^2``, shape ``(...,)``;
+    arguments as `aetv2_components`, ``projection_weight`` the paper's ``lambda``."""
     angle, residual = aetv2_components(t, t_hat, eps=eps, projection=projection)
     return angle + projection_weight * residual
 
 
-# --- The published AETv1 code's regression targets -----------------------------------------------
-# Its dataset (maple-research-lab/AET, cifar/v16_projective_uniform/dataset.py) hands PIL's
-# `Image.transform(..., PERSPECTIVE, coeffs)` the map from OUTPUT to INPUT pixel coordinates, in
-# PIL's corner-origin frame (image edges at 0 and W, pixel centres at +0.5), and regresses those 8
-# coefficients normalised by fixed constants (its main.py: `transforms.Normalize` on the (8, 1, 1)
-# coefficient tensor).
+# The published AETv1 code (maple-research-lab/AET, cifar/v16_projective_uniform) regresses the 8
+# coefficients of PIL's PERSPECTIVE map (output -> input, corner-origin pixels), normalised by:
 AETV1_TARGET_MEAN = (0.0, 0.0, 16.0, 0.0, 0.0, 16.0, 0.0, 0.0)
 AETV1_TARGET_STD = (1.0, 1.0, 20.0, 1.0, 1.0, 20.0, 0.015, 0.015)
 
@@ -284,9 +239,8 @@ def aetv1_official_targets(params, size: int = 32):
     """Model-frame parameters of ``T`` ``(..., 8)`` -> the published AETv1 code's normalised
     targets ``(..., 8)``: ``(c - AETV1_TARGET_MEAN) / AETV1_TARGET_STD``, where ``c`` are the 8
     row-major entries of ``G / G[2, 2]``, ``G = (N^{-1} T N)^{-1}`` the inverse (output -> input)
-    map in PIL's corner-origin pixel coordinates of a ``size`` x ``size`` image. The inverse is
-    taken as the adjugate (a homography is defined up to scale), so only ``G[2, 2]`` divides.
-    The identity gives ``(1, 0, -0.8, 0, 1, -0.8, 0, 0)``.
+    map in PIL's corner-origin pixel coordinates of a ``size`` x ``size`` image (the inverse as
+    the adjugate). The identity gives ``(1, 0, -0.8, 0, 1, -0.8, 0, 0)``.
     """
     t = params_to_matrix(params)
     n, n_inv = _corner_frame(size, t.dtype)

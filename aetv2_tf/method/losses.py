@@ -1,15 +1,9 @@
 """Keras losses and metrics of AETv2 (geodesic, Eq. 11) and of the AETv1 baseline (parameter MSE).
 
-``y_true`` and ``y_pred`` are ``(batch, 8)`` homography parameters in the centred, normalised
-model frame, ``T`` mapping original -> transformed coordinates (docs/conventions.md); the
-decoder's 8 outputs are read as the row-major entries of ``T_hat`` with ``T_hat[2, 2] = 1``.
-
-Everything is computed in float32, whatever the global dtype policy (``mixed_bfloat16`` casts
-the decoder output up first). ``call`` returns per-sample losses ``(batch,)``; Keras reduces them
-with ``sum_over_batch_size`` (sum / global batch size per replica under ``tf.distribute``).
-
-Written with ``keras.ops`` only: the losses run unchanged on the TensorFlow and JAX backends, and
-this module never imports TensorFlow (tensors are ``tf.Tensor`` or ``jax.Array``).
+``y_true`` and ``y_pred`` are ``(batch, 8)`` homography parameters in the model frame, ``T``
+mapping original -> transformed coordinates (docs/conventions.md), ``T[2, 2] = 1``. Computed in
+float32 whatever the dtype policy; ``call`` returns per-sample losses ``(batch,)`` (Keras reduces
+with ``sum_over_batch_size``). Only ``keras.ops`` (TensorFlow or JAX).
 """
 
 from __future__ import annotations
@@ -25,21 +19,14 @@ from keras import ops
 from aetv2_tf.method.geometry import (
     PROJECTIONS,
     aetv1_official_targets,
-    inverse_3x3,
     matrix_to_params,
-    normalize_determinant,
     params_to_matrix,
     project_to_so3,
     relative_homography,
     rotation_angle,
 )
 
-__all__ = [
-    "TERMS",
-    "GeodesicLoss",
-    "ParameterMSELoss",
-    "nonfinite_samples",
-]
+__all__ = ["TERMS", "GeodesicLoss", "ParameterMSELoss", "nonfinite_samples"]
 
 IDENTITY_PARAMS = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0)
 _IDENTITY = np.array(IDENTITY_PARAMS, np.float32)
@@ -66,31 +53,19 @@ def _evaluate(fn, y_true: Tensor, y_pred: Tensor) -> Tensor:
     return fn(params_to_matrix(y_true), params_to_matrix(y_pred))
 
 
-def _normalized_m(t: Tensor, t_hat: Tensor) -> Tensor:
-    """``M = normalize_determinant(T^{-1} T_hat)``, ``(..., 3, 3)``: the part before the SVD."""
-    return normalize_determinant(ops.matmul(inverse_3x3(t), t_hat))
-
-
 def _finite_samples(y_true: Tensor, y_pred: Tensor) -> Tensor:
-    """Boolean ``(batch,)``: inputs finite and ``M`` finite (a forward pass without gradient).
-
-    That is enough: a finite ``M`` has entries of at most ``1 / eps`` (the clamp of
-    `normalize_determinant`), so its SVD, ``P``, the angle and the residual are finite too; and
-    the SVD never sees a NaN (e.g. from a singular ``y_true``).
-    """
+    """Boolean ``(batch,)``: inputs finite and ``M`` finite (a forward pass without gradient;
+    a finite ``M`` has entries <= ``1 / eps``, so ``P``, angle and residual are finite too)."""
     ok = ops.logical_and(_finite_rows(y_true), _finite_rows(y_pred))
-    m = ops.stop_gradient(_evaluate(_normalized_m, *_substitute(ok, y_true, y_pred)))
+    m = ops.stop_gradient(_evaluate(relative_homography, *_substitute(ok, y_true, y_pred)))
     return ops.logical_and(ok, ops.all(ops.isfinite(m), axis=(-2, -1)))
 
 
 def _guarded(fn: Callable[[Tensor, Tensor], Tensor], y_true: Tensor, y_pred: Tensor) -> Tensor:
     """Per-sample ``fn(T, T_hat)`` that is 0, with a 0 gradient, for non-finite samples.
 
-    "Double where": a sample whose ``y_true`` or ``y_pred`` has a NaN/inf entry, or whose ``M``
-    is not finite (found by a cheap first pass without gradient), is replaced by the identity
-    pair BEFORE the differentiated computation, so no NaN/inf reaches the backward pass; its
-    output is then set to 0 (as is, as a last resort, any other non-finite output value). The
-    other samples are untouched.
+    "Double where": a sample with a non-finite input or ``M`` is replaced by the identity pair
+    BEFORE the differentiated computation, then its output (and any non-finite output) set to 0.
     """
     ok = _finite_samples(y_true, y_pred)
     value = _evaluate(fn, *_substitute(ok, y_true, y_pred))
@@ -134,10 +109,8 @@ TERMS = ("angle", "residual", "mse", "chordal")
 
 class _Terms:
     """The per-sample terms of `GeodesicLoss` on matrices ``(B, 3, 3) x 2 -> (B,)`` each, and
-    their sum, the loss. ``values`` computes only the terms asked for: ``"angle"`` (theta or
-    theta^2 in the loss's frame), ``"residual"`` (lambda x the projection residual), ``"mse"``
-    (the weighted AETv1 MSE), ``"chordal"`` (mu x ``||M - I||_F^2``) and ``"theta"`` (the angle
-    itself, radians, in the loss's frame, weight 1: not a term of the sum)."""
+    their sum. ``values`` computes only those asked for (`TERMS`, or ``"theta"``: the angle in
+    radians in the loss's frame, not a term of the sum)."""
 
     def __init__(self, loss: GeodesicLoss):
         self.loss = loss
@@ -195,11 +168,9 @@ class _Terms:
 class GeodesicLoss(keras.losses.Loss):
     """AETv2 loss (Eq. 11): geodesic angle on SO(3) + ``lambda`` x projection residual.
 
-    Per sample, with ``T = params_to_matrix(y_true)`` and ``T_hat = params_to_matrix(y_pred)``:
-    ``M = normalize_determinant(T^{-1} T_hat)``, ``P = project_to_so3(M)``,
-    ``loss = angle(P) + projection_weight * ||M - P||_F^2`` (radians + squared Frobenius).
-    That is the paper's form, and the default; the other arguments are the research knobs of
-    docs/reproduction.md, each off (0 / None / 1) by default:
+    Per sample, ``M = normalize_determinant(T^{-1} T_hat)``, ``P = project_to_so3(M)``,
+    ``loss = angle(P) + projection_weight * ||M - P||_F^2`` (the paper's form, the default; the
+    other arguments are docs/reproduction.md's knobs, off by default):
 
     Args:
       projection_weight: the paper's ``lambda >= 0`` (default 1.0, as in the paper).
@@ -217,44 +188,25 @@ class GeodesicLoss(keras.losses.Loss):
       frame: a 3x3 matrix ``F`` (model frame -> loss frame): the loss is evaluated on
         ``F T F^{-1}`` and ``F T_hat F^{-1}`` (e.g. ``N^{-1}`` of conventions.md: pixels);
         None: the model frame.
-      residual_frame: ``"loss"`` (default): the residual ``||M - P||_F^2`` is taken on the
-        ``M`` of ``frame``, as the angle; ``"unit"``: on the ``M`` of the unit model frame
-        (``T^{-1} T_hat`` before ``F``), while the angle stays in ``frame``: the zoom weighs
-        the shifts for the angle, the residual sees scale, shear and perspective at their own
-        size. The same as "loss" when ``frame`` is None.
-      name, reduction: as `keras.losses.Loss` (default ``"sum_over_batch_size"``).
+      residual_frame: ``"loss"`` (default): the residual on the ``M`` of ``frame``, as the
+        angle; ``"unit"``: on the ``M`` of the unit model frame (before ``F``), the angle
+        staying in ``frame``.
+      projection: "svd" or "newton" (`geometry.project_to_so3`).
+      name, reduction: as `keras.losses.Loss`.
 
-    Inputs ``(batch, 8)`` of any float dtype; computed in float32; ``call`` returns ``(batch,)``.
-
-    Non-finite protection (explicit behaviour): a sample whose ``y_true``/``y_pred`` contains a
-    NaN or inf, or whose loss is not finite, contributes loss 0 AND gradient 0 (its inputs are
-    replaced by the identity before the computation, so no NaN leaks into the gradient of the
-    others). The batch reduction still divides by the FULL batch size, so one bad sample among
-    ``B`` scales the mean by ``(B - 1) / B`` instead of turning it into NaN. Use the
-    `nonfinite_samples` metric to see how often that happens.
-
-    Singular ``T_hat`` (``det ~ 0``, e.g. an all-zero decoder output): the determinant
-    normalisation is clamped (see `geometry.normalize_determinant`), so the loss and its gradient
-    stay finite; both are then large (loss up to ~4e5, gradient entries up to ~1e7 in float32 for
-    a rank-1 ``T_hat``), pushing ``T_hat`` back to invertible matrices: initialise the decoder
-    near the identity, not at 0.
+    Non-finite protection: a sample with a NaN/inf in ``y_true``/``y_pred``, or a non-finite
+    loss, contributes loss 0 AND gradient 0; the reduction still divides by the FULL batch size
+    (`nonfinite_samples` counts them). A singular ``T_hat`` gives a finite but large loss and
+    gradient (the clamp of `geometry.normalize_determinant`): initialise the decoder near the
+    identity, not at 0.
     """
 
-    def __init__(
-        self,
-        projection_weight: float = 1.0,
-        angle_power: int = 1,
-        residual_scale: float = 0.0,
-        chordal_weight: float = 0.0,
-        mse_weight: float = 0.0,
-        mse_std: Sequence[float] | None = None,
-        mse_decay_steps: int = 0,
-        frame: Sequence[Sequence[float]] | None = None,
-        residual_frame: str = "loss",
-        projection: str = "svd",
-        name: str = "geodesic_loss",
-        reduction: str | None = "sum_over_batch_size",
-    ):
+    def __init__(self, projection_weight: float = 1.0, angle_power: int = 1,
+                 residual_scale: float = 0.0, chordal_weight: float = 0.0, mse_weight: float = 0.0,
+                 mse_std: Sequence[float] | None = None, mse_decay_steps: int = 0,
+                 frame: Sequence[Sequence[float]] | None = None, residual_frame: str = "loss",
+                 projection: str = "svd", name: str = "geodesic_loss",
+                 reduction: str | None = "sum_over_batch_size"):
         super().__init__(name=name, reduction=reduction, dtype="float32")
         self.projection_weight = _check_projection_weight(projection_weight)
         if angle_power not in (1, 2):
@@ -293,16 +245,13 @@ class GeodesicLoss(keras.losses.Loss):
 
     @property
     def terms(self) -> tuple[str, ...]:
-        """The names of the terms this loss adds up, in `TERMS` order: ``"angle"`` always
-        (theta, or theta^2 for ``angle_power=2``, in ``frame``), then those whose weight is
-        above 0: ``"residual"`` (``projection_weight`` x the residual), ``"mse"``
-        (``mse_weight`` x AETv1's MSE, decayed by ``mse_decay_steps``), ``"chordal"``."""
+        """The terms this loss adds up, in `TERMS` order: ``"angle"`` always, then those of
+        weight > 0."""
         return self._terms.present
 
     def term(self, name: str, y_true, y_pred) -> Tensor:
-        """Per-sample ``(batch,)`` value of one term as the loss adds it (weight included, the
-        same non-finite protection), or ``"theta"``: the angle of the projection in the loss's
-        ``frame`` in radians (whatever ``angle_power``). Over `terms` they sum to ``call``."""
+        """Per-sample ``(batch,)`` value of one term as the loss adds it (weight and non-finite
+        protection included; over `terms` they sum to ``call``), or ``"theta"`` (radians)."""
         if name not in (*TERMS, "theta"):
             raise ValueError(f"term must be one of {(*TERMS, 'theta')}, got {name!r}")
         y_true, y_pred = _as_float32_params(y_true, y_pred)
@@ -338,28 +287,14 @@ def _check_vector(name: str, values: Sequence[float] | None, positive: bool):
 class ParameterMSELoss(keras.losses.Loss):
     """AETv1 baseline: per-sample mean over the 8 parameters of ``((y_pred - y_true) / std)^2``.
 
-    The published AETv1 code regresses the 8 parameters, each normalised by a fixed mean and std,
-    with an MSE (the paper's Eq. 1 writes ``1/2 ||T_hat - T||_F^2``). Subtracting ``mean`` from
-    both sides cancels, so ``mean`` is only kept for the record (config); ``std`` (8 positive
-    floats) rescales each parameter; ``None`` means 1. Inputs ``(batch, 8)``, computed in
-    float32, ``call`` returns ``(batch,)``. No non-finite protection (plain MSE).
-
-    ``target="official"``: the error is taken on the published code's own targets instead,
-    `geometry.aetv1_official_targets` of both sides (PIL's inverse map in corner-origin pixels of
-    ``image_size`` images, normalised by its fixed constants; ``std`` must then be None). With a
-    model built with ``build_aet_model(..., target="official")``, whose decoder outputs exactly
-    those targets, this is the plain MSE on the decoder's output, as in that code.
+    ``mean`` cancels and is kept for the record only; ``std`` (8 positive floats, None: 1)
+    rescales each parameter. No non-finite protection. ``target="official"``: the error of
+    `geometry.aetv1_official_targets` of both sides for ``image_size`` images (``std`` None).
     """
 
-    def __init__(
-        self,
-        mean: Sequence[float] | None = None,
-        std: Sequence[float] | None = None,
-        name: str = "parameter_mse",
-        reduction: str | None = "sum_over_batch_size",
-        target: str = "model",
-        image_size: int = 32,
-    ):
+    def __init__(self, mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
+                 name: str = "parameter_mse", reduction: str | None = "sum_over_batch_size",
+                 target: str = "model", image_size: int = 32):
         super().__init__(name=name, reduction=reduction, dtype="float32")
         self.mean = _check_vector("mean", mean, positive=False)
         self.std = _check_vector("std", std, positive=True)
@@ -387,10 +322,6 @@ class ParameterMSELoss(keras.losses.Loss):
 
 @keras.saving.register_keras_serializable(package="aetv2_tf")
 def nonfinite_samples(y_true, y_pred) -> Tensor:
-    """Metric: per-sample 1.0 where `GeodesicLoss` zeroes the sample out (non-finite), else 0.0.
-
-    ``(batch, 8) x 2 -> (batch,)`` float32; its running mean is the fraction of dropped samples.
-    (The two terms of the loss are logged by `aetv2_tf.method.metrics`.)
-    """
+    """Metric ``(batch, 8) x 2 -> (batch,)``: 1.0 where `GeodesicLoss` zeroes the sample out."""
     y_true, y_pred = _as_float32_params(y_true, y_pred)
     return 1.0 - ops.cast(_finite_samples(y_true, y_pred), "float32")

@@ -1,27 +1,13 @@
 """Training metrics of the AET pretext task, on (batch, 8) homography parameters.
 
-What a pretext model shows, in this order (`shown_order`):
-
-* ``loss`` (the pretext loss, without the weight decay) and the terms of a
-  `losses.GeodesicLoss` as it adds them up: ``angle_term`` (theta, or theta^2, in the loss's
-  frame), then only those whose weight is above 0: ``residual_term`` (lambda x the projection
-  residual), ``mse_term`` (the weighted AETv1 MSE), ``chordal_term``. They fall when
-  pretraining works, and sum to the loss; the model shows them (`models.displayed_loss`: computed
-  with the loss, at its step);
-* the metrics compiled (`pretext_metrics`, built from the loss the model is compiled with;
-  the recipe's through `recipes.Recipe.metrics`): ``angle_deg``, the rotation angle of the
-  error ``T^-1 T_hat``'s projection in degrees, in the frame the loss measures it in (the
-  recipe's 4x zoomed frame: the angle the loss sees; the model frame for the AETv1 MSE, which
-  has no frame); it falls too;
-* ``rotation_accuracy``: whether the decoded homography turns the image by the right multiple
-  of 90 degrees (chance: 25%); it rises;
-* ``l2_penalty``: the penalty of the optimiser's coupled weight decay (its gradient is added to
-  the gradient, the penalty to no loss), shown apart.
-
-`geodesic_angle_deg` and `projection_residual` (the angle and residual in the UNIT model frame,
-whatever the loss) are the metrics of versions before these; they stay registered so that a
-model saved with them reloads. Every metric here is a registered Keras object. Written with
-``keras.ops`` only (TensorFlow or JAX backend; no TensorFlow import).
+Shown in this order (`shown_order`): ``loss`` (without the weight decay) and the terms of a
+`losses.GeodesicLoss` that sum to it (``angle_term``, then those of weight > 0: ``residual_term``,
+``mse_term``, ``chordal_term``; shown by `models.displayed_loss`); ``angle_deg`` (the angle of
+the error ``T^-1 T_hat``'s projection in degrees, in the loss's frame; the model frame for the
+AETv1 MSE); ``rotation_accuracy`` (the right quarter turn, chance 25%); ``l2_penalty`` (the
+coupled weight decay's penalty, added to no loss). `geodesic_angle_deg` and
+`projection_residual` (unit model frame) stay registered so that models saved with them reload.
+Only ``keras.ops``.
 """
 
 from __future__ import annotations
@@ -36,8 +22,7 @@ from keras import ops
 from aetv2_tf.method.geometry import aetv2_components, params_to_matrix
 from aetv2_tf.method.losses import TERMS, GeodesicLoss
 
-#: The scalar of the optimizer's coupled L2 weight decay, shown apart from the ``loss``
-#: (`models.displayed_loss`).
+#: The scalar of the optimizer's coupled L2 weight decay, shown apart from the ``loss``.
 PENALTY = "l2_penalty"
 #: The names a training shows, in the order shown (`shown_order`).
 SHOWN = ("loss", "angle_term", "residual_term", "mse_term", "chordal_term", "angle_deg",
@@ -51,8 +36,7 @@ def _matrices(y_true, y_pred):
 
 @keras.saving.register_keras_serializable(package="aetv2_tf")
 def geodesic_angle_deg(y_true, y_pred):
-    """(B,) rotation angle of the projected T^{-1} T_hat in the UNIT model frame, in degrees
-    (not the frame of a zoomed loss: `pretext_metrics`' ``angle_deg`` is)."""
+    """(B,) rotation angle of the projected T^{-1} T_hat in the UNIT model frame, degrees."""
     angle, _ = aetv2_components(*_matrices(y_true, y_pred))
     return angle * (180.0 / math.pi)
 
@@ -85,13 +69,9 @@ def rotation_accuracy(y_true, y_pred):
 
 @keras.saving.register_keras_serializable(package="aetv2_tf")
 class LossTerm(keras.metrics.Mean):
-    """The running mean of one per-sample term of a `GeodesicLoss` (`GeodesicLoss.term`: its
-    weight, frame and non-finite protection included), times ``scale``: ``angle_deg`` is
-    ``"theta"`` (the angle in the loss's frame, radians) times ``180 / pi``.
-
-    ``term``: one of `losses.TERMS` (a decaying MSE term reads the loss's step, which only the
-    loss's own computation can: `models.displayed_loss` shows the terms of a model's loss), or
-    ``"theta"``. Named ``<term>_term`` unless ``name`` is given."""
+    """The running mean of one per-sample term of a `GeodesicLoss` (`GeodesicLoss.term`)
+    times ``scale``; ``term``: one of `losses.TERMS` or ``"theta"`` (``angle_deg`` is theta
+    times ``180 / pi``). Named ``<term>_term`` unless ``name`` is given."""
 
     def __init__(self, loss: GeodesicLoss | dict[str, Any], term: str, scale: float = 1.0,
                  name: str | None = None, dtype: Any = None):
@@ -116,18 +96,14 @@ class LossTerm(keras.metrics.Mean):
 
 
 def pretext_metrics(loss: keras.losses.Loss | None = None) -> list[keras.metrics.Metric]:
-    """The metrics compiled into a pretext model with ``loss`` (module docstring): the angle
-    in degrees in the frame of a `GeodesicLoss` (for any other loss, the AETv1 MSE, or None: in
-    the model frame) and the quarter-turn accuracy. (The loss's terms are the model's to show:
-    `models.displayed_loss`.)"""
+    """The metrics compiled with ``loss``: ``angle_deg`` in the frame of a `GeodesicLoss` (any
+    other loss, or None: the model frame) and ``rotation_accuracy``."""
     angle_of = loss if isinstance(loss, GeodesicLoss) else GeodesicLoss(projection_weight=0.0)
     return [LossTerm(angle_of, "theta", 180.0 / math.pi, name="angle_deg"),
             keras.metrics.MeanMetricWrapper(rotation_accuracy, name="rotation_accuracy")]
 
 
 def shown_order(names: Iterable[str]) -> list[str]:
-    """``names`` in the order shown: those of `SHOWN` in its order (the loss, its terms, the
-    angle, the quarter-turn accuracy, the penalty), then the others alphabetically (the order
-    of Keras's logs)."""
+    """``names`` in the order shown: those of `SHOWN` in its order, then the others sorted."""
     names = list(names)
     return [n for n in SHOWN if n in names] + sorted(n for n in names if n not in SHOWN)

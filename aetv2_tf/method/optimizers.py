@@ -1,7 +1,6 @@
 """Optimisers, learning-rate schedules and weight decay for every stage.
 
-Schedules are functions of the optimiser's step counter only, so a resumed run continues exactly
-where the interrupted one was (the AETv1 code restarts its schedule on resume; this does not).
+Schedules are functions of the optimiser's step counter only: a resumed run continues exactly.
 """
 
 from __future__ import annotations
@@ -15,9 +14,8 @@ import keras
 import numpy as np
 from keras import ops
 
-# The AETv1 CIFAR table (1500 epochs): multiplier x1 until epoch 240, x0.2 to 480, x0.04 to 640,
-# x0.008 to 800, x0.0016 to 1000, then linear decay to ~1e-5 (x1e-4). Stored as fractions of the
-# run so that the same shape applies to any run length.
+# The AETv1 CIFAR table (1500 epochs) as fractions of the run: x1, x0.2 from epoch 240, x0.04 from
+# 480, x0.008 from 640, x0.0016 from 800, then linear decay from 1000 to x1e-4.
 AETV1_BOUNDARIES = (240 / 1500, 480 / 1500, 640 / 1500, 800 / 1500)
 AETV1_MULTIPLIERS = (1.0, 0.2, 0.04, 0.008, 0.0016)
 AETV1_DECAY_START, AETV1_FINAL_MULTIPLIER = 1000 / 1500, 1e-4
@@ -29,10 +27,9 @@ STEP_DROPS = (0.3, 0.6, 0.8)
 class Schedule(keras.optimizers.schedules.LearningRateSchedule):
     """Learning rate at a step: `constant`, `aetv1`, `cosine` or `step`, with linear warm-up.
 
-    `step` multiplies by `drop_factor` (0.2) at each fraction `drops` of `total_steps` (30%, 60%
-    and 80%: the probe-head schedules) or, given `drop_epochs` of a run of `epochs` epochs, from
-    the first step after each of those epochs: step ``ceil(e * total_steps / epochs)``
-    (`drop_steps`, converted once here; ``e * steps_per_epoch`` when the epochs size the run).
+    `step` multiplies by `drop_factor` at each fraction `drops` of `total_steps` or, given
+    `drop_epochs` of a run of `epochs` epochs, from step ``ceil(e * total_steps / epochs)``
+    (`drop_steps`).
     """
 
     def __init__(self, kind: str, peak: float, total_steps: int, warmup_steps: int = 0,
@@ -78,9 +75,8 @@ class Schedule(keras.optimizers.schedules.LearningRateSchedule):
         return lr
 
     def reached_peak(self) -> float:
-        """The largest learning rate of steps ``0 .. total_steps - 1``: `peak` unless the
-        warm-up is cut short by the run or overlaps the decay (the multiplier only falls, so
-        the maximum is within the warm-up's first ``min(warmup_steps, total_steps)`` steps)."""
+        """The largest learning rate of steps ``0 .. total_steps - 1`` (below `peak` when the
+        warm-up is cut short or overlaps the decay)."""
         if self.warmup_steps <= 0:
             return self.peak
         steps = np.arange(min(self.warmup_steps, self.total_steps), dtype=np.float32)
@@ -96,12 +92,9 @@ class Schedule(keras.optimizers.schedules.LearningRateSchedule):
 class CoupledWeightDecay:
     """Mixin of a Keras optimizer (first in the bases): PyTorch's coupled ``weight_decay``.
 
-    ``g <- g + l2_decay * w`` for every variable the optimizer updates, before its update rule
-    sees the gradient (SGD's momentum, Adam's moments), as ``torch.optim.SGD`` and
-    ``torch.optim.Adam`` do with ``weight_decay``; the AETv1 code decays every parameter this
-    way (kernels, biases and BatchNorm's gamma and beta alike). It is the gradient of
-    ``l2_decay / 2 * ||w||^2`` (`l2_penalty`, shown beside the loss, never added to it). Added
-    in `update_step`, so under `tf.distribute` it is added once, to the all-reduced gradient.
+    ``g <- g + l2_decay * w`` for every updated variable before the update rule sees the
+    gradient, as ``torch.optim`` does: the gradient of ``l2_decay / 2 * ||w||^2`` (`l2_penalty`,
+    shown, never added to the loss). Added in `update_step`: once, to the all-reduced gradient.
     """
 
     def __init__(self, *args: Any, l2_decay: float = 0.0, **kwargs: Any):
@@ -129,14 +122,12 @@ class AdamL2(CoupledWeightDecay, keras.optimizers.Adam):
 @keras.saving.register_keras_serializable(package="aetv2_tf")
 class SGDL2(CoupledWeightDecay, keras.optimizers.SGD):
     """`keras.optimizers.SGD` with PyTorch's coupled weight decay ``l2_decay``
-    (`CoupledWeightDecay`): ``torch.optim.SGD(momentum, nesterov, weight_decay=l2_decay)`` at a
-    constant rate (Keras's momentum holds ``lr * buf``, PyTorch's ``buf``)."""
+    (`CoupledWeightDecay`): ``torch.optim.SGD(momentum, nesterov, weight_decay=l2_decay)``."""
 
 
 def coupled_l2_decay(optimizer: Any) -> float:
-    """The coupled L2 decay ``optimizer`` adds to its gradients (`CoupledWeightDecay`), looking
-    through the wrappers that hold an ``inner_optimizer`` (`SkipNonFinite`,
-    `keras.optimizers.LossScaleOptimizer`); 0 for any other optimizer or none."""
+    """The coupled L2 decay ``optimizer`` adds to its gradients (`CoupledWeightDecay`), through
+    wrappers with an ``inner_optimizer``; 0 for any other optimizer or none."""
     while optimizer is not None and not isinstance(optimizer, CoupledWeightDecay):
         optimizer = getattr(optimizer, "inner_optimizer", None)
     return optimizer.l2_decay if optimizer is not None else 0.0
@@ -149,9 +140,8 @@ def l2_penalty(variables: Sequence, l2_decay: float):
     return ops.multiply(total, l2_decay / 2.0)
 
 
-#: The loss-scale settings a `SkipNonFinite` configuration may name (a loss scale fixed at 1,
-#: `keras.optimizers.LossScaleOptimizer`'s arguments), accepted and not used; and the loss
-#: scale's variables a checkpoint of it holds after the three of its own.
+#: `LossScaleOptimizer`'s settings a `SkipNonFinite` config may name (accepted, unused), and the
+#: loss scale's variables a checkpoint may hold after its own three.
 LOSS_SCALE_CONFIG = ("initial_scale", "dynamic_growth_steps")
 LOSS_SCALE_VARIABLES = 2
 
@@ -159,19 +149,12 @@ LOSS_SCALE_VARIABLES = 2
 @keras.saving.register_keras_serializable(package="aetv2_tf")
 class SkipNonFinite(keras.optimizers.Optimizer):
     """Wraps ``inner_optimizer``: a step is applied only when every gradient is finite;
-    otherwise nothing changes (no weight, no optimizer slot, not the step counter
-    ``iterations``, the inner optimizer's) and `skipped_steps` grows by one.
+    otherwise nothing changes (weights, slots, ``iterations``) and `skipped_steps` grows by one.
 
-    Public Keras API only: ``apply`` (TensorFlow, eager backends), ``stateless_apply`` (the
-    JAX training step), both deciding with ``keras.ops``. Under a `tf.distribute` strategy the
-    replicas agree (the non-finite count is all-reduced) and the inner optimizer, whose update
-    merges the replicas, runs in a cross-replica ``cond``. ``learning_rate`` and ``iterations``
-    are the inner optimizer's. Under ``mixed_float16`` use `keras.optimizers.LossScaleOptimizer`
-    instead, which skips non-finite steps the same way.
-
-    A checkpoint holds its own variables (iteration, learning rate, `skipped_steps`) under
-    ``optimizer`` and the inner optimizer's under ``optimizer/inner_optimizer``
-    (`load_own_variables` names the layouts it reads).
+    ``apply`` (TensorFlow, eager) and ``stateless_apply`` (JAX); under `tf.distribute` the
+    replicas agree (all-reduced count, cross-replica ``cond``). ``learning_rate`` and
+    ``iterations`` are the inner optimizer's. A checkpoint holds its own variables under
+    ``optimizer``, the inner's under ``optimizer/inner_optimizer``.
     """
 
     def __init__(self, inner_optimizer: keras.optimizers.Optimizer, name: str | None = None,
@@ -191,8 +174,7 @@ class SkipNonFinite(keras.optimizers.Optimizer):
 
     @property
     def own_variables(self) -> list:
-        """Its own variables: iteration, learning rate (both unused: the inner optimizer's
-        count and rate), `skipped_steps`."""
+        """Iteration and learning rate (unused: the inner's), `skipped_steps`."""
         return super().variables
 
     @property
@@ -227,9 +209,8 @@ class SkipNonFinite(keras.optimizers.Optimizer):
             self.skipped_steps.assign_add(1)
 
     def _tf_apply(self, finite, grads, trainable_variables) -> None:
-        """TensorFlow: a ``cond`` on ``finite``; under a strategy the replicas' verdicts are
-        all-reduced and the ``cond`` runs in cross-replica context (the inner optimizer's update
-        merges the replicas, which a replica-context ``cond`` branch may not)."""
+        """TensorFlow: a ``cond`` on ``finite``; under a strategy on the all-reduced verdicts,
+        in cross-replica context (the inner update merges the replicas)."""
         import tensorflow as tf
 
         def step():
@@ -257,9 +238,8 @@ class SkipNonFinite(keras.optimizers.Optimizer):
         context.merge_call(cross_replica, args=(non_finite, grads))
 
     def stateless_apply(self, optimizer_variables, grads, trainable_variables):
-        """The JAX training step's: ``(trainable values, optimizer values)`` after the inner
-        optimizer's ``stateless_apply`` if every gradient is finite, else the same values with
-        `skipped_steps` one higher."""
+        """JAX: ``(trainable values, optimizer values)`` after the inner ``stateless_apply``
+        if every gradient is finite, else unchanged with `skipped_steps` one higher."""
         own_variables = self.own_variables
         own_values = list(optimizer_variables[:len(own_variables)])
         inner_values = optimizer_variables[len(own_variables):]
@@ -284,12 +264,9 @@ class SkipNonFinite(keras.optimizers.Optimizer):
             store[str(i)] = ops.convert_to_numpy(variable)
 
     def load_own_variables(self, store) -> None:
-        """Its own variables: the file's first three (iteration, learning rate,
-        `skipped_steps`), in a group of 3, of 5 (the layout of a loss-scaling wrapper: the
-        same followed by its step counter and its scale, fixed at 1 here: not read), or either
-        followed by the inner optimizer's variables (which load from ``inner_optimizer``). A
-        file of fewer (saved before the first step) leaves the state fresh, with a warning;
-        other counts are refused: a silent skip would resume with a fresh optimizer."""
+        """Its own three variables, from a group of 3 or 5 (a loss-scaling wrapper's layout,
+        the last two not read), either possibly followed by the inner optimizer's. Fewer (saved
+        before the first step): a fresh state with a warning; other counts are refused."""
         count, own = len(store.keys()), len(self.own_variables)
         if count < own:
             warnings.warn(f"optimizer {self.name!r}: the file holds {count} of its {own} "
@@ -327,13 +304,9 @@ def all_finite(grads: Sequence):
 def build_optimizer(name: str, schedule, *, momentum: float = 0.9, beta_1: float = 0.9,
                     beta_2: float = 0.999, weight_decay: float = 0.0,
                     weight_decay_mode: str = "l2", mixed_float16: bool = False):
-    """The stage's optimiser: Adam or SGD Nesterov with the weight decay, wrapped to skip
-    non-finite steps (`SkipNonFinite`; under ``mixed_float16``, Keras's loss scaling).
-
-    ``weight_decay_mode="l2"``: PyTorch's coupled ``weight_decay`` (`CoupledWeightDecay`, which
-    the AETv1 code and the paper's settings mean); ``"decoupled"``: Keras's ``weight_decay``
-    (``w -= lr * weight_decay * w`` beside the step).
-    """
+    """Adam or SGD Nesterov with the weight decay, wrapped to skip non-finite steps
+    (`SkipNonFinite`; under ``mixed_float16``, Keras's loss scaling). ``weight_decay_mode``:
+    "l2" (PyTorch's coupled decay, `CoupledWeightDecay`) or "decoupled" (Keras's)."""
     if weight_decay_mode not in ("l2", "decoupled"):
         raise ValueError(f"unknown weight_decay_mode {weight_decay_mode!r}: l2 or decoupled")
     coupled = weight_decay_mode == "l2"

@@ -24,19 +24,10 @@ def _one_of(owner: str, name: str, value: Any, allowed: tuple) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class LossSpec:
-    """The pretext loss: ``kind`` "geodesic" (AETv2, `losses.GeodesicLoss`) or "mse" (AETv1,
-    `losses.ParameterMSELoss`).
-
-    Geodesic: ``projection_weight`` (lambda of Eq. 11), ``angle_power`` (1: theta, 2:
-    theta^2), ``residual_scale``, ``chordal_weight``, ``mse_weight`` and ``mse_decay_steps``
-    (an added AETv1 MSE, optionally decaying to 0: it then reads the model's step counter); the
-    frame: ``frame`` "model" (centred, normalised; coordinates multiplied by ``frame_scale``)
-    or "pixel"; ``residual_frame`` "loss" (the residual in the angle's frame) or "unit" (of ``M``
-    in the unit model frame). MSE: ``mse_normalize`` (divide by the parameters' std under the
-    sampler), ``mse_target`` "model" (T's model-frame parameters) or "official" (the published
-    AETv1 code's own targets, `geometry.aetv1_official_targets`). ``projection``: how the
-    geodesic loss computes the nearest rotation, "svd" or "newton" (the same values,
-    `geometry.project_to_so3`)."""
+    """The pretext loss: ``kind`` "geodesic" (AETv2, `losses.GeodesicLoss`, whose arguments
+    the geodesic fields are; ``frame`` "model", scaled by ``frame_scale``, or "pixel") or "mse"
+    (AETv1, `losses.ParameterMSELoss`: ``mse_normalize`` divides by the sampler's parameter std;
+    ``mse_target`` "model" or "official", `geometry.aetv1_official_targets`)."""
 
     kind: str = "geodesic"
     projection_weight: float = 1.0
@@ -72,8 +63,8 @@ class LossSpec:
 
     @property
     def decoder_scaled(self) -> bool:
-        """Whether the decoder regresses std-normalised parameters by default: the AETv1 MSE on
-        the model frame's parameters (without it SGD at lr 0.1 diverges within a few steps)."""
+        """Whether the decoder regresses std-normalised parameters by default (the AETv1 MSE on
+        model-frame parameters: else SGD at lr 0.1 diverges)."""
         return self.kind == "mse" and self.mse_target == "model"
 
     @property
@@ -95,9 +86,8 @@ class LossSpec:
     def decoder_options(self, image_size: int, shift: str = "integer",
                         decoder_scale: bool | None = None,
                         param_std: Sequence[float] | None = None) -> dict[str, Any]:
-        """What this loss needs of the decoder: ``param_scale`` (the (8,) parameter std when
-        `decoder_scaled`, or ``decoder_scale=True``; ``param_std`` if given, else
-        `parameter_std` of ``image_size`` and ``shift``; else None) and ``target``."""
+        """The decoder's ``param_scale`` (when `decoder_scaled` or ``decoder_scale``:
+        ``param_std``, default `parameter_std(image_size, shift)`; else None) and ``target``."""
         scaled = self.decoder_scaled if decoder_scale is None else bool(decoder_scale)
         if scaled and self.official:
             raise ValueError("mse_target='official' regresses the AETv1 code's own normalised "
@@ -110,10 +100,8 @@ class LossSpec:
     def build(self, image_size: int | Sequence[int], param_std: Sequence[float] | None = None,
               step: Any = None, shift: str = "integer") -> keras.losses.Loss:
         """The Keras loss for ``image_size`` x ``image_size`` images (`square_side`).
-
-        ``param_std``: the (8,) std the AETv1 MSE (and the geodesic loss's MSE term) divide by;
-        None: `parameter_std` of ``image_size`` and ``shift``. ``step``: the variable an MSE
-        warm-up reads (a pretext model's ``loss_step``); required when `counts_steps`."""
+        ``param_std``: the (8,) std the MSE divides by (None: `parameter_std`); ``step``: the
+        variable an MSE warm-up reads (required when `counts_steps`)."""
         from aetv2_tf.method.losses import GeodesicLoss, ParameterMSELoss
 
         image_size = square_side(image_size)
@@ -140,14 +128,10 @@ class LossSpec:
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerSpec:
-    """The optimizer: ``name`` "adam" or "sgd" (Nesterov), ``learning_rate`` (peak),
-    ``lr_schedule`` ("constant", "aetv1", "cosine", "step": `optimizers.Schedule`),
-    ``warmup_steps``, ``lr_drop_epochs`` (for "step": the rate drops after these epochs of a
-    run of ``epochs`` epochs, `optimizers.Schedule` turning them into steps; () = at 30/60/80 %
-    of the run), ``lr_drop_factor``, ``momentum``, ``adam_beta1/2``, ``weight_decay`` and
-    ``weight_decay_mode`` ("l2": added to the gradient, PyTorch's coupled decay;
-    "decoupled": Keras's); ``epochs``: the run's length in epochs, with ``lr_drop_epochs``
-    only."""
+    """The optimizer: ``name`` "adam" or "sgd" (Nesterov), the peak ``learning_rate`` and its
+    `optimizers.Schedule` (``lr_schedule``, ``warmup_steps``, ``lr_drop_epochs`` of a run of
+    ``epochs`` epochs, () = at 30/60/80 % of the run, ``lr_drop_factor``), ``weight_decay`` and
+    ``weight_decay_mode`` ("l2": PyTorch's coupled decay; "decoupled": Keras's)."""
 
     name: str = "adam"
     learning_rate: float = 1e-5
@@ -181,13 +165,9 @@ class OptimizerSpec:
 
     def build(self, steps: int, mixed_float16: bool | None = None, *,
               _stacklevel: int = 2) -> tuple[Any, keras.optimizers.Optimizer]:
-        """``(schedule, optimizer)`` for a run of ``steps`` optimizer steps (`training_steps`;
-        the schedules are fractions of it), touching no model: the weight decay is the
-        optimizer's (``weight_decay_mode="l2"``: PyTorch's coupled decay,
-        `optimizers.CoupledWeightDecay`). Build it inside the distribution scope the model is
-        built in. ``mixed_float16``: wrap for loss scaling (None: from Keras's dtype policy). A
-        warm-up longer than half the run warns (`errors.SettingWarning`) with the rate the run
-        will really reach."""
+        """``(schedule, optimizer)`` for a run of ``steps`` optimizer steps, touching no model
+        (build it in the model's distribution scope). ``mixed_float16``: wrap for loss scaling
+        (None: from the dtype policy). A warm-up over half the run warns (`SettingWarning`)."""
         from aetv2_tf.method import optimizers
 
         schedule = optimizers.Schedule(self.lr_schedule, self.learning_rate, steps,

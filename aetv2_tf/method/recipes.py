@@ -9,23 +9,10 @@ objects; the recipe builds the pretext model, which compiles itself from it.
     fast = recipe.replace(learning_rate=1e-3, warmup_steps=15)   # or dataclasses.replace
 
 The pretext model (`models.pretext.PairsModel`) carries what it was built with (image side,
-sampler shift, the decoder's parameter scale, the recipe), so the loss frame, the parameter std
-and the model cannot disagree, and nothing is read back from its layers. ``recipe.compile(model,
-steps)`` compiles any AET pretext model with this recipe (the same as ``model.compile(steps=...,
-recipe=recipe)``). The parts stay public: ``recipe.build_loss(image_size=32)``,
-``recipe.build_optimizer(steps)``, ``recipe.metrics()``; the command line builds its
-recipe from the flags (`aetv2_tf.program.config`) and its model through `build_model`.
-
-`AETV2` (configs/cifar10_aetv2.cfg: the squared geodesic angle in the 4x zoomed model frame plus
-10 x the projection residual of the error in the unit frame, Adam 1e-4 with warm-up and cosine
-decay, L2 decay 5e-4: the best AETv2 measured, docs/reproduction.md), `AETV2_PAPER` (the paper's
-literal Eq. 11, lambda = 1, Adam 1e-5 constant: below a random init in our measurements) and
-`AETV1` (the std-normalised parameter MSE, SGD Nesterov 0.1 on the AETv1 code's piecewise
-schedule) are the three of the paper's tables. `AETV2_ZOOM16` is the angle in the 16x zoomed
-frame without a residual (blind to scale, shear and keystone errors; the presets
-``aetv2_cifar10`` were trained with it); `AETV2_SQ4` and `AETV2_HYBRID` are the variants
-screened beside `AETV2` (docs/reproduction.md, "AETv2 that earns its name"; `AETV2_SQ4_UNITRES`
-is `AETV2` under the name of its config, configs/cifar10_aetv2_sq4_unitres.cfg).
+sampler shift, decoder scale, recipe), so loss frame, parameter std and model cannot disagree.
+``recipe.compile(model, steps)`` is ``model.compile(steps=..., recipe=recipe)``; the parts stay
+public (``build_loss``, ``build_optimizer``, ``metrics``). The recipes below are those of
+docs/reproduction.md, each named after its config.
 """
 
 from __future__ import annotations
@@ -53,10 +40,8 @@ del _FLAT["kind"], _FLAT["name"]
 class Recipe:
     """A pretraining recipe: its `loss` (`LossSpec`) and its `optimizer` (`OptimizerSpec`).
 
-    ``Recipe(LossSpec(...), OptimizerSpec(...))``; the parts' fields may also be given by name
-    (``Recipe(loss="mse", learning_rate=0.1)``, ``dataclasses.replace(recipe,
-    learning_rate=1e-3)``: ``loss`` / ``optimizer`` given as a string are the loss kind and the
-    optimizer's name), as `replace` does."""
+    The parts' fields may also be given by name (``Recipe(loss="mse", learning_rate=0.1)``: a
+    string ``loss`` / ``optimizer`` is the loss kind / optimizer name), as `replace` does."""
 
     loss: LossSpec
     optimizer: OptimizerSpec
@@ -101,18 +86,13 @@ class Recipe:
 
     def build_optimizer(self, steps: int, mixed_float16: bool | None = None, *,
                         _stacklevel: int = 2) -> tuple[Any, keras.optimizers.Optimizer]:
-        """`OptimizerSpec.build` of this recipe's optimizer: ``(schedule, optimizer)`` for
-        ``steps`` optimizer steps, its weight decay its own (no model is touched)."""
+        """`OptimizerSpec.build` of this recipe's optimizer: ``(schedule, optimizer)``."""
         return self.optimizer.build(steps, mixed_float16, _stacklevel=_stacklevel + 1)
 
     def metrics(self, image_size: int | Sequence[int] = 32,
                 param_std: Sequence[float] | None = None, step: Any = None,
                 shift: str = "integer") -> list[keras.metrics.Metric]:
-        """The pretext metrics of this recipe's loss (`metrics.pretext_metrics` of
-        `build_loss` with these arguments): the angle in degrees in the loss's frame (AETv1's:
-        the model frame), ``angle_deg``, and ``rotation_accuracy`` (registered, so a saved
-        model reloads). The model compiled with the loss shows its terms beside ``loss``
-        (``angle_term``, ``residual_term``, ...: `models.displayed_loss`)."""
+        """`metrics.pretext_metrics` of `build_loss` with these arguments."""
         from aetv2_tf.method.metrics import pretext_metrics
 
         return pretext_metrics(self.build_loss(image_size, param_std, step, shift))
@@ -127,17 +107,9 @@ class Recipe:
                     shift: str = "integer", decoder_scale: bool | None = None,
                     param_std: Sequence[float] | None = None, **kwargs: Any) -> keras.Model:
         """THE pretext model of this recipe (`models.pretext.build_pairs_model`), carrying the
-        recipe and what it was built with, so that ``model.compile(steps=...)`` needs nothing
-        else.
-
-        ``inputs``: "images" (uint8 images; the pairs made inside the step from the sampler
-        seeded by ``seed``), "warp" (``[uint8 images, T]``: only the warp inside, T drawn by
-        the caller, the targets given as ``y``) or "pairs" (``[x, t(x)]`` normalised, the
-        targets given as ``y``). The decoder: ``decoder_scale`` (True / False overrides the
-        loss's default, as ``--decoder_scale``) with the parameter std ``param_std`` (None: the
-        sampler's, `parameter_std`), and the official targets for ``mse_target="official"``.
-        Other keyword arguments (``augment``, ``mean``, ``std``, ``init_rotation_deg``,
-        ``siamese_batch_norm``, ``one_pass``, ``feature``, ``fused_warp``) pass through."""
+        recipe, so that ``model.compile(steps=...)`` needs nothing else. ``inputs``: as
+        `build_pairs_model`; ``decoder_scale`` (True / False overrides the loss's default) with
+        ``param_std`` (None: `parameter_std`); other keyword arguments pass through."""
         from aetv2_tf.models.pretext import build_pairs_model
 
         for name in ("param_scale", "target"):
@@ -152,10 +124,9 @@ class Recipe:
                                  count_steps=count_steps, **options, **kwargs)
 
     def compile(self, model: keras.Model, steps: int, **compile_kwargs: Any):
-        """``model.compile`` of an AET pretext model with this recipe's loss, optimizer and
-        metrics (`models.pretext.PairsModel.compile`); returns the learning-rate schedule.
-        ``steps``: the run's optimizer steps (`training_steps`). Other keyword arguments
-        (``steps_per_execution``, ``jit_compile``) go to ``model.compile``."""
+        """``model.compile`` of an AET pretext model with this recipe for ``steps`` optimizer
+        steps (`training_steps`); returns the learning-rate schedule. Other keyword arguments
+        go to ``model.compile``."""
         from aetv2_tf.models.pretext import PairsModel
 
         if not isinstance(model, PairsModel) or model.pretext is None:
@@ -172,9 +143,8 @@ class Recipe:
 
 
 def training_steps(examples: int, batch_size: int, epochs: int = 1) -> int:
-    """The optimizer steps of ``model.fit(x, batch_size=batch_size, epochs=epochs)`` on
-    ``examples`` images: ``epochs * ceil(examples / batch_size)`` (a last, partial batch is a
-    step), the ``steps`` of `Recipe.compile` and `OptimizerSpec.build`."""
+    """The optimizer steps of ``model.fit`` on ``examples`` images:
+    ``epochs * ceil(examples / batch_size)``."""
     if examples <= 0 or batch_size <= 0 or epochs <= 0:
         raise ValueError(f"examples, batch_size and epochs must be positive; got {examples}, "
                          f"{batch_size}, {epochs}")
@@ -191,24 +161,19 @@ AETV1 = Recipe(LossSpec("mse", mse_normalize=True),
 #: MSE on its own targets (PIL's inverse map, fixed normalisation), otherwise as `AETV1`.
 AETV1_OFFICIAL = AETV1.replace(mse_target="official")
 
-#: theta in the 16x zoomed frame, no residual (configs/cifar10_aetv2_zoom16.cfg), with the
-#: optimiser and schedule of every AETv2 below.
+#: theta in the 16x zoomed frame, no residual (configs/cifar10_aetv2_zoom16.cfg; the presets
+#: ``aetv2_cifar10``'s); the optimizer of every AETv2 below.
 AETV2_ZOOM16 = Recipe(LossSpec("geodesic", projection_weight=0.0, frame_scale=16.0),
                       OptimizerSpec("adam", learning_rate=1e-4, lr_schedule="cosine",
                                     warmup_steps=1000))
-# The squared angle (Eq. 5: 1/2 ||log P||^2 = theta^2) in the 4x zoomed frame; the weights were
-# chosen from the gradient shares of `experiments.loss_screen.loss_gradients` (the configs'
-# headers say why).
-#: theta^2 at 4x, no residual (configs/cifar10_aetv2_sq4.cfg): still blind to T_hat = T S for S
-#: symmetric positive definite.
+#: theta^2 (Eq. 5) at 4x, no residual (configs/cifar10_aetv2_sq4.cfg).
 AETV2_SQ4 = AETV2_ZOOM16.replace(angle_power=2, frame_scale=4.0)
 #: The AETv2 recipe (configs/cifar10_aetv2.cfg): theta^2 at 4x + 10 ||M - P||_F^2 of M in the
 #: UNIT frame, so that scale, shear and keystone errors weigh at their own size.
 AETV2 = AETV2_SQ4.replace(projection_weight=10.0, residual_frame="unit")
 #: `AETV2` under the name of configs/cifar10_aetv2_sq4_unitres.cfg.
 AETV2_SQ4_UNITRES = AETV2
-#: A labelled hybrid: theta^2 at 4x + 0.3 x AETv1's normalised parameter MSE
-#: (configs/cifar10_aetv2_hybrid.cfg).
+#: theta^2 at 4x + 0.3 x AETv1's normalised MSE (configs/cifar10_aetv2_hybrid.cfg).
 AETV2_HYBRID = AETV2_SQ4.replace(mse_weight=0.3)
 
 #: The recipes by name (`as_recipe`): the lower-case names of the values above.

@@ -11,35 +11,18 @@ parameters of t (docs/conventions.md) from the concatenated features [E(x), E(t(
     x, t(x) --concat on batch--> E --feature--> GAP --split & concat--> Dense(8)       (joint)
     (B,H,W,3) x 2  ->  (2B,H,W,3)  ->  (2B,h,w,C)  ->  (2B,C)  ->  (B,2C)  ->  (B,8) float32
 
-Choices:
-* Weight sharing, `siamese_batch_norm="per_branch"` (the default: better features at both
-  seeds measured, no slower on a CPU; docs/reproduction.md): the published
-  AETv1 code's way (`Regressor.forward` in maple-research-lab/AET: two forward passes of the
-  shared network, x first, then t(x)): the encoder is called on x and on t(x) separately, each
-  branch normalised by its own batch statistics, and the moving averages updated twice a step,
-  x's batch first, then t(x)'s.
-  Implemented in one of two ways, the same mathematics (`one_pass` of `build_aet_model`):
-  two encoder calls (x, then t(x); an `After` layer orders them), or ONE encoder call on the
-  joint batch `concat([x, t(x)])` whose BatchNorm layers take their statistics per half and
-  update their moving averages twice, x's half first (`models.batch_groups`): every convolution
-  runs once on 2B images, which an accelerator runs faster. The one-pass model is an
-  `OnePassSiamese` (or a `models.pretext.PairsModel`) that sets `batch_statistics_groups(2)`
-  around its own forward pass only: the encoder called by another model (a classifier built on
-  it) computes as usual. It needs an encoder whose BatchNorm layers are all group-aware (the
-  package's backbones: `FusedBatchNormalization`, or `batch_groups.BatchNormalization`, which is
-  Keras's layer under the same class name) and no other batch-coupled or random layer
-  (`batch_groups.one_pass_blockers`); else two calls. `one_pass=None` (the default): one pass
-  when the encoder allows it and the backend computes on a GPU; two calls on a CPU, where the
-  numerics of CI and the tests stay those of two calls. Both layouts have the same variables:
-  weights and checkpoints load across them (and across "joint").
-* `siamese_batch_norm="joint"`: ONE encoder call on the joint
-  batch `concat([x, t(x)], axis=0)`; batch norm normalizes with the joint statistics of the
-  original and the transformed images (in training mode) and updates its moving averages once a
-  step. The same variables either way: checkpoints of one load into the other.
-* Decoder init: the bias is the identity `(1, 0, 0, 0, 1, 0, 0, 0)` and the kernel is small
-  (truncated normal, std `0.1 / sqrt(fan_in)`), so at step 0 `T_hat` is close to the identity, a
-  regular matrix: the geodesic loss needs `T^{-1} T_hat` well away from singular. A non-zero
-  kernel lets the gradient reach the encoder from the first step.
+* `siamese_batch_norm="per_branch"` (default; docs/reproduction.md): as the AETv1 code, each
+  branch is normalised by its own batch statistics and the moving averages are updated twice a
+  step, x's first. Computed by two encoder calls (an `After` layer orders them) or, with
+  `one_pass`, by ONE call on `concat([x, t(x)])` inside `batch_statistics_groups(2)`
+  (`OnePassSiamese`, `models.batch_groups`): faster on an accelerator, needs an encoder whose
+  batch-coupled layers are all group-aware (`batch_groups.one_pass_blockers`). `one_pass=None`:
+  one pass on a GPU when the encoder allows it, two calls elsewhere.
+* `siamese_batch_norm="joint"`: ONE encoder call on `concat([x, t(x)])` with joint statistics.
+  All layouts have the same variables: weights and checkpoints load across them.
+* Decoder init: bias the identity, kernel small (std `0.1 / sqrt(fan_in)`), so `T_hat` starts
+  near the identity (the geodesic loss needs `T^{-1} T_hat` regular) and gradients reach the
+  encoder from the first step.
 """
 
 from __future__ import annotations
@@ -92,11 +75,9 @@ class PairConcat(keras.layers.Layer):
 
 @keras.saving.register_keras_serializable(package="aetv2_tf")
 class After(keras.layers.Layer):
-    """`[value, earlier] -> value`, unchanged: a node that makes the layer fed with `value` run
-    after the one that produced `earlier`. Keras runs a functional graph's nodes by depth, and
-    two calls of one encoder on two inputs have the same depth (measured: t(x)'s ran first);
-    with `After` the t(x) branch depends on the x branch, so the x branch's BatchNorm update
-    comes first on every backend (the AETv1 code's order)."""
+    """`[value, earlier] -> value`, unchanged: the layer fed with `value` runs after the one
+    that produced `earlier` (Keras orders a graph's nodes by depth only), so x's BatchNorm
+    update comes first on every backend."""
 
     def call(self, inputs):
         return inputs[0]
@@ -107,10 +88,8 @@ class After(keras.layers.Layer):
 
 @keras.saving.register_keras_serializable(package="aetv2_tf")
 class OnePassSiamese(keras.Model):
-    """The per-branch AET model in one encoder call (module docstring): a functional model on
-    `[x, tx]` whose graph calls the encoder once on `concat([x, tx])` and whose forward pass
-    runs inside `batch_statistics_groups(batch_groups)`, so that each half of the joint batch
-    has its own BatchNorm statistics. ``batch_groups``: 2 (x and t(x))."""
+    """The per-branch AET model in one encoder call on `concat([x, tx])`, its forward pass
+    inside `batch_statistics_groups(batch_groups)` (module docstring)."""
 
     def __init__(self, *args, batch_groups: int = 2, **kwargs):
         super().__init__(*args, **kwargs)
@@ -126,10 +105,9 @@ class OnePassSiamese(keras.Model):
 
 def resolve_one_pass(encoder: keras.Model, siamese_batch_norm: str,
                      one_pass: bool | None) -> bool:
-    """Whether a ``siamese_batch_norm`` AET model of ``encoder`` calls it once on the joint
-    batch with per-half statistics: only for "per_branch"; ``one_pass`` False: no; True: yes
-    when the encoder allows it (`batch_groups.one_pass_blockers`), else two calls with a
-    warning that names why; None: yes when it allows it and the backend computes on a GPU."""
+    """Whether the AET model calls ``encoder`` once with per-half statistics: only for
+    "per_branch"; ``one_pass`` True: when the encoder allows it (else a warning), None: when
+    it allows it on a GPU."""
     if one_pass is not None and not isinstance(one_pass, bool):
         raise ValueError(f"one_pass must be None, True or False, got {one_pass!r}")
     if siamese_batch_norm != "per_branch":
@@ -152,9 +130,7 @@ def resolve_one_pass(encoder: keras.Model, siamese_batch_norm: str,
 @keras.saving.register_keras_serializable(package="aetv2_tf")
 class FromAETv1Targets(keras.layers.Layer):
     """The published AETv1 code's normalised targets ``(B, 8)`` -> model-frame parameters of T
-    ``(B, 8)`` float32 (`geometry.params_from_aetv1_official_targets`, fixed, no weights): the
-    decoder of ``build_aet_model(..., target="official")`` regresses those targets, and every
-    consumer downstream still reads T's parameters."""
+    ``(B, 8)`` float32 (`geometry.params_from_aetv1_official_targets`; no weights)."""
 
     def __init__(self, image_size: int = 32, **kwargs):
         super().__init__(**kwargs)
@@ -172,63 +148,34 @@ class FromAETv1Targets(keras.layers.Layer):
         return {**super().get_config(), "image_size": self.image_size}
 
 
-def build_aet_model(
-    encoder: keras.Model,
-    feature: Feature = None,
-    pooled: bool = True,
-    num_params: int = 8,
-    name: str = "aet",
-    param_scale: Sequence[float] | None = None,
-    init_rotation_deg: float = 0.0,
-    pairs: keras.layers.Layer | None = None,
-    siamese_batch_norm: str = "per_branch",
-    target: str = "model",
-    one_pass: bool | None = None,
-    *,
-    _grouping_outside: bool = False,
-) -> keras.Model:
+def build_aet_model(encoder: keras.Model, feature: Feature = None, pooled: bool = True,
+                    num_params: int = 8, name: str = "aet",
+                    param_scale: Sequence[float] | None = None, init_rotation_deg: float = 0.0,
+                    pairs: keras.layers.Layer | None = None, siamese_batch_norm: str = "per_branch",
+                    target: str = "model", one_pass: bool | None = None, *,
+                    _grouping_outside: bool = False) -> keras.Model:
     """The AET pretext model: inputs `[x, tx]`, each `(B, H, W, 3)`; output `(B, num_params)`.
 
     Args:
-        encoder: shared by x and tx: a backbone from `build_backbone` (dict outputs) or any
-            functional / Sequential Keras model on `keras.Input` (`models.features`).
-        feature: which encoder output feeds the decoder: a name or index of an output, or the
-            name of a layer (the encoder is then cut there, `cut_encoder`); None:
-            `default_feature(encoder)` ("block4" for NIN, "fc7" for AlexNet, the only output of
-            a single-output encoder).
-        pooled: global-average-pool a feature map `(B, h, w, C)` (NIN: 192 + 192 inputs to the
-            decoder); if False the map is flattened. Vector features `(B, D)` (fc7: 4096 + 4096)
-            are used as they are.
-        num_params: number of regressed parameters (8 for a homography).
-        name: model name.
-        param_scale: optional fixed per-parameter scale (e.g. the parameters' std under the
-            sampler): the decoder then regresses `params / param_scale`, O(1) numbers, and a
-            fixed `Rescaling` layer ("decoder_scale") turns them back into parameters. With the
-            std-normalised MSE this is exactly the AETv1 code's regression of normalised targets;
-            without it, small-std parameters get gradients ~1/std^2 larger (SGD at lr 0.1 then
-            diverges within 10 steps, measured).
-        init_rotation_deg: the decoder's initial output (its bias) is the rotation by this angle
-            about the image centre instead of the identity. At 0 every 180-degree pair starts on
-            the cut locus of the geodesic loss (theta = pi, no gradient); at 45 no quarter turn
-            does (docs/reproduction.md).
-        siamese_batch_norm: "per_branch" (default: two calls, each branch with its own batch
-            statistics, as the AETv1 code) or "joint" (one encoder call on `concat([x, tx])`):
-            module docstring.
-        target: "model" (the decoder regresses T's model-frame parameters) or "official" (it
-            regresses the published AETv1 code's normalised targets, PIL's inverse map in
-            corner-origin pixels, `geometry.aetv1_official_targets`; starting at the identity's;
-            a fixed `FromAETv1Targets` layer, "from_aetv1_targets", turns them into T's
-            parameters). Not with `param_scale`.
-        one_pass: how "per_branch" is computed (module docstring): True: one encoder call on
-            the joint batch with per-half BatchNorm statistics (an `OnePassSiamese`) where the
-            encoder allows it, else two calls with a warning; False: two calls; None (default):
-            one call on a GPU when the encoder allows it, two elsewhere. Not True for
-            "joint".
+        encoder: shared by x and tx (`models.features`).
+        feature: the encoder output (name or index) or layer feeding the decoder; None:
+            `default_feature(encoder)`.
+        pooled: global-average-pool a feature map `(B, h, w, C)`, else flatten it; vectors
+            `(B, D)` are used as they are.
+        num_params, name: the regressed parameters (8 for a homography), the model's name.
+        param_scale: a fixed per-parameter scale: the decoder regresses `params / param_scale`
+            and a `Rescaling` layer "decoder_scale" turns them back (AETv1's normalised targets).
+        init_rotation_deg: the decoder's initial output is this rotation about the image centre
+            (at 0, 180-degree pairs start on the geodesic loss's cut locus).
+        siamese_batch_norm, one_pass: "per_branch" or "joint", and how "per_branch" is computed
+            (module docstring; True is refused for "joint").
+        target: "model" (T's model-frame parameters) or "official" (the AETv1 code's targets,
+            `geometry.aetv1_official_targets`, turned into T's parameters by a
+            `FromAETv1Targets` layer "from_aetv1_targets"; not with `param_scale`).
 
     Returns:
-        A `keras.Model` mapping `[x, tx]` to float32 parameters; the decoder layer is "decoder"
-        and the pair features `(B, 2D)` are the output of the layer "pair_features". Its
-        attribute ``batch_groups`` is 2 for a one-pass per-branch model, else 1.
+        A `keras.Model` `[x, tx]` -> float32 parameters; layers "decoder" and "pair_features"
+        `(B, 2D)`; ``batch_groups`` 2 for a one-pass per-branch model, else 1.
     """
     feature, features_of = encoder_at(encoder, feature)
     inputs, (x, tx) = _pair_inputs(encoder, pairs)
@@ -245,8 +192,8 @@ def build_aet_model(
 
 
 def _pair_inputs(encoder: keras.Model, pairs: keras.Layer | None) -> tuple[list, tuple]:
-    """The AET model's inputs and its pair ``(x, tx)``: the inputs ``[x, tx]`` themselves, or
-    ``[uint8 images, T (B, 3, 3)]`` made into the pair by the layer ``pairs``."""
+    """The inputs and the pair ``(x, tx)``: ``[x, tx]`` themselves, or ``[uint8 images,
+    T (B, 3, 3)]`` made into the pair by the layer ``pairs``."""
     input_shape = tuple(encoder.inputs[0].shape[1:])
     if pairs is None:
         inputs = [keras.Input(shape=input_shape, name="x"),
@@ -259,9 +206,8 @@ def _pair_inputs(encoder: keras.Model, pairs: keras.Layer | None) -> tuple[list,
 
 def _pair_features(features_of, x, tx, feature, pooled: bool, siamese_batch_norm: str,
                    grouped: bool):
-    """The pair features ``(B, 2D)`` = ``[E(x), E(tx)]`` of the layer "pair_features": one
-    encoder call on the joint batch ("joint", or "per_branch" computed in one pass with
-    per-half statistics: ``grouped``) or two calls, x's first (module docstring)."""
+    """The pair features ``(B, 2D)`` = ``[E(x), E(tx)]`` ("pair_features"): one encoder call
+    on the joint batch ("joint", or ``grouped``) or two calls, x's first."""
     if siamese_batch_norm == "joint" or grouped:
         joint = keras.layers.Concatenate(axis=0, name="joint_batch")([x, tx])
         features = vector_feature(features_of(joint), feature, pooled)
@@ -277,9 +223,8 @@ def _pair_features(features_of, x, tx, feature, pooled: bool, siamese_batch_norm
 
 def _decoder(pair, encoder: keras.Model, num_params: int, param_scale, init_rotation_deg: float,
              target: str):
-    """The decoder on the pair features ``(B, 2D)`` -> ``(B, num_params)`` float32 parameters
-    of T (`build_aet_model`'s ``param_scale``, ``init_rotation_deg`` and ``target``; the
-    official targets are those of the encoder's images, `input_side`)."""
+    """The decoder: pair features ``(B, 2D)`` -> ``(B, num_params)`` float32 parameters of T
+    (`build_aet_model`'s arguments)."""
     scale = np.ones(num_params) if param_scale is None else np.asarray(param_scale, np.float64)
     initial = identity_params(num_params, init_rotation_deg) / scale
     if target == "official":
@@ -308,20 +253,11 @@ def _decoder(pair, encoder: keras.Model, num_params: int, param_scale, init_rota
     return params
 
 
-def build_rotation_classifier(
-    encoder: keras.Model,
-    feature: Feature = None,
-    num_classes: int = 4,
-    name: str = "rotnet",
-) -> keras.Model:
-    """RotNet's classifier of the quarter turns: image `(B, H, W, 3)` -> rotation logits
-    `(B, 4)` float32, a `displayed_loss.DataLossModel` (its weight decay shown apart from its
-    cross-entropy); `models.pretext.build_rotations_model` makes the turns of uint8 images and
-    calls it: the RotNet pretext model.
-
-    `feature`: as `build_aet_model` (None: `default_feature(encoder)`); a feature map is
-    global-average-pooled (vector features are used as they are).
-    """
+def build_rotation_classifier(encoder: keras.Model, feature: Feature = None, num_classes: int = 4,
+                              name: str = "rotnet") -> keras.Model:
+    """RotNet's classifier of the quarter turns: image `(B, H, W, 3)` -> logits `(B, 4)`
+    float32, a `displayed_loss.DataLossModel`; `feature` as `build_aet_model`, a map
+    global-average-pooled."""
     feature, features_of = encoder_at(encoder, feature)
     inputs = keras.Input(shape=tuple(encoder.inputs[0].shape[1:]), name="image")
     features = vector_feature(features_of(inputs), feature, pooled=True)

@@ -13,10 +13,9 @@
 | fc6   | Dense 4096 (no bias), BN, ReLU                 | 4096              |
 | fc7   | Dense 4096 (no bias), BN, ReLU                 | 4096              |
 
-Choices: the outputs `conv1..conv5` are taken after the ReLU and BEFORE the following pooling
-(as the feature keys of the RotNet AlexNet, and what the linear probes' pooling sizes 12/7/5/6/6
-assume). Convolutions carry no bias (each is followed by BN, which cancels it) and use the NIN
-init N(0, sqrt(2 / (k*k*out))); the fc layers use PyTorch's default `nn.Linear` init.
+The outputs `conv1..conv5` are taken after the ReLU, BEFORE the pooling (the RotNet AlexNet's
+feature keys). Convolutions have no bias and the init N(0, sqrt(2 / (k*k*out))); the fc layers
+PyTorch's default `nn.Linear` init.
 """
 
 from __future__ import annotations
@@ -37,35 +36,19 @@ ALEXNET_FC_UNITS = 4096
 
 
 def alexnet_fc_block(x, *, batch_norm: str = "fused", prefix: str = ""):
-    """pool5 map `(B, 13, 13, 256)` -> MaxPool 3/2, flatten, fc6, fc7: returns (fc6, fc7).
-
-    Shared by the backbone and the nonlinear probe heads; layers are named `{prefix}pool5`,
-    `{prefix}flatten`, `{prefix}fc6`, `{prefix}fc7` (each fc with `_bn` and `_relu`).
-    """
+    """pool5 map `(B, 13, 13, 256)` -> MaxPool 3/2, flatten, fc6, fc7: returns (fc6, fc7);
+    layers `{prefix}pool5`, `{prefix}flatten`, `{prefix}fc6`, `{prefix}fc7`."""
     x = keras.layers.MaxPooling2D(3, strides=2, name=f"{prefix}pool5")(x)
     x = keras.layers.Flatten(name=f"{prefix}flatten")(x)
-    fc6 = dense_bn_relu(
-        x,
-        ALEXNET_FC_UNITS,
-        name=f"{prefix}fc6",
-        batch_norm=batch_norm,
-        kernel_initializer=torch_linear_init(),
-    )
-    fc7 = dense_bn_relu(
-        fc6,
-        ALEXNET_FC_UNITS,
-        name=f"{prefix}fc7",
-        batch_norm=batch_norm,
-        kernel_initializer=torch_linear_init(),
-    )
+    fc6 = dense_bn_relu(x, ALEXNET_FC_UNITS, name=f"{prefix}fc6", batch_norm=batch_norm,
+                        kernel_initializer=torch_linear_init())
+    fc7 = dense_bn_relu(fc6, ALEXNET_FC_UNITS, name=f"{prefix}fc7", batch_norm=batch_norm,
+                        kernel_initializer=torch_linear_init())
     return fc6, fc7
 
 
-def build_alexnet(
-    input_shape: tuple[int, int, int] = (224, 224, 3),
-    batch_norm: str = "fused",
-    name: str = "alexnet",
-) -> keras.Model:
+def build_alexnet(input_shape: tuple[int, int, int] = (224, 224, 3), batch_norm: str = "fused",
+                  name: str = "alexnet") -> keras.Model:
     """The AlexNet encoder: `(B, 224, 224, 3)` -> dict of features.
 
     Returns:
@@ -77,15 +60,8 @@ def build_alexnet(
     x = inputs
     outputs = {}
     for conv_name, filters, kernel_size, strides, padding, pool in ALEXNET_CONVS:
-        x = conv_bn_relu(
-            x,
-            filters,
-            kernel_size,
-            name=conv_name,
-            strides=strides,
-            padding=padding,
-            batch_norm=batch_norm,
-        )
+        x = conv_bn_relu(x, filters, kernel_size, name=conv_name, strides=strides,
+                         padding=padding, batch_norm=batch_norm)
         outputs[conv_name] = x
         if pool:
             x = keras.layers.MaxPooling2D(3, strides=2, name=f"pool{conv_name[-1]}")(x)

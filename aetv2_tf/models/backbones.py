@@ -5,14 +5,11 @@
     build_backbone("nin")              # THE way to build an encoder of the table
     input_side(encoder)                # 32: the side of an encoder's square input, once built
 
-A backbone is a functional ``keras.Model`` on ``(S, S, 3)`` float images (normalised) whose
-output is a dict of named feature maps (`features`, in order); its name is the table's key.
-``pretext_feature``: the feature the AET decoder and RotNet's head read (`build_aet_model`),
-``probe_feature``: the feature probed when none is asked for (the paper's: CIFAR-10 NIN block 2,
-AlexNet conv5). The normalisation belongs to the data (`data.constants`), the decoder's
-parameter scale to the sampler (`data.sampler.parameter_std`). The table's ``input_size`` is
-only what an encoder is built on when no shape is given: once an encoder exists, the side of
-its images is read from it (`input_side`), never from the table again.
+A backbone is a functional ``keras.Model`` on ``(S, S, 3)`` normalised float images whose
+output is a dict of named feature maps (`features`); its name is the table's key.
+``pretext_feature``: what the AET decoder and RotNet's head read; ``probe_feature``: what is
+probed by default (the paper's). ``input_size`` is only the default shape to build on: a built
+encoder's side is read from it (`input_side`).
 """
 
 from __future__ import annotations
@@ -52,9 +49,8 @@ BACKBONES: dict[str, Backbone] = {
 
 
 def batch_norm_kind(requested: str | None = None) -> str:
-    """THE BatchNorm rule: "fused" (TensorFlow's kernel) or "keras" (any backend) compute the
-    same thing with interchangeable weights; under TensorFlow the one ``requested`` (None:
-    "fused", the faster), elsewhere "keras" whatever is requested."""
+    """THE BatchNorm rule: under TensorFlow the one ``requested`` (None: "fused"), elsewhere
+    "keras" whatever is requested (the same computation and weights)."""
     if requested not in (None, "fused", "keras"):
         raise ValueError(f"batch_norm must be 'fused' or 'keras'; got {requested!r}")
     if keras.backend.backend() != "tensorflow":
@@ -64,10 +60,8 @@ def batch_norm_kind(requested: str | None = None) -> str:
 
 def build_backbone(name: str = "nin", input_shape: tuple[int, int, int] | None = None,
                    batch_norm: str | None = None) -> keras.Model:
-    """The backbone ``name`` of the table ("nin" or "alexnet") on ``input_shape`` images
-    (default: ``(input_size, input_size, 3)`` of its row), with ``batch_norm`` "fused"
-    (TensorFlow's kernel) or "keras" (any backend), the same weights (`batch_norm_kind`: None
-    is fused under TensorFlow, keras elsewhere). ValueError naming the backbones otherwise."""
+    """The backbone ``name`` of the table on ``input_shape`` images (default: its row's), its
+    BatchNorm by `batch_norm_kind`. ValueError naming the backbones otherwise."""
     if name not in BACKBONES:
         raise ValueError(f"backbone must be one of {tuple(BACKBONES)}, got {name!r}")
     row = BACKBONES[name]
@@ -76,11 +70,8 @@ def build_backbone(name: str = "nin", input_shape: tuple[int, int, int] | None =
 
 
 def input_side(model: keras.Model, *, any_size: bool = False) -> int | None:
-    """The side S of the square images ``(B, S, S, C)`` that ``model`` (an encoder, or a model
-    built on one) takes, read from ``model.inputs[0]``. With ``any_size``, None for a model of
-    any size (``keras.Input(shape=(None, None, 3))``). ValueError naming the fix otherwise: no
-    symbolic input, not an image batch, not square, or (without ``any_size``) of no known
-    size."""
+    """The side S of the square images ``(B, S, S, C)`` ``model.inputs[0]`` takes; with
+    ``any_size``, None for a model of any size. ValueError naming the fix otherwise."""
     try:
         shape = tuple(model.inputs[0].shape)
     except (AttributeError, IndexError, TypeError, ValueError) as e:

@@ -1,41 +1,18 @@
 """Models that check what they are given (`aetv2_tf.input_checks`) at every entry: on raw uint8
 images (`ChecksInputs`), and encoders on normalised images (`ChecksNormalisedInputs`).
 
-`ChecksInputs` goes before `keras.Model` in the bases of a functional model subclass whose only
-input is the images (``keras.Input(shape=(H, W, 3), dtype="uint8")``): `models.pretext.PairsModel`
-(self-supervised: no labels) and `models.image_models.CheckedModel` (`build_classifier`: integer
-class labels; `feature_extractor`: labels unchecked). Its ``fit`` / ``evaluate`` / ``predict``,
-``train_on_batch`` / ``test_on_batch`` / ``predict_on_batch`` and a call (``model(x)``, on an
-array or a tensor) check the images (uint8 NHWC of the model's height and width: floats, NCHW,
-another size refused with the fix) and, by `labels`, the labels, then call Keras's own. Keras's
-input would otherwise be cast to uint8 silently: [0, 1] floats become black images.
+`ChecksInputs` goes before `keras.Model` in the bases of a functional model on uint8 images
+(`models.pretext.PairsModel`, `models.image_models.CheckedModel`): every entry (``fit``,
+``evaluate``, ``predict``, the ``*_on_batch`` methods, a call) checks the images (uint8 NHWC of
+the model's size; Keras would cast [0, 1] floats to black images) and, by `labels`, the labels:
+``"none"`` (`input_checks.check_pretext_inputs`: a ``y`` refused), ``"classes"``
+(`input_checks.check_supervised_inputs`: integer class labels, one-hot refused) or ``"any"``.
 
-`labels` (a class attribute, or set by ``__init__``):
-
-* ``"none"``: self-supervised (`input_checks.check_pretext_inputs`): a `y`, or a dataset of
-  ``(images, labels)``, is refused (``predict`` ignores labels, as Keras does);
-* ``"classes"``: a classifier (`input_checks.check_supervised_inputs`): integer class labels,
-  one-hot refused with ``labels.argmax(-1)``, one per image, below the number of logits;
-* ``"any"``: the images only are checked.
-
-Both mixins treat the batch the same way at every entry (`BatchSizes`):
-
-* ``x=None``, or a Python list of arrays (Keras would take each for an input of its own), is
-  refused with the fix (``np.stack(x)``);
-* an empty batch ``(0, H, W, 3)`` gives an empty result of the right shape, ``(0, D)``, as
-  NumPy does for an empty array (``predict`` and a call; ``fit`` and ``evaluate`` refuse it:
-  there is nothing to fit or score);
-* no layer's output for one batch holds more than `MAX_ACTIVATION_VALUES`: inference
-  (``predict``, ``evaluate``, a call with ``training`` false) runs larger batches in slices and
-  joins the results (the same numbers); training (``fit``, ``train_on_batch``, a call with
-  ``training=True``), whose BatchNorm statistics depend on the batch, refuses a batch past
-  `TRAINING_VALUES_LIMIT`, naming the largest that works. TensorFlow's CPU convolutions
-  (oneDNN and Eigen kernels alike) end the process with a segmentation fault, no exception,
-  when one output holds more than 2**31 - 1 values (its int32 indices: NIN block 1 at 10,900
-  images of 32 x 32 ran, at 11,000 crashed, with memory to spare), and oneDNN's also when an
-  allocation fails (measured under ``RLIMIT_AS``; Eigen raises ResourceExhaustedError there).
-
-Nothing here imports TensorFlow; a ``tf.data.Dataset`` is judged by its ``element_spec``.
+Both mixins treat the batch alike (`BatchSizes`): ``x=None`` or a list of arrays is refused with
+the fix; an empty batch gives an empty result (``predict``, a call; ``fit``/``evaluate`` refuse
+it); inference runs batches in slices of at most `MAX_ACTIVATION_VALUES` values per layer
+output, training refuses a batch past `TRAINING_VALUES_LIMIT` (TensorFlow's CPU kernels
+segfault past 2**31 - 1 values in one output, docs/reliability.md). No TensorFlow import.
 """
 
 from __future__ import annotations
@@ -57,8 +34,7 @@ TRAINING_VALUES_LIMIT = 2**31 - 1
 
 def values_per_image(model: Any, hw: tuple) -> int:
     """The most values any layer of `model` (nested models included) outputs for one image of
-    height and width `hw`; an unknown dimension counts as the larger of `hw` (the layers of
-    an image model only shrink the image)."""
+    height and width `hw` (an unknown dimension counts as the larger of `hw`)."""
     import keras
 
     largest, side = 1, max(int(d) for d in hw)
@@ -161,6 +137,43 @@ class BatchSizes:
         size = x.shape[0] if method == "train_on_batch" else min(batch_size or 32, x.shape[0])
         self._refuse_large_training_batch(method, x, size)
 
+    def _check_inputs(self, method: str, x: Any, y: Any = None, *,
+                      predicting: bool = False) -> None:
+        raise NotImplementedError  # each mixin's own check
+
+    def _check_validation(self, data: Any) -> None:
+        """`fit`'s ``validation_data``: unchecked unless a mixin checks it."""
+
+    def fit(self, x=None, y=None, batch_size=None, *args, **kwargs):
+        self._check_inputs("fit", x, y)
+        if kwargs.get("validation_data") is not None:
+            self._check_validation(kwargs["validation_data"])
+        self._fitted("fit", x, batch_size)
+        return super().fit(x, y, batch_size, *args, **kwargs)
+
+    def evaluate(self, x=None, y=None, batch_size=None, *args, **kwargs):
+        self._check_inputs("evaluate", x, y)
+        return self._predicted("evaluate", x, batch_size, lambda size: super(
+            BatchSizes, self).evaluate(x, y, size, *args, **kwargs))
+
+    def predict(self, x, batch_size=None, *args, **kwargs):
+        self._check_inputs("predict", x, predicting=True)
+        return self._predicted("predict", x, batch_size, lambda size: super(
+            BatchSizes, self).predict(x, size, *args, **kwargs))
+
+    def train_on_batch(self, x, y=None, *args, **kwargs):
+        self._check_inputs("train_on_batch", x, y)
+        self._fitted("train_on_batch", x, None)
+        return super().train_on_batch(x, y, *args, **kwargs)
+
+    def test_on_batch(self, x, y=None, *args, **kwargs):
+        self._check_inputs("test_on_batch", x, y)
+        return super().test_on_batch(x, y, *args, **kwargs)
+
+    def predict_on_batch(self, x):
+        self._check_inputs("predict_on_batch", x, predicting=True)
+        return super().predict_on_batch(x)
+
 
 class ChecksInputs(BatchSizes):
     """Mixin: the inputs of a Keras model on uint8 images checked at the door (module
@@ -202,48 +215,14 @@ class ChecksInputs(BatchSizes):
                      expected_hw=tuple(self.inputs[0].shape[1:3]))
         return self._call_in_slices(images, args[1:], kwargs)
 
-    def fit(self, x=None, y=None, batch_size=None, *args, **kwargs):
-        self._check_inputs("fit", x, y)
-        if kwargs.get("validation_data") is not None:
-            self._check_validation(kwargs["validation_data"])
-        self._fitted("fit", x, batch_size)
-        return super().fit(x, y, batch_size, *args, **kwargs)
-
-    def evaluate(self, x=None, y=None, batch_size=None, *args, **kwargs):
-        self._check_inputs("evaluate", x, y)
-        return self._predicted("evaluate", x, batch_size,
-                               lambda size: super(ChecksInputs, self).evaluate(
-                                   x, y, size, *args, **kwargs))
-
-    def predict(self, x, batch_size=None, *args, **kwargs):
-        self._check_inputs("predict", x, predicting=True)
-        return self._predicted("predict", x, batch_size,
-                               lambda size: super(ChecksInputs, self).predict(
-                                   x, size, *args, **kwargs))
-
-    def train_on_batch(self, x, y=None, *args, **kwargs):
-        self._check_inputs("train_on_batch", x, y)
-        self._fitted("train_on_batch", x, None)
-        return super().train_on_batch(x, y, *args, **kwargs)
-
-    def test_on_batch(self, x, y=None, *args, **kwargs):
-        self._check_inputs("test_on_batch", x, y)
-        return super().test_on_batch(x, y, *args, **kwargs)
-
-    def predict_on_batch(self, x):
-        self._check_inputs("predict_on_batch", x, predicting=True)
-        return super().predict_on_batch(x)
-
 
 class ChecksNormalisedInputs(BatchSizes):
-    """Mixin: a functional encoder on NORMALISED float images (`saving.load_encoder`'s) whose
-    ``fit`` / ``evaluate`` / ``predict``, ``*_on_batch`` and calls refuse raw pixels
-    (`input_checks.check_normalised_images`: uint8 images, floats with no value below 0), as
-    the raw-image models above refuse floats; a call on a tensor being traced (inside another
-    model, a compiled step) is checked for its dtype only. Put it before ``keras.Model`` in the
-    bases."""
+    """Mixin (before ``keras.Model``): an encoder on NORMALISED float images whose entries
+    refuse raw pixels (`input_checks.check_normalised_images`); a traced tensor is checked for
+    its dtype only."""
 
-    def _check_normalised(self, method: str, x: Any) -> None:
+    def _check_inputs(self, method: str, x: Any, y: Any = None, *,
+                      predicting: bool = False) -> None:
         from aetv2_tf.input_checks import check_normalised_images
 
         self._refuse_missing(method, x)
@@ -258,7 +237,7 @@ class ChecksNormalisedInputs(BatchSizes):
         if not hasattr(images, "shape"):
             return super().__call__(*args, **kwargs)
         if isinstance(images, np.ndarray):
-            self._check_normalised("__call__", images)
+            self._check_inputs("__call__", images)
         elif "float" not in getattr(images.dtype, "name", str(images.dtype)):
             raise UsageError(f"{type(self).__name__} {self.name!r}.__call__: a tensor of "
                              f"{getattr(images.dtype, 'name', images.dtype)} (raw pixels?); "
@@ -266,33 +245,3 @@ class ChecksNormalisedInputs(BatchSizes):
                              "std: give uint8 images to aetv2_tf.feature_extractor, which "
                              "normalises them")
         return self._call_in_slices(images, args[1:], kwargs)
-
-    def fit(self, x=None, *args, **kwargs):
-        self._check_normalised("fit", x)
-        self._fitted("fit", x, kwargs.get("batch_size", args[1] if len(args) > 1 else None))
-        return super().fit(x, *args, **kwargs)
-
-    def evaluate(self, x=None, y=None, batch_size=None, *args, **kwargs):
-        self._check_normalised("evaluate", x)
-        return self._predicted("evaluate", x, batch_size,
-                               lambda size: super(ChecksNormalisedInputs, self).evaluate(
-                                   x, y, size, *args, **kwargs))
-
-    def predict(self, x, batch_size=None, *args, **kwargs):
-        self._check_normalised("predict", x)
-        return self._predicted("predict", x, batch_size,
-                               lambda size: super(ChecksNormalisedInputs, self).predict(
-                                   x, size, *args, **kwargs))
-
-    def train_on_batch(self, x, *args, **kwargs):
-        self._check_normalised("train_on_batch", x)
-        self._fitted("train_on_batch", x, None)
-        return super().train_on_batch(x, *args, **kwargs)
-
-    def test_on_batch(self, x, *args, **kwargs):
-        self._check_normalised("test_on_batch", x)
-        return super().test_on_batch(x, *args, **kwargs)
-
-    def predict_on_batch(self, x):
-        self._check_normalised("predict_on_batch", x)
-        return super().predict_on_batch(x)

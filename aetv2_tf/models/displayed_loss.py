@@ -1,22 +1,12 @@
 """What a model shows while it trains: its loss first, the loss's terms, the weight decay
 apart, in that order.
 
-The coupled L2 weight decay is the optimizer's (`optimizers.CoupledWeightDecay`: its gradient
-``wd * w`` is added to the gradient, nothing to the loss), so the ``loss`` Keras shows is the
-loss compiled (the pretext loss, the cross-entropy) plus any loss the model adds itself
-(``model.losses``: none in this project). `ShowsDataLoss` keeps the training as it is and adds
-to what is shown (the progress bar, ``fit``'s history, the callbacks' logs, ``evaluate``):
-
-* the terms of a compiled loss that has them (`losses.GeodesicLoss.terms`) as ``<term>_term``:
-  ``angle_term``, and ``residual_term``, ``mse_term``, ``chordal_term`` where their weight is
-  above 0; computed with the loss, at its step (a decaying MSE weight included), so that they
-  sum to ``loss``;
-* the weight decay as ``l2_penalty`` (`metrics.PENALTY`): ``wd / 2 * sum ||w||^2`` of the
-  trainable weights (`optimizers.l2_penalty`), the penalty whose gradient the optimizer adds,
-  where the optimizer compiled has a coupled decay ``wd > 0`` (`optimizers.coupled_l2_decay`);
-* ``fit`` with ``verbose`` shows them in that order (`ShownOrderBar`, unless a progress bar is
-  given), the compiled metrics (``angle_deg``, ``rotation_accuracy``, ``accuracy``) after the
-  terms (`metrics.shown_order`).
+The coupled weight decay is the optimizer's, so the ``loss`` shown is the compiled loss alone.
+`ShowsDataLoss` adds to what is shown (progress bar, history, logs, ``evaluate``): the terms of a
+compiled loss that has them (`losses.GeodesicLoss.terms`) as ``<term>_term``, computed with the
+loss at its step so that they sum to ``loss``; and ``l2_penalty`` (``wd / 2 * sum ||w||^2``,
+`optimizers.l2_penalty`) where the optimizer has a coupled decay ``wd > 0``; ``fit`` shows them
+in `metrics.shown_order` (`ShownOrderBar`).
 """
 
 from __future__ import annotations
@@ -30,8 +20,7 @@ from aetv2_tf.method.optimizers import coupled_l2_decay, l2_penalty
 
 
 class ShownOrderBar(keras.callbacks.ProgbarLogger):
-    """Keras's progress bar with the logs in the order shown (`metrics.shown_order`: the loss
-    and its terms first), not Keras's alphabetical order."""
+    """Keras's progress bar with the logs in `metrics.shown_order`."""
 
     def on_train_batch_end(self, batch, logs=None):
         super().on_train_batch_end(batch, {k: logs[k] for k in shown_order(logs or {})})
@@ -41,10 +30,8 @@ class ShownOrderBar(keras.callbacks.ProgbarLogger):
 
 
 class ShowsDataLoss:
-    """Mixin of a `keras.Model` (before ``keras.Model`` in the bases; module docstring): the
-    compiled loss's terms shown beside ``loss``, and the optimizer's coupled weight decay
-    apart as ``l2_penalty``. Decided at ``compile``, from the loss and the optimizer
-    compiled."""
+    """Mixin of a `keras.Model` (before it in the bases): the compiled loss's terms and the
+    ``l2_penalty`` shown (module docstring), decided at ``compile``."""
 
     def compile(self, *args: Any, **kwargs: Any) -> None:
         super().compile(*args, **kwargs)

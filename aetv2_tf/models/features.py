@@ -1,27 +1,12 @@
 """The feature of an encoder, whatever its outputs: ONE rule for every `feature=` argument.
 
-An encoder is a functional or Sequential `keras.Model` built on a `keras.Input` (the input shape
-must be known). Its outputs may be
-
-* a dict of named outputs (`build_backbone`: NIN `{"block1": .., "block4": ..}`, AlexNet
-  `{"conv1": .., "fc7": ..}`): a feature is a key;
-* a list or tuple of tensors: a feature is the name of the layer producing it, or its index;
-* one tensor (a `keras.Sequential` CNN, `keras.applications.MobileNetV3Small(...,
-  include_top=False)`): its feature is the name of the last layer, and `feature=None` means it.
-
-`feature=None` (`default_feature`): the package's default for its backbones
-(`models.backbones`: `Backbone.pretext_feature`, NIN "block4", AlexNet "fc7"), else the only
-output of a single-output encoder; an encoder with several outputs must be told. That is the
-PRETEXT models' feature (what the decoder regresses from). Where a feature is PROBED
-(`models.image_models.build_classifier` / `feature_extractor`, `probes.knn.pooled_features` /
-`make_feature_fn`), `feature=None` is `classifier_feature`: `Backbone.probe_feature` of a
-package backbone (NIN "block2", AlexNet "conv5": the paper's probe features), else
-`default_feature`. A feature may also name ANY layer of the encoder
-(`encoder.layers`, e.g. an inner block of MobileNetV3): `cut_encoder` then ends the encoder
-there.
-
-A feature is a map ``(B, h, w, C)`` or a vector ``(B, D)``; other ranks are refused where a
-vector is made (`vector_feature`).
+An encoder is a functional or Sequential `keras.Model` built on a `keras.Input`. A feature is a
+key of a dict output (`build_backbone`), the producing layer's name or the index of a list
+output, the last layer's name of a single output, or the name of ANY layer (`cut_encoder` then
+ends the encoder there). `feature=None`: for the pretext models `default_feature`
+(`Backbone.pretext_feature`, else the only output); where a feature is probed
+`classifier_feature` (`Backbone.probe_feature`, else `default_feature`). A feature is a map
+``(B, h, w, C)`` or a vector ``(B, D)`` (`vector_feature` refuses other ranks).
 """
 
 from __future__ import annotations
@@ -70,9 +55,8 @@ def _layer_names(encoder: keras.Model) -> list[str]:
 
 
 def default_feature(encoder: keras.Model) -> str:
-    """The ONE rule for `feature=None`: the pretext feature of a backbone of the package (named
-    "nin" or "alexnet" by `build_backbone`), else the only output of an encoder whose output is
-    one tensor (or a one-element list); otherwise ValueError listing the outputs."""
+    """The ONE rule for `feature=None`: a package backbone's pretext feature, else the only
+    output of a single-output encoder; otherwise ValueError listing the outputs."""
     outputs = output_structure(encoder)
     names = output_names(encoder)
     if encoder.name in BACKBONES and BACKBONES[encoder.name].pretext_feature in names:
@@ -85,9 +69,8 @@ def default_feature(encoder: keras.Model) -> str:
 
 
 def resolve_feature(encoder: keras.Model, feature: Feature) -> str:
-    """The name of the feature `feature` of `encoder`: None -> `default_feature`; an int -> the
-    output at that index; a name of an output or of a layer -> itself. ValueError listing the
-    outputs when there is no such feature."""
+    """The name of `feature` of `encoder`: None -> `default_feature`; an int -> the output at
+    that index; an output's or a layer's name -> itself; else an error listing the outputs."""
     if feature is None:
         return default_feature(encoder)
     names = output_names(encoder)
@@ -104,9 +87,8 @@ def resolve_feature(encoder: keras.Model, feature: Feature) -> str:
 
 
 def classifier_feature(encoder: keras.Model, feature: Feature = None) -> str:
-    """The ONE rule for a probed feature (module docstring): `feature` if given
-    (`resolve_feature`), else the probe feature of a package backbone ("block2" for NIN),
-    else `default_feature`."""
+    """The ONE rule for a probed feature: `feature` if given, else a package backbone's probe
+    feature, else `default_feature`."""
     if feature is None and encoder.name in BACKBONES:
         try:
             return resolve_feature(encoder, BACKBONES[encoder.name].probe_feature)
@@ -144,10 +126,8 @@ def feature_tensor(encoder: keras.Model, feature: str):
 def cut_encoder(encoder: keras.Model, feature: Feature = None,
                 name: str | None = None) -> keras.Model:
     """The encoder from its input to `feature` only: `(B, H, W, 3) -> (B, h, w, C)` or
-    `(B, D)`. Layers (and weights) are SHARED with `encoder`; layers after the feature are not
-    part of it, so they are neither computed nor asked for gradients (fine-tuning on NIN
-    block 2 trains blocks 1-2 only). An encoder whose only output is `feature` is returned as
-    it is. `name`: the sub-model's name (default: the encoder's)."""
+    `(B, D)`, its layers SHARED with `encoder` (an encoder whose only output is `feature`:
+    itself). `name`: default the encoder's."""
     feature = resolve_feature(encoder, feature)
     outputs = output_structure(encoder)
     if not isinstance(outputs, (dict, list, tuple)) and is_output(encoder, feature):
@@ -157,9 +137,8 @@ def cut_encoder(encoder: keras.Model, feature: Feature = None,
 
 
 def encoder_at(encoder: keras.Model, feature: Feature):
-    """`(feature name, fn)`: `fn(x)` calls `encoder` on `x` and returns the feature tensor.
-    An output is picked from the encoder's outputs (the encoder itself is the layer called, as
-    the package's checkpoints expect); a layer's output is computed by `cut_encoder`."""
+    """`(feature name, fn)`: `fn(x)` is the feature tensor of `encoder` on `x` (an output picked
+    from the encoder's call, a layer's through `cut_encoder`)."""
     feature = resolve_feature(encoder, feature)
     if is_output(encoder, feature):
         return feature, lambda x: select_output(encoder, encoder(x), feature)
@@ -188,10 +167,8 @@ POOLS = ("avg2x2", "global", "flatten")
 def pool_feature_map(maps, pool: str = "avg2x2"):
     """``(B, h, w, C)`` feature maps -> ``(B, D)`` float32 features (Keras ops, any backend).
 
-    ``"avg2x2"``: 2x2 average pooling, stride 2, no padding (``(B, h // 2, w // 2, C)``), then
-    flattened channel-major, i.e. in the order of a PyTorch ``(B, C, h // 2, w // 2)`` tensor
-    (NIN block 2: 8x8x192 -> 3,072); ``"global"``: the mean over ``h, w`` (``(B, C)``);
-    ``"flatten"``: the map as it is, flattened. Rank-2 features pass through unchanged.
+    ``"avg2x2"``: 2x2 average pooling, stride 2, flattened channel-major (PyTorch's order; NIN
+    block 2 -> 3,072); ``"global"``: the mean over ``h, w``; ``"flatten"``. Rank 2 passes.
     """
     if pool not in POOLS:
         raise ValueError(f"pool must be one of {POOLS}, got {pool!r}")

@@ -35,15 +35,10 @@ FC_HIDDEN_UNITS = 200
 LINEAR_TARGET_FEATURES = 9000
 
 
-def adaptive_pool_size(
-    feature_shape: Sequence[int], target_features: int = LINEAR_TARGET_FEATURES
-) -> int:
-    """Side `s` of the pooled map such that `s * s * C` is about `target_features`.
-
-    `s = round(sqrt(target / C))`, capped by the map size. Reproduces the published choices for
-    AlexNet (conv1 64 ch -> 12, conv2 192 -> 7, conv3 384 -> 5, conv4/conv5 256 -> 6) and gives
-    7 (9,408 features) for the 192-channel NIN block maps.
-    """
+def adaptive_pool_size(feature_shape: Sequence[int],
+                       target_features: int = LINEAR_TARGET_FEATURES) -> int:
+    """Side `s = round(sqrt(target / C))` of the pooled map, capped by the map size (the
+    published AlexNet choices: 64 ch -> 12, 192 -> 7, 384 -> 5, 256 -> 6)."""
     height, width, channels = feature_shape[-3:]
     side = round(math.sqrt(target_features / channels))
     return int(max(1, min(side, height, width)))
@@ -54,15 +49,8 @@ def _classifier_init(units: int) -> keras.initializers.Initializer:
     return keras.initializers.RandomNormal(0.0, math.sqrt(2.0 / units))
 
 
-def build_head(
-    kind: str,
-    feature_shape: Sequence[int],
-    num_classes: int,
-    batch_norm: str = "fused",
-    pool: str = "avg",
-    extra_convs: int = 0,
-    name: str | None = None,
-) -> keras.Model:
+def build_head(kind: str, feature_shape: Sequence[int], num_classes: int, batch_norm: str = "fused",
+               pool: str = "avg", extra_convs: int = 0, name: str | None = None) -> keras.Model:
     """A probe classifier: features of shape `feature_shape` (no batch axis) -> logits.
 
     Args:
@@ -70,8 +58,7 @@ def build_head(
         feature_shape: e.g. `(8, 8, 192)` for NIN block 2, `(13, 13, 256)` for AlexNet conv5.
         num_classes: number of logits.
         batch_norm: "fused" or "keras" (see `make_batch_norm`).
-        pool: "avg" (default, PyTorch `AdaptiveAvgPool2d`) or "max" (`AdaptiveMaxPool2d`, what
-            the published RotNet ImageNet configs use) for the "linear" head.
+        pool: "avg" or "max" (the RotNet ImageNet configs') for the "linear" head.
         extra_convs: "nonlinear" only: conv layers before pool5 (1 on conv4 features).
         name: model name (default `f"{kind}_head"`).
 
@@ -88,13 +75,8 @@ def build_head(
         if kind == "fc1":
             x = make_batch_norm(batch_norm, name="bn", center=False, scale=False)(x)
         for index in range({"fc1": 0, "fc2": 1, "fc3": 2}[kind]):
-            x = dense_bn_relu(
-                x,
-                FC_HIDDEN_UNITS,
-                name=f"fc{index + 1}",
-                batch_norm=batch_norm,
-                kernel_initializer=_classifier_init(FC_HIDDEN_UNITS),
-            )
+            x = dense_bn_relu(x, FC_HIDDEN_UNITS, name=f"fc{index + 1}", batch_norm=batch_norm,
+                              kernel_initializer=_classifier_init(FC_HIDDEN_UNITS))
     elif kind == "conv":
         x = nin_block(x, NIN_BLOCK_SPECS[2], name="conv_block", batch_norm=batch_norm)
         x = keras.layers.GlobalAveragePooling2D(name="gap")(x)
@@ -106,10 +88,6 @@ def build_head(
         for index in range(extra_convs):
             x = conv_bn_relu(x, 256, 3, name=f"head_conv{index + 1}", batch_norm=batch_norm)
         _, x = alexnet_fc_block(x, batch_norm=batch_norm, prefix="head_")
-    logits = keras.layers.Dense(
-        num_classes,
-        dtype="float32",
-        kernel_initializer=_classifier_init(num_classes),
-        name="logits",
-    )(x)
+    logits = keras.layers.Dense(num_classes, dtype="float32",
+                                kernel_initializer=_classifier_init(num_classes), name="logits")(x)
     return keras.Model(inputs, logits, name=name or f"{kind}_head")

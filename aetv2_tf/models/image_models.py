@@ -10,25 +10,12 @@ Both take uint8 NHWC images, as stored, and hold everything that turns them into
       -> PoolFeatures "pool" (`models.features.pool_feature_map`)     -> (B, D) float32
       -> a head (`build_head`, classifier only)                   -> (B, num_classes) float32
 
-`build_classifier(encoder, 10)` on a NIN encoder is block 2 -> adaptive average pooling to
-7 x 7 x 192 -> BatchNorm (no affine) -> Dense: the paper's linear probe, as one model that
-`fit` trains end to end (fine-tuning: blocks 3-4 are not part of it, so no "Gradients do not
-exist" warning) and that `model.save("x.keras")` / `keras.saving.load_model` round-trip.
-For a probe on the FROZEN encoder, set ``classifier.get_layer(encoder.name).trainable = False``
-before `compile` (BatchNorm then runs in inference mode; the layers are shared with
-`encoder`, which is frozen too).
-
-Both are a `CheckedModel` (registered: the `.keras` file reloads after ``import aetv2_tf``)
-whose ``fit`` / ``evaluate`` / ``predict`` (and ``*_on_batch``) refuse what would silently be
-wrong: float images ([0, 1] floats would be cast to black uint8 images), NCHW, another size,
-and for the classifier labels that are not integer class indices (one-hot: ``labels.argmax(-1)``).
-`feature=None` means the probe feature (`models.features.classifier_feature`: NIN block 2), the
-same as `probes.knn.pooled_features`'s.
-
-The normalisation defaults to CIFAR-10's (`data.constants.CIFAR10_MEAN` / `CIFAR10_STD`, as
-the AETv1 code); an encoder pretrained on other data needs its own: `aetv2_tf.files.saving.
-preprocessing(directory_or_preset)` gives ``{"mean": ..., "std": ...}`` from its record, e.g.
-``build_classifier(load_encoder("aetv1_cifar10"), 10, **preprocessing("aetv1_cifar10"))``.
+`build_classifier(encoder, 10)` on NIN is the paper's linear probe (block 2, adaptive pooling to
+7 x 7 x 192, BatchNorm without affine, Dense) as one model to `fit` end to end; for a FROZEN
+encoder set ``classifier.get_layer(encoder.name).trainable = False`` before `compile`. Both are a
+`CheckedModel` (inputs checked, `models.checked_inputs`). `feature=None`: the probe feature
+(`models.features.classifier_feature`). The normalisation defaults to CIFAR-10's; another
+encoder's: ``**aetv2_tf.files.saving.preprocessing(directory_or_preset)``.
 """
 
 from __future__ import annotations
@@ -55,11 +42,8 @@ from aetv2_tf.models.heads import HEAD_KINDS, build_head
 
 @keras.saving.register_keras_serializable(package="aetv2_tf")
 class CheckedModel(ChecksInputs, ShowsDataLoss, keras.Model):
-    """A functional model on uint8 images ``(B, H, W, 3)`` whose ``fit`` / ``evaluate`` /
-    ``predict`` and ``*_on_batch`` check what they are given (`models.checked_inputs.ChecksInputs`):
-    uint8 NHWC images of the model's size (floats refused with the conversion) and, with
-    ``labels="classes"`` (`build_classifier`), integer class labels (one-hot refused with
-    ``labels.argmax(-1)``); ``labels="any"`` (`feature_extractor`): the images only."""
+    """A functional model on uint8 images ``(B, H, W, 3)`` whose entries check their inputs
+    (`models.checked_inputs.ChecksInputs`; ``labels``: "classes" or "any")."""
 
     def __init__(self, *args, labels: str = "any", **kwargs):
         if labels not in LABELS:
@@ -73,18 +57,13 @@ class CheckedModel(ChecksInputs, ShowsDataLoss, keras.Model):
 
 @keras.saving.register_keras_serializable(package="aetv2_tf")
 class NormalisedEncoder(ChecksNormalisedInputs, ShowsDataLoss, keras.Model):
-    """An encoder on NORMALISED float images, ``(u / 255 - mean) / std``, as
-    `saving.load_encoder` returns it: the same layers and weights as the encoder it wraps
-    (`normalised_encoder`), whose ``predict`` / ``fit`` / ``evaluate``, ``*_on_batch`` and
-    calls on NumPy arrays refuse raw pixels with the fix (`models.checked_inputs.
-    ChecksNormalisedInputs`): uint8 images belong to `feature_extractor` / `build_classifier`,
-    which normalise them, and [0, 1] floats would give other features without a word."""
+    """An encoder on NORMALISED float images ``(u / 255 - mean) / std`` (`saving.load_encoder`'s)
+    that refuses raw pixels with the fix (`models.checked_inputs.ChecksNormalisedInputs`)."""
 
 
 def normalised_encoder(encoder: keras.Model) -> keras.Model:
-    """`encoder` (functional or Sequential, on `keras.Input`) as a `NormalisedEncoder` with the
-    same name, inputs, outputs, layers and weights (nothing copied); an encoder without
-    symbolic inputs and outputs is returned as it is."""
+    """`encoder` as a `NormalisedEncoder` sharing its layers and weights (one without symbolic
+    inputs and outputs: itself)."""
     from aetv2_tf.models.features import output_structure
 
     if isinstance(encoder, NormalisedEncoder):
@@ -99,9 +78,7 @@ def normalised_encoder(encoder: keras.Model) -> keras.Model:
 
 @keras.saving.register_keras_serializable(package="aetv2_tf")
 class PoolFeatures(keras.layers.Layer):
-    """A feature map ``(B, h, w, C)`` -> float32 vector ``(B, D)`` by `pool_feature_map`:
-    ``"avg2x2"`` (2x2 average, stride 2, channel-major: NIN block 2 -> 3,072, the authors'
-    KNN), ``"global"`` (``(B, C)``) or ``"flatten"``; a vector ``(B, D)`` passes unchanged."""
+    """A feature map ``(B, h, w, C)`` -> float32 vector ``(B, D)`` by `pool_feature_map`."""
 
     def __init__(self, pool: str = "avg2x2", **kwargs):
         kwargs.setdefault("dtype", "float32")
@@ -142,33 +119,23 @@ def _preprocessed(encoder: keras.Model, mean, std, augment: bool, seed: int | No
     return images, x
 
 
-def feature_extractor(
-    encoder: keras.Model,
-    feature: Feature = None,
-    *,
-    mean: Sequence[float] = CIFAR10_MEAN,
-    std: Sequence[float] = CIFAR10_STD,
-    pool: str | None = "avg2x2",
-    name: str = "feature_extractor",
-) -> CheckedModel:
+def feature_extractor(encoder: keras.Model, feature: Feature = None, *,
+                      mean: Sequence[float] = CIFAR10_MEAN, std: Sequence[float] = CIFAR10_STD,
+                      pool: str | None = "avg2x2", name: str = "feature_extractor") -> CheckedModel:
     """uint8 images ``(B, H, W, 3)`` -> the `feature` of `encoder`, pooled: a `CheckedModel`
     (``predict`` refuses floats, NCHW or another size, with the fix).
 
     Args:
-        encoder: a `build_backbone` encoder or any functional / Sequential Keras model on
-            `keras.Input` (`models.features`); its weights are shared, not copied.
-        feature: an output name or index, or a layer name (`models.features`); None: "block2"
-            for NIN, "conv5" for AlexNet, the only output of a single-output encoder.
-        mean, std: per-channel normalisation ``(u / 255 - mean) / std`` (default CIFAR-10's;
-            `saving.preprocessing` reads a saved encoder's).
-        pool: ``"avg2x2"`` (default; NIN block 2 -> ``(B, 3072)``, the authors' KNN features,
-            equal to `probes.knn.pooled_features`), ``"global"`` (``(B, C)``), ``"flatten"``, or
-            None: the feature map itself ``(B, h, w, C)``. Vector features pass unchanged.
+        encoder: any encoder of `models.features`; its weights are shared, not copied.
+        feature: as `models.features` (None: `classifier_feature`).
+        mean, std: per-channel normalisation ``(u / 255 - mean) / std`` (default CIFAR-10's).
+        pool: a `pool_feature_map` pooling (default ``"avg2x2"``, the authors' KNN features),
+            or None: the feature map itself ``(B, h, w, C)``.
         name: the model's name.
 
     Returns:
-        The model (layers "preprocessing", the cut encoder, "pool"); `predict` it on uint8
-        images. Call it with ``training=False`` for features (BatchNorm in inference mode).
+        The model (layers "preprocessing", the cut encoder, "pool"); call it with
+        ``training=False`` for features.
     """
     feature = classifier_feature(encoder, feature)
     images, x = _preprocessed(encoder, mean, std, augment=False, seed=None)
@@ -178,42 +145,27 @@ def feature_extractor(
     return CheckedModel(images, x, name=name)
 
 
-def build_classifier(
-    encoder: keras.Model,
-    num_classes: int,
-    *,
-    feature: Feature = None,
-    mean: Sequence[float] = CIFAR10_MEAN,
-    std: Sequence[float] = CIFAR10_STD,
-    head: str | keras.layers.Layer = "linear",
-    pool: str | None = None,
-    augment: bool = False,
-    seed: int | None = None,
-    batch_norm: str = "keras",
-    name: str = "classifier",
-) -> CheckedModel:
+def build_classifier(encoder: keras.Model, num_classes: int, *, feature: Feature = None,
+                     mean: Sequence[float] = CIFAR10_MEAN, std: Sequence[float] = CIFAR10_STD,
+                     head: str | keras.layers.Layer = "linear", pool: str | None = None,
+                     augment: bool = False, seed: int | None = None, batch_norm: str = "keras",
+                     name: str = "classifier") -> CheckedModel:
     """uint8 images ``(B, H, W, 3)`` -> float32 logits ``(B, num_classes)``: the encoder cut at
     `feature`, with its preprocessing and a head (module docstring).
 
     Args:
-        encoder, feature, mean, std: as `feature_extractor` (feature None: "block2" for NIN).
+        encoder, feature, mean, std: as `feature_extractor`.
         num_classes: the number of logits, a whole number >= 2 (else `errors.UsageError`).
-        head: a kind of `build_head`: "linear" (default; on a map: adaptive average pooling to
-            about 9,000 values, BatchNorm without affine, Dense; on a vector: BatchNorm, Dense),
-            "fc1", "fc2", "fc3", "conv", "nonlinear"; or your own Keras layer/model, called on
-            the (pooled) feature.
-        pool: None (default: the head takes the map) or a `PoolFeatures` pooling ("avg2x2",
-            "global", "flatten") applied before the head.
-        augment: the AETv1 crop-and-flip augmentation in training (`ClassifierInputs`; seeded
-            by `seed`); inference never augments.
+        head: a kind of `build_head` ("linear", the default: "fc1" on a vector) or your own
+            Keras layer/model, called on the (pooled) feature.
+        pool: None (the head takes the map) or a `PoolFeatures` pooling before the head.
+        augment, seed: the AETv1 crop-and-flip augmentation in training (`ClassifierInputs`).
         batch_norm: the head's BatchNorm, "keras" (any backend) or "fused" (TensorFlow).
         name: the model's name.
 
     Returns:
-        A `CheckedModel` (``labels="classes"``: ``fit`` / ``evaluate`` take uint8 images and
-        integer class labels, refuse floats and one-hot with the fix); its layers are
-        "preprocessing", the cut encoder (named like
-        `encoder`), "pool" when `pool` is given, and the head (last layer "logits").
+        A `CheckedModel` (``labels="classes"``): layers "preprocessing", the cut encoder,
+        "pool" when `pool` is given, the head (last layer "logits").
     """
     if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) or \
             num_classes < 2:

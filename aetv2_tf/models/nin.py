@@ -8,16 +8,10 @@ Every layer is Conv2D (no bias) + BN + ReLU, with the AETv1 init N(0, sqrt(2 / (
 | 2     | 192@5x5, 192@1x1, 192@1x1        | AvgPool 3x3 / 2, pad 1        | 8 x 8 x 192    |
 | 3, 4  | 192@3x3, 192@1x1, 192@1x1        | -                             | 8 x 8 x 192    |
 
-The pooling reproduces PyTorch's `padding=1` (one pixel on EVERY side, windows starting at -1),
-which Keras's "same" does not (it pads only bottom/right): an explicit `ZeroPadding2D(1)` then a
-"valid" pool. For the average, PyTorch's default `count_include_pad=True` divides by 9 including
-the padded zeros, which is exactly what zero padding + valid average pooling computes. For the max,
-PyTorch pads with -inf; zero padding is identical here because the input follows a ReLU (>= 0) and
-every window holds at least one real pixel.
-
-Layer names: `block{b}_conv{l}` (+ `_bn`, `_relu`), `block1_pad`, `block1_maxpool`, `block2_pad`,
-`block2_avgpool`. The model returns a dict `{"block1": ..., "block{num_blocks}": ...}` of the
-maps after each block (after pooling for blocks 1-2); probes use `"block2"`.
+The pooling is PyTorch's `padding=1` on every side: `ZeroPadding2D(1)` then a "valid" pool
+(exact for the average with `count_include_pad=True`, and for the max after a ReLU).
+Layer names: `block{b}_conv{l}` (+ `_bn`, `_relu`), `block{1,2}_pad`, `block1_maxpool`,
+`block2_avgpool`; the model returns the dict of the maps after each block.
 """
 
 from __future__ import annotations
@@ -36,27 +30,16 @@ NIN_BLOCK_SPECS: tuple[tuple[tuple[int, int], ...], ...] = (
 NIN_BLOCK_POOLING: tuple[str | None, ...] = ("max", "avg", None, None)
 
 
-def nin_block(
-    x,
-    spec: tuple[tuple[int, int], ...],
-    *,
-    name: str,
-    batch_norm: str = "fused",
-):
-    """Three conv+BN+ReLU layers ("same" padding): `(B, H, W, C) -> (B, H, W, spec[-1][0])`.
-
-    Layers are named `{name}_conv1` .. `{name}_conv3` (each with `_bn` and `_relu`).
-    """
+def nin_block(x, spec: tuple[tuple[int, int], ...], *, name: str, batch_norm: str = "fused"):
+    """Three conv+BN+ReLU layers `{name}_conv1..3` ("same"): `(B, H, W, C) -> (B, H, W, F)`."""
     for index, (filters, kernel_size) in enumerate(spec, start=1):
         x = conv_bn_relu(x, filters, kernel_size, name=f"{name}_conv{index}", batch_norm=batch_norm)
     return x
 
 
 def torch_pool(x, kind: str, *, name: str):
-    """PyTorch `MaxPool2d/AvgPool2d(3, stride=2, padding=1)` on a non-negative `(B, H, W, C)`.
-
-    Returns `(B, floor((H - 1) / 2) + 1, floor((W - 1) / 2) + 1, C)`, e.g. 32 -> 16 -> 8.
-    """
+    """PyTorch `MaxPool2d/AvgPool2d(3, stride=2, padding=1)` on a non-negative `(B, H, W, C)`
+    -> `(B, floor((H - 1) / 2) + 1, floor((W - 1) / 2) + 1, C)`."""
     x = keras.layers.ZeroPadding2D(1, name=f"{name}_pad")(x)
     if kind == "max":
         return keras.layers.MaxPooling2D(3, strides=2, name=f"{name}_maxpool")(x)
@@ -65,22 +48,12 @@ def torch_pool(x, kind: str, *, name: str):
     raise ValueError(f"pooling kind must be 'max' or 'avg', got {kind!r}")
 
 
-def build_nin(
-    input_shape: tuple[int, int, int] = (32, 32, 3),
-    num_blocks: int = 4,
-    batch_norm: str = "fused",
-    name: str = "nin",
-) -> keras.Model:
+def build_nin(input_shape: tuple[int, int, int] = (32, 32, 3), num_blocks: int = 4,
+              batch_norm: str = "fused", name: str = "nin") -> keras.Model:
     """The NIN encoder: `(B, H, W, 3)` -> dict of block outputs.
 
-    Args:
-        input_shape: `(H, W, 3)` of the normalized images.
-        num_blocks: how many of the 4 blocks to build (1..4); the outputs are `block1..blockN`.
-        batch_norm: "fused" (`FusedBatchNormalization`) or "keras" (Keras's own BN layer).
-        name: model name.
-
-    Returns:
-        A `keras.Model` whose output is `{"block1": (B, 16, 16, 96), "block2": (B, 8, 8, 192),
+    `num_blocks` (1..4): the outputs `block1..blockN`; `batch_norm`: "fused" or "keras".
+    Returns a `keras.Model` whose output is `{"block1": (B, 16, 16, 96), "block2": (B, 8, 8, 192),
         "block3": (B, 8, 8, 192), "block4": (B, 8, 8, 192)}` for 32x32 inputs.
     """
     if not 1 <= num_blocks <= len(NIN_BLOCK_SPECS):

@@ -6,27 +6,17 @@
       -> build_aet_model(encoder)([x, tx])                   -> p_hat (B, 8) float32
       -> concat([p_hat, p], axis=-1)                         -> output (B, 16) float32
 
-The model's output carries the decoded AND the true parameters, so a training batch is just the
-images (no `y`): `PairsModel.compute_loss` / `compute_metrics` split the output into
-`y_pred = output[:, :8]` and `y_true = output[:, 8:]` and hand them to the compiled loss and
-metrics, which are the usual `GeodesicLoss` / `ParameterMSELoss` / `pretext_metrics` on (B, 8).
-The warp, the sampling and the augmentation run inside the compiled train step (`jax.jit` under
-JAX), from the layer's `keras.random.SeedGenerator`, whose state is a non-trainable variable
-saved with the weights (`HomographyPairs.save_own_variables`).
+The output carries the decoded AND the true parameters, so a training batch is just the images:
+`PairsModel.compute_loss` / `compute_metrics` hand `y_true = output[:, 8:]` and
+`y_pred = output[:, :8]` to the compiled loss and metrics. Sampling, augmentation and warp run
+inside the compiled step from the layer's seed generator, saved with the weights. Layers:
+"pairs", "aet" (the Siamese model), "pred_and_true". RotNet has the same form: `QuarterTurns`
+("turns") -> `build_rotation_classifier` -> `concat([logits (4), k])` (4B, 5), `split=4`.
 
-Layer names: "pairs" (HomographyPairs), "aet" (the Siamese model, whose encoder is the layer
-"nin"/"alexnet"), "pred_and_true" (the concatenation).
-
-RotNet (`build_rotations_model`) has the same form: images -> `QuarterTurns` ("turns": the B
-images in their 4 rotations, labels k) -> `build_rotation_classifier(encoder)` ->
-`concat([logits (4), k])` (4B, 5); `PairsModel(split=4)` hands `(k, logits)` to the
-cross-entropy and accuracy.
-
-A loss that depends on the training step (`GeodesicLoss(mse_decay_steps=n)`) reads
-`PairsModel.loss_step` (`count_steps=True`): a non-trainable int32 counter of the training steps,
-incremented in `compute_loss`. Unlike `optimizer.iterations`, a model variable is carried through
-Keras's stateless JAX train step, so the loss sees the traced step, not a constant frozen when the
-step was compiled; it is saved with the weights, so a resumed run continues the schedule.
+A loss that reads the training step (`GeodesicLoss(mse_decay_steps=n)`) reads
+`PairsModel.loss_step` (`count_steps=True`): an int32 model variable incremented in
+`compute_loss`, carried through JAX's stateless step (unlike `optimizer.iterations`) and saved
+with the weights.
 """
 
 from __future__ import annotations
@@ -52,8 +42,7 @@ NUM_PARAMS = 8
 
 
 class PretextRecipe(Protocol):
-    """What a `PairsModel` compiles itself from (`recipes.Recipe`): its two parts and the
-    values they build, neither of which touches a model."""
+    """What a `PairsModel` compiles itself from (`recipes.Recipe`)."""
 
     loss: LossSpec
     optimizer: OptimizerSpec
@@ -70,20 +59,13 @@ class PairsModel(ChecksInputs, ShowsDataLoss, keras.Model):
     """The pretext model: a functional model that carries what it was built with and compiles
     itself from its recipe.
 
-    With ``split=k`` its output is ``concat([y_pred, y_true])`` and loss and metrics see the two
-    halves as ``(y_true, y_pred)`` (module docstring): fitted on images alone (``y=None``);
-    ``fit`` / ``evaluate`` / ``predict`` and the ``*_on_batch`` methods check them (uint8
-    (N, H, W, 3) of the model's size, no labels: `models.checked_inputs.ChecksInputs`). With
-    ``split=None`` its output is ``y_pred`` and the targets come as ``y`` (the tf.data
-    pipelines' pairs, ``inputs="warp"`` or ``"pairs"`` of `build_pairs_model`).
-
-    ``pretext``: the AET facts of the build (``inputs``, ``image_size``, ``shift``,
-    ``param_scale``, ``target``; None for RotNet), ``recipe``: the `recipes.Recipe` that
-    ``compile`` defaults to (None: none), ``count_steps``: the step counter `loss_step`
-    (module docstring; else None). ``schedule``: the learning-rate schedule of the last
-    ``compile`` that built the optimizer. ``batch_groups``: 2 for the one-pass per-branch
-    model (its forward pass runs inside `batch_statistics_groups(2)`: each half of the
-    encoder's joint batch has its own BatchNorm statistics, `models.aet`), else 1."""
+    ``split=k``: the output is ``concat([y_pred, y_true])``, fitted on uint8 images alone
+    (checked: `models.checked_inputs.ChecksInputs`); ``split=None``: the output is ``y_pred``,
+    the targets come as ``y``. ``pretext``: the AET facts of the build (``inputs``,
+    ``image_size``, ``shift``, ``param_scale``, ``target``; None for RotNet); ``recipe``: what
+    ``compile`` defaults to; ``count_steps``: add `loss_step`; ``batch_groups``: 2 runs the
+    forward pass inside `batch_statistics_groups(2)` (`models.aet`). ``schedule``: the last
+    compiled learning-rate schedule."""
 
     def __init__(self, *args, count_steps: bool = False, split: int | None = NUM_PARAMS,
                  pretext: dict | None = None, recipe: PretextRecipe | dict | None = None,
@@ -119,16 +101,10 @@ class PairsModel(ChecksInputs, ShowsDataLoss, keras.Model):
     def compile(self, optimizer: Any = "auto", loss: Any = "auto", metrics: Any = "auto", *,
                 steps: int | None = None, recipe: PretextRecipe | None = None,
                 **kwargs: Any) -> None:
-        """``keras.Model.compile``, where ``"auto"`` (the default) is the recipe's (``recipe``,
-        else the one the model was built with): its loss for this model's image size, sampler
-        and decoder scale (`recipe_parts.LossSpec.build`), its metrics, and the optimizer it
-        builds (`recipe_parts.OptimizerSpec.build`: a value, which touches no model) with the
-        schedule laid out over ``steps`` optimizer steps (`recipes.training_steps`; required
-        for ``optimizer="auto"``). ``metrics="auto"`` describes the loss compiled
-        (`metrics.pretext_metrics`: the angle in its frame, the quarter turns); without a recipe
-        it is none and the loss and optimizer must be given. The ``loss`` shown is that loss
-        alone, beside its terms, the weight decay apart as ``l2_penalty``
-        (`displayed_loss.ShowsDataLoss`). Other keyword arguments go to Keras."""
+        """``keras.Model.compile``, where ``"auto"`` is the recipe's (``recipe``, else the
+        model's): its loss for this model, its optimizer over ``steps`` optimizer steps
+        (required for ``optimizer="auto"``) and `metrics.pretext_metrics` of the loss
+        compiled. Without a recipe no metrics, and the loss and optimizer must be given."""
         recipe = recipe or self.recipe
         if _is_auto(metrics) and (recipe is None or self.pretext is None):
             metrics = None  # no recipe: no metrics unless given, as Keras
@@ -164,8 +140,7 @@ class PairsModel(ChecksInputs, ShowsDataLoss, keras.Model):
         super().compile(optimizer=optimizer, loss=loss, metrics=metrics, **kwargs)
 
     def compile_from_config(self, config: dict) -> None:
-        """A reloaded ``.keras`` file's compiled loss, optimizer and metrics (Keras skips this
-        for a model whose ``compile`` is its own): ``compile`` with them as saved."""
+        """``compile`` with a reloaded ``.keras`` file's loss, optimizer and metrics."""
         config = keras.saving.deserialize_keras_object(config)
         self.compile(**config)
         if self.built:
@@ -203,19 +178,12 @@ class WarpPairs(keras.layers.Layer):
     ``[images (B, H, W, 3) uint8, T (B, 3, 3) float32] -> [x, tx]`` (B, H, W, 3) float32, both
     normalised ``(v / 255 - mean) / std``, ``tx = warp(x, T)`` (model frame, conventions.md).
 
-    The tf.data pipeline (`pretext_dataset(warp_on_device=True)`) still crops the images and
-    draws ``T`` and the target parameters; only the warp, the one stage whose cost is per output
-    pixel, moves into the compiled step. Under TensorFlow it is the pipeline's own op
-    (`homographies.warp`, the fused ``ImageProjectiveTransformV3``, with CPU and GPU kernels):
-    the same pairs as on the host up to the uint8 rounding of x; under other backends, and with
-    ``fused=False``, it is `data.warping.warp` (``keras.ops``, equal to it up to float rounding):
-    the fused op has no XLA kernel, so a step compiled by XLA under TensorFlow (a TPU, or
-    ``jit_compile=True``) needs ``fused=False``. ``fused=None``: fused under TensorFlow."""
+    ``fused``: TensorFlow's fused op (`homographies.warp`, no XLA kernel) or
+    `data.warping.warp` (``keras.ops``, needed under XLA); None: fused under TensorFlow."""
 
     def __init__(self, fill_value: float = AETV1_FILL, mean: Sequence[float] = CIFAR10_MEAN,
                  std: Sequence[float] = CIFAR10_STD, fused: bool | None = None, **kwargs):
-        # float32 whatever the global policy: a mixed policy would autocast T to bfloat16
-        # (8 bits of mantissa: corners off by a pixel at 224); the encoder casts x and tx itself.
+        # float32 whatever the policy: T in bfloat16 puts corners a pixel off at 224.
         kwargs.setdefault("dtype", "float32")
         super().__init__(**kwargs)
         self.fused = fused
@@ -250,38 +218,22 @@ class WarpPairs(keras.layers.Layer):
                 "std": list(self.std), "fused": self.fused}
 
 
-def build_pairs_model(
-    encoder: keras.Model,
-    seed: int,
-    *,
-    inputs: str = "images",
-    shift: str = "integer",
-    augment: bool = True,
-    mean: Sequence[float] = CIFAR10_MEAN,
-    std: Sequence[float] = CIFAR10_STD,
-    param_scale: Sequence[float] | None = None,
-    init_rotation_deg: float = 0.0,
-    count_steps: bool = False,
-    siamese_batch_norm: str = "per_branch",
-    target: str = "model",
-    feature: str | int | None = None,
-    fused_warp: bool | None = None,
-    recipe: PretextRecipe | None = None,
-    one_pass: bool | None = None,
-) -> PairsModel:
+def build_pairs_model(encoder: keras.Model, seed: int, *, inputs: str = "images",
+                      shift: str = "integer", augment: bool = True,
+                      mean: Sequence[float] = CIFAR10_MEAN, std: Sequence[float] = CIFAR10_STD,
+                      param_scale: Sequence[float] | None = None, init_rotation_deg: float = 0.0,
+                      count_steps: bool = False, siamese_batch_norm: str = "per_branch",
+                      target: str = "model", feature: str | int | None = None,
+                      fused_warp: bool | None = None, recipe: PretextRecipe | None = None,
+                      one_pass: bool | None = None) -> PairsModel:
     """The AET pretext model of ``encoder`` (module docstring), a `PairsModel`.
 
-    ``inputs``: "images" (uint8 images ``(B, H, W, 3)`` -> ``(B, 16)`` = ``[T_hat params, T
-    params]``, the pairs made inside by `HomographyPairs`: ``seed``, ``shift``, ``augment``,
-    ``mean``, ``std``), "warp" (``[uint8 images, T (B, 3, 3)]`` -> ``T_hat`` params, only the
-    warp inside: `WarpPairs` with ``mean``, ``std`` and ``fused=fused_warp``) or "pairs" (``[x,
-    t(x)]`` normalised -> ``T_hat`` params); with "warp" and "pairs" the targets come as ``y``.
-    ``encoder``, ``feature``, ``param_scale``, ``init_rotation_deg``, ``siamese_batch_norm``,
-    ``target``, ``one_pass``: as `build_aet_model` (``feature=None``: "block4" for NIN, "fc7" for
-    AlexNet, the only output of a single-output encoder; `models.features`; ``one_pass=None``:
-    per-branch BatchNorm in one encoder call on a GPU, two calls elsewhere). ``count_steps``:
-    add the training-step counter `loss_step`. ``recipe``: what ``model.compile()`` defaults to
-    (`recipes.Recipe.build_model` passes itself).
+    ``inputs``: "images" (uint8 ``(B, H, W, 3)`` -> ``(B, 16)`` = ``[T_hat params, T params]``,
+    pairs made by `HomographyPairs` from ``seed``, ``shift``, ``augment``, ``mean``, ``std``),
+    "warp" (``[uint8 images, T (B, 3, 3)]`` -> ``T_hat`` params: `WarpPairs`, ``fused_warp``)
+    or "pairs" (``[x, t(x)]`` normalised -> ``T_hat`` params); with "warp" and "pairs" the
+    targets come as ``y``. The other arguments: as `build_aet_model`, ``count_steps`` and
+    ``recipe`` as `PairsModel`.
     """
     if inputs not in ("images", "warp", "pairs"):
         raise ValueError(f"inputs must be 'images', 'warp' or 'pairs'; got {inputs!r}")
@@ -307,15 +259,9 @@ def build_pairs_model(
     return PairsModel(images, output, name="aet_pairs", batch_groups=aet.batch_groups, **common)
 
 
-def build_rotations_model(
-    encoder: keras.Model,
-    seed: int,
-    *,
-    augment: bool = True,
-    mean: Sequence[float] = CIFAR10_MEAN,
-    std: Sequence[float] = CIFAR10_STD,
-    feature: str | int | None = None,
-) -> PairsModel:
+def build_rotations_model(encoder: keras.Model, seed: int, *, augment: bool = True,
+                          mean: Sequence[float] = CIFAR10_MEAN, std: Sequence[float] = CIFAR10_STD,
+                          feature: str | int | None = None) -> PairsModel:
     """RotNet on uint8 images `(B, H, W, 3)` -> `(4B, 5)` = `[logits (4), k]`: `QuarterTurns`
     (seeded augmentation, the 4 rotations) then `build_rotation_classifier(encoder, feature)`
     (`feature`: as `build_aet_model`); the compiled loss and metrics see `(k, logits)`
