@@ -19,28 +19,26 @@ from aetv2_tf.data.crops import crops
 from aetv2_tf.data.image_folders import ImageFiles, decode_image_file
 
 AUTOTUNE = tf.data.AUTOTUNE
-# Every function given to `Dataset.map` / `flat_map` here is traced as written
-# (`tf.autograph.experimental.do_not_convert`): none has Python control flow on tensors, and
-# autograph's source conversion cost each process about a CPU-second at start-up.
+# Every function given to `Dataset.map` / `flat_map` is traced as written (`do_not_convert`):
+# none has Python control flow on tensors, and autograph cost a CPU-second at start-up.
 _DATASET_SHUFFLE_BUFFER = 1024  # elements: crops of variable-size images (`crops`)
 #: The salts of the streams of draws: the shuffle, each element's crop, each batch's pairs.
 SALT_SHUFFLE, SALT_ELEMENT, SALT_BATCH = 1, 2, 3
 
 
-def _seed_pair(seed) -> tf.Tensor:
-    """An int or an (int, int) pair -> a stateless seed (2,) int64."""
-    pair = (int(seed), 0) if np.ndim(seed) == 0 else tuple(int(s) for s in seed)
-    return tf.constant(pair, tf.int64)
+def _seed_pair(seed) -> tuple[int, int]:
+    """An int or an (int, int) pair -> the pair."""
+    return (int(seed), 0) if np.ndim(seed) == 0 else tuple(int(s) for s in seed)
 
 
 def stream_seed(seed, salt: int) -> tf.Tensor:
     """The stateless seed (2,) of the stream ``salt`` (`SALT_SHUFFLE`, ...) of ``seed``."""
-    return tf.random.experimental.stateless_fold_in(_seed_pair(seed), salt)
+    return tf.random.experimental.stateless_fold_in(tf.constant(_seed_pair(seed), tf.int64), salt)
 
 
 def _shuffle_seed(seed) -> int:
     """The int seed of a ``Dataset.shuffle`` of ``seed`` (an int or an (int, int) pair)."""
-    a, b = (int(seed), 0) if np.ndim(seed) == 0 else tuple(int(s) for s in seed)
+    a, b = _seed_pair(seed)
     return (a * 1_000_003 + b * 7919 + 12345) % (2**31 - 1)
 
 
@@ -72,14 +70,10 @@ def _file_batches(files: ImageFiles, batch_size: int, seed, *, augment: bool, im
                   start_step: int, shard: tuple[int, int] = (0, 1),
                   dtype: tf.DType = tf.float32) -> tf.data.Dataset:
     """Enumerated training batches ``(i, (images (b, S, S, 3), labels (b,)))`` of a checked file
-    list: the WHOLE list permuted every epoch (`_epoch_batches`, seeded, exact on resume), each
-    file's crop decoded and resized (`decode_resize_crop`: only the crop's window of a JPEG) with
-    the seed of its global element index ``i * B + j`` (224 protocol: random crop and flip if
-    ``augment``, else the centre crop). ``dtype``: float32 in [0, 1], or uint8 (rounded).
-
-    ``shard=(w, W)``: worker w of W reads only elements ``w b .. (w + 1) b - 1`` of each global
-    batch of ``B = batch_size`` (``b = B / W``): the W shards of a step are the step's batch of
-    one worker, split, and no file is read twice."""
+    list, permuted whole every epoch (`_epoch_batches`), each file's crop decoded
+    (`decode_resize_crop`) with the seed of its global element index ``i * B + j``; ``dtype``:
+    float32 in [0, 1], or uint8 (rounded). ``shard=(w, W)``: worker w of W reads only elements
+    ``w b .. (w + 1) b - 1`` of each global batch of ``B = batch_size`` (``b = B / W``)."""
     paths, labels = tf.constant(files.paths), tf.constant(files.labels)
     element_seed = stream_seed(seed, SALT_ELEMENT)
     worker, workers = shard

@@ -1,16 +1,10 @@
 """Scalar logs on every Keras backend: a CSV always, TensorBoard events where TensorFlow is there.
 
-* `CsvLog`: ``step,<columns>`` rows appended to a CSV file (header once; a resumed run appends),
-  readable without TensorFlow (pretext: ``train/log.csv``; probes: ``epochs.csv``).
-* `write_scalar`: one TensorBoard scalar through the raw ``tf.summary.write`` into the default
-  writer (``tf.summary.scalar`` and Keras' TensorBoard callback need the ``tensorboard`` pip
-  package; this writes the same event with TensorFlow alone).
-* `tensorboard_writer`: a ``tf.summary`` file writer, or None where TensorFlow cannot be imported,
-  so that the caller keeps the CSV alone.
-
-Library code: the probes (`probes.classifier`) and the program (`program.monitoring`) log
-through it. The program has imported TensorFlow quietly before (`tensorflow_importable` of
-`program.flag_support`), so the import here finds it loaded.
+* `CsvLog`: ``step,<columns>`` rows appended to a CSV file, readable without TensorFlow
+  (pretext: ``train/log.csv``; probes: ``epochs.csv``).
+* `write_scalar`: one TensorBoard scalar through the raw ``tf.summary.write`` (no ``tensorboard``
+  package needed, unlike ``tf.summary.scalar``).
+* `tensorboard_writer`: a ``tf.summary`` file writer, or None where TensorFlow cannot be imported.
 """
 
 from __future__ import annotations
@@ -25,10 +19,8 @@ from aetv2_tf.files.safe_paths import open_for_writing
 
 class CsvLog:
     """Appends ``step,<columns>`` rows to ``path``; a missing column is an empty cell. ``fresh``
-    starts the file anew (a run that does not resume), else a resumed run appends under the
-    file's own header (its columns, whatever ``columns`` says: a file with other columns keeps
-    them, a value without one is left out); never through a symbolic link
-    (`safe_paths.open_for_writing`)."""
+    starts the file anew, else rows go under the file's own header (its columns win; a value
+    without one is left out); never through a symbolic link (`safe_paths.open_for_writing`)."""
 
     def __init__(self, path: str, columns: Sequence[str], step_name: str = "step",
                  fresh: bool = False):
