@@ -23,6 +23,7 @@ import numpy as np
 from aetv2_tf.errors import UsageError
 
 UINT8_RULE = "uint8 images (N, H, W, 3), NHWC, RGB, values 0..255 (normalised by the library)"
+SELF_SUPERVISED = "the model is self-supervised: the pairs are the targets; pass the images only"
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -178,10 +179,8 @@ def check_image_dataset(dataset: Any, *, name: str = "dataset",
     spec = dataset.element_spec
     if isinstance(spec, (tuple, list)):
         if len(spec) > 1 and not labels:
-            raise UsageError(
-                f"{name}: its elements are a tuple of {len(spec)} (images, labels, ...); the "
-                "model is self-supervised: the pairs are the targets; pass the images only, "
-                "e.g. dataset.map(lambda x, y: x)")
+            raise UsageError(f"{name}: its elements are a tuple of {len(spec)} (images, "
+                             f"labels, ...); {SELF_SUPERVISED}, e.g. dataset.map(lambda x, y: x)")
         spec = spec[0] if spec else spec
     if isinstance(spec, dict) and len(spec) == 1:
         spec = next(iter(spec.values()))
@@ -192,10 +191,6 @@ def check_image_dataset(dataset: Any, *, name: str = "dataset",
     dtype = _dtype_name(spec.dtype)
     if dtype != "uint8":
         raise UsageError(f"{name}: " + _dtype_fix(dtype))
-
-
-SELF_SUPERVISED = ("the model is self-supervised: the pairs are the targets; pass the images "
-                   "only")
 
 
 def check_pretext_inputs(x: Any, y: Any = None, *, name: str = "fit",

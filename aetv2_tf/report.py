@@ -86,9 +86,6 @@ MISSING = "-"
 EXIT_BAD_INPUT = 2
 
 
-# --- gathering ---------------------------------------------------------------------------------
-
-
 def find_results(paths: Sequence[str]) -> list[str]:
     """``results.json`` files named by ``paths`` (files as given, directories recursively)."""
     if not paths:
@@ -150,9 +147,6 @@ def method_of(result: dict[str, Any]) -> str:
                            if name in lowered), None)
             method = method or os.path.basename(os.path.normpath(text))
     return CANONICAL_METHODS.get(str(method).lower(), str(method))
-
-
-# --- rendering ---------------------------------------------------------------------------------
 
 
 def _fmt(values: list[float], digits: int, partial: bool) -> str:
@@ -282,9 +276,6 @@ def render_report(results: list[dict[str, Any]], base: str | None = None) -> str
             lines += table + [""]
     lines += render_runs(results, base)
     return "\n".join(lines) + "\n"
-
-
-# --- command line --------------------------------------------------------------------------------
 
 
 def check_output(output: str, overwrite: bool = False) -> None:

@@ -105,12 +105,10 @@ def enumerated_batches(images, labels, batch_size: int, seed, *, training: bool,
                        dtype: tf.DType = tf.float32) -> tf.data.Dataset:
     """Enumerated batches ``(i, (float32 [0, 1] images (B, S, S, 3), labels (B,) int64))``.
 
-    ``training`` shuffles; ``augment`` crops and flips (variable-size images: random crop of the
-    resized image if ``augment``, else its centre crop). ``i`` is the global batch index, starting
-    at ``start_step``; training streams (``training`` and ``repeat``) of in-memory images and of
-    file lists (`ImageFiles`) are pure functions of it (exact resume); streamed datasets
-    (tensorflow-datasets) are reshuffled with a seed that folds in start_step. ``dtype=uint8``
-    lets a training file list's images stay uint8 (others are float32 whatever it says).
+    ``training`` shuffles; ``augment`` crops and flips (variable-size images: else the centre
+    crop). ``i``, the global batch index from ``start_step``: training streams of in-memory
+    images and file lists are pure functions of it (exact resume); datasets are reshuffled with
+    a seed that folds it in. ``dtype=uint8`` keeps a training file list's images uint8.
     """
     if shard != (0, 1) and not (isinstance(images, ImageFiles) and training and repeat):
         raise ValueError("only the training stream of a file list is sharded by worker")

@@ -95,23 +95,10 @@ def sample_homography_components(batch_size, height: int, width: int, seed,
                                  shift: str = "integer",
                                  scale_range: Sequence[float] = (0.8, 1.2),
                                  shift_fraction: float = 0.125) -> dict[str, tf.Tensor]:
-    """The AETv1 homography sampler, with its random components exposed.
-
-    Per sample: scale ``s ~ U(scale_range)`` of the corners about the centre, ``k ~ U{0..3}``
-    counter-clockwise quarter turns (a cyclic shift of the corner list, `data.sampler`),
-    and an independent shift of each of the 8 corner coordinates: ``shift="integer"`` draws whole
-    pixels in ``U{-m..m}`` with ``m = round(shift_fraction * side)`` (4 px for 32, 28 px for 224,
-    as AETv1), ``"continuous"`` draws ``U(-shift_fraction, shift_fraction) * side`` pixels.
-
-    ``batch_size``: B, an int or a scalar int tensor; ``height``, ``width``: the image size in
-    pixels; ``seed``: a stateless seed (`stateless_seed`), equal seeds giving equal samples.
-
-    Returns a dict of ``matrix`` (B, 3, 3) float32 ``T`` in the model frame with ``T[2, 2] = 1``,
-    ``rotation`` (B,) int32 ``k``, ``scale`` (B,) float32 ``s``, ``shift`` (B, 4, 2) float32 pixel
-    shifts (x, y) of the corners, and ``corners`` (B, 4, 2) float32 model-frame moved corners:
-    ``(B, 10)`` uniforms drawn with TensorFlow's stateless RNG (so a resumed pipeline redraws the
-    same homographies) through `data.sampler.components_from_uniform`, the device's mathematics.
-    """
+    """The AETv1 sampler of `data.sampler.sample_homography_components` (the protocol and the
+    returned dict), its ``(B, 10)`` uniforms drawn by TensorFlow's stateless RNG from ``seed``
+    (`stateless_seed`): equal seeds give equal samples, so a resumed pipeline redraws the same
+    homographies. ``batch_size``: B, an int or a scalar int tensor."""
     import keras
 
     if keras.backend.backend() != "tensorflow":
@@ -126,11 +113,9 @@ def sample_homography_components(batch_size, height: int, width: int, seed,
 def sample_homographies(batch_size, height: int, width: int, seed, shift: str = "integer",
                         scale_range: Sequence[float] = (0.8, 1.2), shift_fraction: float = 0.125,
                         return_rotation: bool = False):
-    """AETv1 homographies ``T`` (B, 3, 3) float32 in the model frame, ``T[2, 2] = 1``.
-
-    See :func:`sample_homography_components` for the protocol. With ``return_rotation=True``
-    returns ``(T, k)`` where ``k`` (B,) int32 counts counter-clockwise quarter turns.
-    """
+    """AETv1 homographies ``T`` (B, 3, 3) float32 in the model frame, ``T[2, 2] = 1``
+    (:func:`sample_homography_components`); with ``return_rotation``, ``(T, k)``, ``k`` (B,)
+    int32 counter-clockwise quarter turns."""
     parts = sample_homography_components(batch_size, height, width, seed, shift, scale_range,
                                          shift_fraction)
     return (parts["matrix"], parts["rotation"]) if return_rotation else parts["matrix"]

@@ -58,7 +58,6 @@ def _options(ds: tf.data.Dataset) -> tf.data.Dataset:
     return ds.with_options(options)
 
 
-# ------------------------------------------------------------------------------- the pipelines
 def pretext_dataset(images_or_dataset, batch_size: int, seed, *, training: bool = True,
                     augment: bool = True, shift: str = "integer", image_size: int = 32,
                     fill_value: float = AETV1_FILL, repeat: bool = True,
@@ -69,25 +68,15 @@ def pretext_dataset(images_or_dataset, batch_size: int, seed, *, training: bool 
                     warp_on_device: bool = False) -> tf.data.Dataset:
     """AET training pairs: a dataset of ``((x, tx), params)``.
 
-    Args:
-      images_or_dataset: uint8 images (N, S, S, 3) as numpy, a checked file list
-        (`aetv2_tf.data.image_folders.ImageFiles`, from a folder source), or a ``tf.data.Dataset``
-        of (image, label) / images of any size (variable-size images use the ImageNet protocol).
-      batch_size: B. seed: an int (or a pair of ints); equal seeds give identical batches.
-      training: shuffle (seeded). augment: pre-augment x (crop + flip; ImageNet: random crop of the
-        resized image, else its centre crop).
-      shift: ``"integer"`` (AETv1) or ``"continuous"`` corner shifts (homographies.py).
-      fill_value: grey for pixels of t(x) that come from outside x, in [0, 1] before
-        normalisation (default AETv1's 128/255).
-      start_step: the first global batch index: a run resumed at step s passes s and continues
-        the stream of batches (order, crops, homographies) exactly where it stopped.
-      shard: ``(w, W)``, worker w of W (a file list only): this worker's ``B / W`` pairs of each
-        global batch of ``batch_size`` pairs, images, crops and homographies exactly those
-        rows of the one-worker batch (the B homographies are drawn, then sliced).
-      warp_on_device: the pair is made by the model (`models.pretext.WarpPairs`), on the
-        accelerator: the dataset yields ``((x uint8 (B, S, S, 3), T (B, 3, 3) float32),
-        params)``, x the augmented image rounded to uint8 (a quarter of float32's bytes to the
-        device), the same ``T`` and ``params`` as the host pairs; the CPU does no warp.
+    ``images_or_dataset``: uint8 images (N, S, S, 3) as numpy, a checked file list
+    (`data.image_folders.ImageFiles`), or a ``tf.data.Dataset`` of (image, label) / images of
+    any size. ``seed``: an int or a pair; equal seeds give identical batches. ``training``
+    shuffles; ``augment`` crops and flips x; ``shift``: ``"integer"`` (AETv1) or
+    ``"continuous"`` corner shifts; ``fill_value``: the grey of t(x) outside x, in [0, 1].
+    ``start_step``: the first global batch index (a resumed run continues the stream exactly).
+    ``shard=(w, W)`` (a file list only): worker w's ``B / W`` rows of each global batch.
+    ``warp_on_device``: yields ``((x uint8 (B, S, S, 3), T (B, 3, 3) float32), params)``, the
+    same ``T`` and ``params``, for the model to warp (`models.pretext.WarpPairs`).
 
     Yields ``x``, ``tx``: (B, S, S, 3) float32 normalised with (mean, std); ``params``: (B, 8)
     float32, the 8 parameters (conventions.md) of the model-frame ``T`` with ``tx = t(x)``.
@@ -137,13 +126,10 @@ def classification_dataset(images, labels, batch_size: int, seed, *, training: b
                            drop_remainder: bool = False, mean: Sequence[float] = CIFAR10_MEAN,
                            std: Sequence[float] = CIFAR10_STD,
                            shuffle_buffer: int | None = None) -> tf.data.Dataset:
-    """Batches ``(x, label)`` for the probes: x (B, S, S, 3) float32 normalised, label (B,) int64.
-
-    ``images``/``labels``: numpy (N, S, S, 3) uint8 and (N,) ints, or a ``tf.data.Dataset`` of
-    (image, label) with ``labels=None``. Training shuffles (seeded) and, if ``augment``, crops and
-    flips (ImageNet: resize 256, random crop 224, flip); evaluation keeps the order and does not
-    augment (ImageNet: resize 256, centre crop 224).
-    """
+    """Batches ``(x, label)`` for the probes: x (B, S, S, 3) float32 normalised, label (B,) int64,
+    of numpy (N, S, S, 3) uint8 images and (N,) labels, or of a ``tf.data.Dataset`` of (image,
+    label) with ``labels=None``. Training shuffles (seeded) and, if ``augment``, crops and flips;
+    evaluation keeps the order (variable-size images: their centre crop)."""
     ds = enumerated_batches(images, labels, batch_size, seed, training=training,
                             augment=training and augment, image_size=image_size, repeat=repeat,
                             drop_remainder=drop_remainder, shuffle_buffer=shuffle_buffer)

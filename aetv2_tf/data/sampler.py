@@ -100,21 +100,17 @@ def components_from_uniform(u, height: int, width: int, shift: str,
             "shift": ops.stack(pixel_shift, axis=-1), "corners": ops.stack([quad_u, quad_v], -1)}
 
 
-def sample_homography_components(
-    batch_size: int,
-    height: int,
-    width: int,
-    seed: int | keras.random.SeedGenerator,
-    shift: str = "integer",
-    scale_range: Sequence[float] = (0.8, 1.2),
-    shift_fraction: float = 0.125,
-) -> dict[str, Tensor]:
-    """The AETv1 sampler with its random components, as ``homographies`` has it.
+def sample_homography_components(batch_size: int, height: int, width: int,
+                                 seed: int | keras.random.SeedGenerator, shift: str = "integer",
+                                 scale_range: Sequence[float] = (0.8, 1.2),
+                                 shift_fraction: float = 0.125) -> dict[str, Tensor]:
+    """The AETv1 sampler with its random components.
 
     Per sample: scale ``s ~ U(scale_range)`` about the centre, ``k ~ U{0..3}`` counter-clockwise
     quarter turns (cyclic shift of the corner list), and independent shifts of the 8 corner
     coordinates: ``"integer"`` whole pixels in ``U{-m..m}``, ``m = round(shift_fraction * side)``
-    (4 px for 32), or ``"continuous"`` ``U(-1, 1) * shift_fraction * side`` pixels.
+    (4 px for 32, 28 px for 224, as AETv1), or ``"continuous"`` ``U(-1, 1) * shift_fraction *
+    side`` pixels.
 
     Returns a dict: ``matrix`` (B, 3, 3) float32 model-frame ``T`` with ``T[2, 2] = 1``,
     ``rotation`` (B,) int32 ``k``, ``scale`` (B,) float32, ``shift`` (B, 4, 2) float32 pixel
@@ -124,19 +120,12 @@ def sample_homography_components(
     return components_from_uniform(u, height, width, shift, scale_range, shift_fraction)
 
 
-def sample_homographies(
-    batch_size: int,
-    height: int,
-    width: int,
-    seed: int | keras.random.SeedGenerator,
-    shift: str = "integer",
-    scale_range: Sequence[float] = (0.8, 1.2),
-    shift_fraction: float = 0.125,
-) -> tuple[Tensor, Tensor]:
-    """AETv1 homographies: ``(T (B, 3, 3) float32 model frame with T[2, 2] = 1, k (B,) int32)``.
-
-    ``k`` counts counter-clockwise quarter turns. See :func:`sample_homography_components`.
-    """
+def sample_homographies(batch_size: int, height: int, width: int,
+                        seed: int | keras.random.SeedGenerator, shift: str = "integer",
+                        scale_range: Sequence[float] = (0.8, 1.2),
+                        shift_fraction: float = 0.125) -> tuple[Tensor, Tensor]:
+    """AETv1 homographies ``(T (B, 3, 3) float32 model frame with T[2, 2] = 1, k (B,) int32
+    counter-clockwise quarter turns)`` of :func:`sample_homography_components`."""
     parts = sample_homography_components(batch_size, height, width, seed, shift, scale_range,
                                          shift_fraction)
     return parts["matrix"], parts["rotation"]

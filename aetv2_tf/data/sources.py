@@ -39,7 +39,6 @@ class DataError(ValueError):
     """A dataset is missing, incomplete, corrupt or unsafe; the message says how to fix it."""
 
 
-# ------------------------------------------------------------------------------------ CIFAR-10
 def _unpickle(path: pathlib.Path) -> dict:
     try:
         obj = unpickle_batch(path)
@@ -146,7 +145,6 @@ def load_cifar10(data_dir, split: str = "train",
     return (images[:limit], labels[:limit]) if limit else (images, labels)
 
 
-# ------------------------------------------------------------------------ tensorflow-datasets
 def load_tfds(name: str, split: str, data_dir=None, download: bool = False,
               shuffle_seed: int | None = None) -> tf.data.Dataset:
     """A tensorflow-datasets split as a ``tf.data.Dataset`` of (image uint8 (H, W, 3), label int64),
@@ -179,7 +177,6 @@ def load_tfds(name: str, split: str, data_dir=None, download: bool = False,
                               read_config=config)
 
 
-# ------------------------------------------------------------------------- folders of images
 def _entries(folder: pathlib.Path) -> list[os.DirEntry]:
     """The entries of ``folder``, sorted by name; DataError naming it when it cannot be read."""
     try:
@@ -307,7 +304,6 @@ def load_image_folder(root, split: str | None = None) -> tf.data.Dataset:
                   num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
-# ---------------------------------------------------------------------------- one entry point
 _TFDS_NAMES = {"imagenet2012": "imagenet2012", "imagenet": "imagenet2012",
                "places365_small": "places365_small", "places365": "places365_small"}
 
