@@ -1,12 +1,6 @@
-"""Augmentation of float32 [0, 1] images, stateless (every draw comes from a given seed).
-
-* `pad_crop_flip`: the CIFAR-10 protocol on whole batches (a random crop of the zero-padded image
-  and a horizontal flip, as AETv1);
-* `resize_crop`: the 224-pixel protocol on one image (shorter side to 256, a random 224 crop and
-  flip, or the centre crop), resizing only the crop's window;
-* `decode_resize_crop`: the same from the encoded file, decoding only that window of a JPEG
-  (BENCHMARKS.md, "ImageNet-size input");
-* `decode_rgb`: an encoded image -> uint8 RGB, the pixels Pillow gives under JAX.
+"""Augmentation of float32 [0, 1] images, stateless (every draw comes from a given seed): the
+CIFAR-10 protocol on batches (`pad_crop_flip`), the 224-pixel protocol on one image
+(`resize_crop`) or from its encoded file (`decode_resize_crop`), and the decoder (`decode_rgb`).
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """Enumerated batches of uint8-or-float images and labels from any source, deterministic under
 a seed: what `data.pipelines` makes AET pairs, RotNet turns and probe batches of.
 
-Sources: uint8 arrays ``(N, S, S, 3)`` (fixed size: whole batches gathered, then augmented in
-one op each, `pad_crop_flip`), checked file lists (`image_folders.ImageFiles`: the training
-stream decodes each file's crop window, `decode_resize_crop`) and ``tf.data.Dataset`` s of
-``(image, label)`` of a fixed or any size (variable size: `crops`). Every draw is stateless,
-derived from ``(seed, batch index)`` or ``(seed, element index)`` through `stream_seed` and a
-salt per stream; shuffles use a seeded ``shuffle``.
+Sources: uint8 arrays ``(N, S, S, 3)`` (whole batches gathered, then augmented in one op each),
+checked file lists (`image_folders.ImageFiles`) and ``tf.data.Dataset`` s of ``(image, label)``
+(variable size: `crops`). Every draw is stateless, from ``(seed, batch index)`` or ``(seed,
+element index)`` through `stream_seed` and a salt per stream; shuffles use a seeded ``shuffle``.
 """
 
 from __future__ import annotations

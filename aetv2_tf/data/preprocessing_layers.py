@@ -1,11 +1,6 @@
-"""The device's preprocessing layers: uint8 image batches -> the pretext and probe inputs, made
-inside the compiled train step from each layer's own seeded random stream (any Keras backend).
-
-* `HomographyPairs`: AET pairs ``(x, t(x), params of T)`` (`data.sampler`, `data.warp`);
-* `QuarterTurns`: RotNet's four rotations and their labels;
-* `ClassifierInputs`: the probes' crops and flips in training, normalisation always.
-
-Each layer saves its seed generator's state with its weights: a resumed run continues the stream.
+"""The device's preprocessing layers: uint8 image batches -> the pretext (`HomographyPairs`,
+`QuarterTurns`) and probe (`ClassifierInputs`) inputs, made inside the compiled train step from
+each layer's own seeded random stream (any Keras backend), its state saved with its weights.
 """
 
 from __future__ import annotations

@@ -6,10 +6,6 @@ divmod(s, N // B)` (an epoch's last partial batch dropped, as the tf.data pipeli
 `order(e) = numpy.random.default_rng([seed, e]).permutation(N)`. Augmentation, homographies and
 normalisation happen on the device (`data.preprocessing_layers`). The order differs from the
 TensorFlow program's (another RNG); the distribution is the same.
-
-`FileBatches`: the same over a checked file list, each image decoded by Pillow to TensorFlow's
-pixels (`rgb_image`) and cropped by the 224-pixel protocol (`load_crop`). `LabelledBatches`: the
-probes' epochs of `(uint8 images, int64 labels)`.
 """
 
 from __future__ import annotations
@@ -98,9 +94,9 @@ def load_crop(path: str, size: int, rng: np.random.Generator | None) -> np.ndarr
 
 
 class FileBatches(ImageBatches):
-    """`ImageBatches` over a checked file list (module docstring): step `s` decodes files
-    `order(e)[i * B : (i + 1) * B]`, element j cropped with `default_rng([seed, 1, s * B + j])`
-    (random crop and flip; `augment=False`: the centre crop). Exact on resume."""
+    """`ImageBatches` over a checked file list: element j of step `s` decoded by Pillow
+    (`load_crop`, in `workers` threads) with `default_rng([seed, 1, s * B + j])` (random crop
+    and flip; `augment=False`: the centre crop)."""
 
     def __init__(self, files, batch_size: int, seed: int, start: int, stop: int, size: int,
                  augment: bool = True, **kwargs):

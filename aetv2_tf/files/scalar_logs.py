@@ -1,10 +1,5 @@
-"""Scalar logs on every Keras backend: a CSV always, TensorBoard events where TensorFlow is there.
-
-* `CsvLog`: ``step,<columns>`` rows appended to a CSV file, readable without TensorFlow
-  (pretext: ``train/log.csv``; probes: ``epochs.csv``).
-* `write_scalar`: one TensorBoard scalar through the raw ``tf.summary.write`` (no ``tensorboard``
-  package needed, unlike ``tf.summary.scalar``).
-* `tensorboard_writer`: a ``tf.summary`` file writer, or None where TensorFlow cannot be imported.
+"""Scalar logs on every Keras backend: a CSV always (`CsvLog`), TensorBoard events where
+TensorFlow is there (`tensorboard_writer`, `write_scalars`).
 """
 
 from __future__ import annotations
@@ -71,7 +66,8 @@ def _scalar_metadata():
 
 
 def write_scalar(name: str, value: float, step: int) -> None:
-    """A float32 scalar tagged for TensorBoard's "scalars" plugin, into the default writer."""
+    """A float32 scalar tagged for TensorBoard's "scalars" plugin, into the default writer
+    (the raw ``tf.summary.write``: no ``tensorboard`` package needed)."""
     import tensorflow as tf
 
     tf.summary.write(name, tf.constant(float(value), tf.float32), step=int(step),
