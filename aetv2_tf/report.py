@@ -1,21 +1,15 @@
 """Gather ``results.json`` files into markdown tables laid out like the paper's, beside its numbers.
 
-Usage::
-
     python -m aetv2_tf.report runs/ other/results.json [--output=report.md [--overwrite]]
 
-Every argument is a ``results.json`` file or a directory searched recursively for them (keys:
-`aetv2_tf.probes.results`). The report holds the paper's tables that have results (`PAPER_TABLES`:
-CIFAR-10 Table 2, test ERROR (%) on NIN block-2 features; ImageNet and Places top-1 (%) on
-AlexNet conv1..conv5), one "ours" row per method (`method_of`) next to the "paper" row, and a
-table of every run. Several runs of one cell show ``mean ± std (n=...)``; ``*`` marks a cell
-with a run on fewer test images than the full test set.
-
-Inputs are not trusted (`aetv2_tf.program.report_inputs`): a bad argument or file ends the
-report with exit 2, naming the file and the problem; a non-finite value is shown as
-``nan (diverged?)`` with a warning; text from the files is escaped in the cells (`_cell`).
-``--output`` is written atomically, never through a link, over a file only with
-``--overwrite`` (`check_output`), never inside a run it reads (`aetv2_tf.files.nesting`).
+Every argument is a ``results.json`` file or a directory searched for them (keys:
+`aetv2_tf.probes.results`). The report holds the paper's tables that have results
+(`PAPER_TABLES`), one "ours" row per method (`method_of`) next to the "paper" row, and a table
+of every run; several runs of one cell show ``mean ± std (n=...)``, ``*`` marks a cell with a
+run on fewer test images than the full test set. Inputs are not trusted
+(`program.report_inputs`): a bad one ends the report with exit 2, naming the file and the
+problem; a non-finite value shows as ``nan (diverged?)``; text is escaped in the cells
+(`_cell`). ``--output`` is written atomically (`check_output`), never inside a run it reads.
 """
 
 from __future__ import annotations

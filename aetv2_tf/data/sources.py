@@ -115,14 +115,11 @@ def is_cifar10_dir(data_dir) -> bool:
 
 def load_cifar10(data_dir, split: str = "train",
                  limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """CIFAR-10 from the official python layout in ``data_dir`` (the ``cifar-10-batches-py``
-    directory or its parent), in the official order: ``split`` ``"train"`` (data_batch_1..5,
-    50000 images) or ``"test"`` (test_batch, 10000); ``limit``: only the first images (and only
-    the files that hold them are read).
-
-    Returns images (N, 32, 32, 3) uint8 RGB (HWC) and labels (N,) int64 in 0..9. DataError,
-    naming the file and the fix, for a missing directory or file, a truncated, corrupt or unsafe
-    pickle, or arrays of the wrong shape.
+    """CIFAR-10 images (N, 32, 32, 3) uint8 RGB and labels (N,) int64 in 0..9, in the official
+    order, from the python layout in ``data_dir`` (``cifar-10-batches-py`` or its parent):
+    ``split`` ``"train"`` (50000 images) or ``"test"`` (10000); ``limit``: only the first images
+    (only the files holding them read). DataError, naming the file and the fix, for a missing
+    directory or file, a truncated, corrupt or unsafe pickle, or arrays of the wrong shape.
     """
     if split not in CIFAR10_FILES:
         raise DataError(f"CIFAR-10 split must be one of {sorted(CIFAR10_FILES)}, got {split!r}")
@@ -239,15 +236,12 @@ def _class_folders(folder: pathlib.Path) -> list[str]:
 
 
 def list_image_folder(root, split: str | None = None, min_classes: int = 2) -> ImageFiles:
-    """The checked files of ``root/split/<class>/*``, in sorted (class, file name) order.
-
-    Label ``i`` is ``class_names[i]``, the sorted sub-directory names. Files are those with
-    extensions in ``IMAGE_EXTENSIONS`` (any case); undecodable ones are left out, named in the
-    log and in ``skipped`` (`data.image_folders`). DataError, naming the folder and the fix, for
-    an unreadable folder, a bad link (`_class_folders`, `_kind`), a name that is not UTF-8,
-    fewer than ``min_classes`` classes (one class would make a probe's top-1 100%; pretraining
-    takes unlabelled images as one folder, ``min_classes=1``), or a class folder with no
-    decodable image.
+    """The checked files of ``root/split/<class>/*`` with ``IMAGE_EXTENSIONS`` (any case), in
+    sorted (class, file name) order; label ``i`` is ``class_names[i]`` (sorted sub-directory
+    names); undecodable files left out, named in the log and in ``skipped``. DataError, naming
+    the folder and the fix, for an unreadable folder, a bad link, a name that is not UTF-8,
+    fewer than ``min_classes`` classes (one class would make a probe's top-1 100%; unlabelled
+    images are one folder, ``min_classes=1``), or a class folder with no decodable image.
     """
     base = pathlib.Path(root).expanduser()
     folder = base / split if split else base

@@ -3,20 +3,14 @@
     encoder = aetv2_tf.load_encoder("aetv1_cifar10")            # the best features measured
     aetv2_tf.presets()["aetv1_cifar10"].knn_top1                  # 66.33
 
-Each preset is a pretraining run directory in ``results/scale/`` of the git checkout, read like
-any run directory. Its weights (``encoder.weights.h5``, 5.8 MB) are kept in git history only, so
-the working tree stays small: the first use restores them (`restore_weights`: ``git cat-file``
-of the recorded blob, checked against the recorded SHA-256). All are NIN on CIFAR-10 (32x32,
-CIFAR-10's normalisation), batch 512, 8,000 steps, Adam, cosine schedule with 1,000 warm-up
-steps, on one H200 under JAX (docs/reproduction.md, "At scale (GPU)").
-
-``knn_top1``: CIFAR-10 test top-1 (%) of the authors' KNN protocol on block-2 features
-(`configs/cifar10_probe_knn.cfg`; docs/reproduction.md, "Re-scored"). A random init scores
-47.94 / 47.10 (seeds 0 / 1); the paper's AETv1 / AETv2 77.61 / 78.74.
-
-Without ``results/`` (a wheel) or the git history (``git clone --depth``), a preset raises
-FileNotFoundError with the fix. A name of `PRESETS` always means the preset; write
-``./aetv1_cifar10`` for a directory of that name."""
+Each preset is a pretraining run directory in ``results/scale/`` of the git checkout; its
+weights are kept in git history only (the working tree stays small) and restored on first use
+(`restore_weights`). All are NIN on CIFAR-10, trained on one H200 under JAX (docs/reproduction.md,
+"At scale (GPU)"). ``knn_top1``: CIFAR-10 test top-1 (%) of the authors' KNN protocol on block-2
+features (`configs/cifar10_probe_knn.cfg`; docs/reproduction.md, "Re-scored"; a random init:
+47.94 / 47.10; the paper's AETv1 / AETv2: 77.61 / 78.74). Without ``results/`` (a wheel) or the
+git history (``git clone --depth``), a preset raises FileNotFoundError with the fix. A name of
+`PRESETS` always means the preset; write ``./aetv1_cifar10`` for a directory of that name."""
 
 from __future__ import annotations
 
