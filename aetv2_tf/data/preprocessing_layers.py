@@ -79,11 +79,10 @@ class HomographyPairs(_Augmenting):
     (``augment``), normalised; ``tx`` (B, H, W, 3), ``warp(x, T, fill_value)`` normalised;
     ``params`` (B, 8), the 8 parameters of the model-frame ``T`` (conventions.md).
 
-    One block of uniforms per call (also in inference) from the layer's seed generator: every
-    step draws new crops and homographies, equal seeds give equal streams. The state is a Keras
-    variable carried by ``model.fit`` (and ``stateless_call`` under JAX; a plain ``jax.jit`` of
-    the layer does not advance it), saved by ``model.save`` / ``save_weights`` but NOT by
-    ``tf.train.Checkpoint(model=...)``: add ``layer.seed_generator.state`` to such a checkpoint.
+    One block of uniforms per call (also in inference) from the layer's seed generator, a Keras
+    variable carried by ``model.fit`` and ``stateless_call`` (not by a plain ``jax.jit``) and
+    saved by ``model.save`` / ``save_weights``, NOT by ``tf.train.Checkpoint(model=...)``: add
+    ``layer.seed_generator.state`` to such a checkpoint.
     """
 
     def __init__(self, seed: int | None = None, shift: str = "integer",

@@ -145,12 +145,10 @@ def load_cifar10(data_dir, split: str = "train",
 def load_tfds(name: str, split: str, data_dir=None, download: bool = False,
               shuffle_seed: int | None = None) -> tf.data.Dataset:
     """A tensorflow-datasets split as a ``tf.data.Dataset`` of (image uint8 (H, W, 3), label int64),
-    its files read in a seeded order reshuffled every iteration with ``shuffle_seed``, else in
-    their stored order. With ``download=False`` the prepared data must be in ``data_dir``
-    (default ``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``), checked on disk before anything
-    could reach the network (DataError: how to prepare it); ``download=True`` runs
-    ``download_and_prepare`` (ImageNet reads its archives from ``data_dir/downloads/manual``).
-    """
+    its files in a seeded order reshuffled every iteration with ``shuffle_seed``, else stored
+    order. ``download=False``: the prepared data must be in ``data_dir`` (default
+    ``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``), checked before any network access
+    (DataError: how to prepare it); ``download=True`` runs ``download_and_prepare``."""
     import tensorflow_datasets as tfds  # slow import, only when used
 
     try:
