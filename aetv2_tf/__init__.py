@@ -8,30 +8,21 @@ Self-supervised representation learning by autoencoding homographies: a Siamese 
 image x and a warped copy t(x); a decoder regresses t, and the loss is the geodesic distance on
 SO(3) between the applied and the decoded homography (after projection), plus a projection residual.
 
-The entry points of the library (README, "Use it from Python"), imported on first use:
+The library's entry points (README, "Use it from Python"), imported on first use:
 
-* recipes as values: `Recipe`, `AETV2` (the recipe that learns), `AETV2_PAPER`, `AETV1`,
-  `AETV1_OFFICIAL`, the variants `AETV2_ZOOM16`, `AETV2_SQ4`, `AETV2_HYBRID`, all by
-  name in `RECIPES` / `as_recipe("aetv1")`; a recipe builds its model (`recipe.build_model`) and
-  compiles it (`recipe.compile(model, steps)`, `training_steps(n, batch_size, epochs)`);
-  `parameter_std` (AETv1's normalisation);
-* models: `build_backbone` (NIN, AlexNet), `build_pairs_model` (fit on uint8 images, the pairs
-  made in the train step), `build_aet_model`, `build_rotations_model` (RotNet);
-* losses: `GeodesicLoss` (AETv2), `ParameterMSELoss` (AETv1);
-* data: `pretext_dataset` (tf.data pairs), `load_cifar10`, `list_image_folder`, and the
-  normalisation constants `CIFAR10_MEAN` / `CIFAR10_STD`, `IMAGENET_MEAN` / `IMAGENET_STD`;
-* features and probes: `pooled_features`, `knn_accuracy`;
+* recipes: `Recipe`, `AETV2`, `AETV2_PAPER`, `AETV1`, `AETV1_OFFICIAL` and the variants, by name
+  in `RECIPES` / `as_recipe("aetv1")`; `recipe.build_model`, `recipe.compile(model, steps)`,
+  `training_steps`, `parameter_std` (AETv1's normalisation);
+* models: `build_backbone` (NIN, AlexNet), `build_pairs_model`, `build_aet_model`,
+  `build_rotations_model` (RotNet); losses: `GeodesicLoss` (AETv2), `ParameterMSELoss` (AETv1);
+* data: `pretext_dataset`, `load_cifar10`, `list_image_folder`, `CIFAR10_MEAN` / `CIFAR10_STD`,
+  `IMAGENET_MEAN` / `IMAGENET_STD`; features and probes: `pooled_features`, `knn_accuracy`;
 * encoders with their preprocessing: `build_classifier` (uint8 images -> normalisation -> the
-  encoder cut at a feature -> a head; fine-tune or probe it, save it as .keras) and
-  `feature_extractor` (the same without the head); any Keras backbone, `feature=` choosing it;
-* saving: `save_encoder`, `load_encoder` (a directory ``--pretrained`` accepts, a custom
-  encoder's `.keras`, or a preset name of `presets()` / `PRESETS`: the encoders in `results/`),
-  `load_model` (a `.keras` file the project wrote, e.g. a run's ``aet_model.keras``, after its
-  digest check),
-  `preprocessing` (the mean and std an encoder was trained with), and `export_encoder` (a
-  SavedModel, TensorFlow);
-* inputs: `check_images`, `check_labels`, `check_feature`, the checks every entry point applies
-  (uint8 NHWC images, integer labels, feature names), with messages that name the fix.
+  encoder cut at a feature -> a head) and `feature_extractor` (the same without the head);
+* saving: `save_encoder`, `load_encoder` (a run directory, a `.keras` file, or a preset of
+  `presets()` / `PRESETS`), `load_model` (a project `.keras` file, digest checked),
+  `preprocessing`, `export_encoder` (a SavedModel, TensorFlow);
+* inputs: `check_images`, `check_labels`, `check_feature` (messages that name the fix).
 
 The command line, ``python -m aetv2_tf.train --flagfile=configs/...``, is built on them.
 """
@@ -41,24 +32,18 @@ import importlib as _importlib
 import os as _os
 import platform as _platform
 
-# The Keras backend is TensorFlow unless the user chose another (KERAS_BACKEND=jax: the library
-# and the program run there too, README).
+# TensorFlow unless the user chose another backend (KERAS_BACKEND=jax, README).
 _os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# TensorFlow's Linux wheels turn their oneDNN CPU kernels on by default only on CPUs with
-# AVX512_VNNI, AVX512_BF16, AVX_VNNI or AMX; on other x86 CPUs (AVX2-only laptops and cloud VMs)
-# convolutions fall back to Eigen kernels, measured at 0.58x the speed of the training step
-# with oneDNN, 0.63x of the CLI (BENCHMARKS.md, "AVX2 CPUs"). So oneDNN is asked for on every
-# x86 CPU (not measured on ARM: left to TensorFlow there), unless the user chose:
-# TF_ENABLE_ONEDNN_OPTS=0 keeps the Eigen kernels.
-# Effective only if TensorFlow is imported after this package.
+# oneDNN CPU kernels on every x86 CPU (TensorFlow enables them only on AVX512/AMX ones; Eigen's
+# are 0.6x as fast: BENCHMARKS.md, "AVX2 CPUs"), if TensorFlow is imported after this package;
+# TF_ENABLE_ONEDNN_OPTS=0 keeps Eigen's.
 if _platform.machine().lower() in ("x86_64", "amd64"):
     _os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 __version__ = "0.2.0"
 
-# `keras.saving.load_model` of any .keras file the package writes needs only `import aetv2_tf`:
-# its classes are registered with Keras as soon as Keras is imported (aetv2_tf/registry.py).
+# The package's Keras classes are registered as soon as Keras is imported (registry.py).
 from aetv2_tf import registry as _registry  # noqa: E402  (no Keras import: after the above)
 
 _registry.install()
@@ -98,6 +83,5 @@ def __getattr__(name: str) -> object:
 
 
 def __dir__() -> list[str]:
-    """The API (`__all__`) and ``__version__``: not the module's imports, not the submodules
-    that importing it loaded."""
+    """The API (`__all__`) and ``__version__``."""
     return sorted([*__all__, "__version__"])

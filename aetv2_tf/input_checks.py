@@ -1,33 +1,12 @@
 """Inputs checked at the door: images, labels, feature names and the backend (library code).
 
-The library's raw-image entry points (``fit`` / ``evaluate`` / ``predict`` and the
-``*_on_batch`` methods of `models.pretext.PairsModel` and of `models.image_models.CheckedModel`,
-i.e. `build_classifier` / `feature_extractor`, through `models.checked_inputs.ChecksInputs`;
-`probes.knn.pooled_features`) take **uint8 images (N, H, W, 3), NHWC, RGB, values
-0..255**, and normalise them themselves (``(u / 255 - mean) / std``). Anything else would be
+The library's raw-image entry points (``fit`` / ``evaluate`` / ``predict`` and ``*_on_batch`` of
+`models.pretext.PairsModel` and of `build_classifier` / `feature_extractor` models, through
+`models.checked_inputs.ChecksInputs`; `probes.knn.pooled_features`) take **uint8 images
+(N, H, W, 3), NHWC, RGB, values 0..255** and normalise them themselves. Anything else would be
 cast to uint8 silently (a [0, 1] float image becomes black) or fail deep inside a layer; these
-functions refuse it up front, with a message that names the problem and the fix:
-
-* `check_images`: an array (NumPy, a backend tensor, or array-like) of uint8 NHWC images with 3
-  channels and, when given, the encoder's height and width. Floats are refused with their range
-  and the conversion (``(x * 255).round().astype("uint8")`` for [0, 1];
-  ``x.astype("uint8")`` for [0, 255]); NCHW (``shape[1] == 3 != shape[-1]``) with
-  ``np.transpose(x, (0, 2, 3, 1))``; one image ``(H, W, 3)`` with ``x[None]``.
-* `check_image_dataset`: the same on a ``tf.data.Dataset``'s ``element_spec`` (nothing read;
-  an unbatched dataset, elements ``(H, W, 3)``, with ``dataset.batch(n)``);
-  with ``labels=False`` a dataset of ``(images, labels)`` is refused (self-supervised models:
-  the pairs are the targets).
-* `check_pretext_inputs`: what ``PairsModel.fit`` / ``evaluate`` / ``predict`` are given: the
-  images as above, and no labels.
-* `check_supervised_inputs`: what a classifier's ``fit`` / ``evaluate`` are given: the images
-  as above, with class labels (`check_labels`; a dataset of ``(images, labels)`` batches).
-* `check_labels`: class labels ``(N,)`` of integers (``(N, 1)`` is flattened); one-hot or
-  probabilities ``(N, C)`` are refused with ``labels.argmax(-1)``; the length against ``n``.
-* `check_normalised_images`: what an encoder on NORMALISED images (`saving.load_encoder`'s
-  `models.image_models.NormalisedEncoder`) is given: raw pixels (integers, floats with no value
-  below 0) refused with the fix.
-* `check_feature`: a feature name among the encoder's outputs, else the names available.
-* `require_backend`: a TensorFlow-only function under another Keras backend.
+functions refuse it up front, naming the problem and the fix (the conversion of floats, the
+transpose of NCHW, ``x[None]`` for one image, ``labels.argmax(-1)`` for one-hot labels).
 
 Errors: `errors.UsageError` (a ValueError) for a bad value, dtype, shape or name; TypeError when
 the object is not an array (or not a name) at all; RuntimeError for the wrong backend. Nothing
@@ -44,6 +23,7 @@ import numpy as np
 from aetv2_tf.errors import UsageError
 
 UINT8_RULE = "uint8 images (N, H, W, 3), NHWC, RGB, values 0..255 (normalised by the library)"
+SELF_SUPERVISED = "the model is self-supervised: the pairs are the targets; pass the images only"
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -60,6 +40,13 @@ def _kind(dtype: str) -> str:
 
 def _is_array(x: Any) -> bool:
     return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def _unwrapped(x: Any) -> Any:
+    """The value of a one-entry dict (``{"images": x}``) or of Keras's one-tuple ``(x,)``."""
+    if isinstance(x, dict) and len(x) == 1:
+        x = next(iter(x.values()))
+    return x[0] if isinstance(x, tuple) and len(x) == 1 else x
 
 
 def is_tf_dataset(x: Any) -> bool:
@@ -118,19 +105,12 @@ def _dtype_fix(dtype: str, low: float | None = None, high: float | None = None) 
 
 def check_images(images: Any, *, name: str = "images", expected_hw: Sequence | None = None,
                  uint8: bool = True) -> Any:
-    """`images` -> the same images, checked: ``(N, H, W, 3)`` NHWC and, with ``uint8=True``
-    (the raw-image entry points), dtype uint8 (module docstring).
+    """`images` (an array, a backend tensor returned as it is, or an array-like converted with
+    ``np.asarray``) checked: ``(N, H, W, 3)`` NHWC of ``expected_hw`` (None entries: any size)
+    and, with ``uint8``, dtype uint8. `name`: how the message calls them (``"fit: x"``).
 
-    Args:
-      images: a NumPy array, a backend tensor (returned as it is) or an array-like (converted
-        with ``np.asarray``).
-      name: how the message calls them (e.g. ``"PairsModel.fit: x"``).
-      expected_hw: ``(H, W)`` of the encoder's input (None entries: any size), or None.
-      uint8: require dtype uint8 (False: only the layout, e.g. for preprocessed floats).
-
-    Raises:
-      TypeError: not an array of numbers. UsageError (ValueError): wrong dtype (with the range
-      and the conversion), rank, layout (NCHW), channels or size.
+    Raises TypeError (not an array of numbers) or UsageError: wrong dtype (with the range and
+    the conversion), rank, layout (NCHW), channels or size.
     """
     if not _is_array(images):
         if isinstance(images, (str, bytes, dict)) or not isinstance(images, Iterable):
@@ -159,21 +139,16 @@ NORMALISED_RULE = ("NORMALISED float images (N, H, W, 3), (u / 255 - mean) / std
 
 def check_normalised_images(images: Any, *, name: str = "images",
                             expected_hw: Sequence | None = None) -> None:
-    """What an encoder that takes normalised images (`saving.load_encoder`'s) is given: an array
-    or a ``tf.data.Dataset`` (its ``element_spec`` only) of float NHWC images of the encoder's
-    size. Raw pixels are refused with the fix, as the library's other entry points refuse them:
-    integer images (uint8 0..255), and float images with no value below 0 ([0, 1] or [0, 255]
-    floats: a normalised batch has negative values wherever a pixel is darker than the mean).
-    A normalised batch that is brighter than the mean everywhere (rare: a small batch of very
-    bright images) is refused too; call the encoder on a tensor for it
-    (``encoder(keras.ops.convert_to_tensor(x))``), which is not checked."""
+    """What an encoder on normalised images (`saving.load_encoder`'s) is given: an array or a
+    ``tf.data.Dataset`` (its ``element_spec`` only) of float NHWC images of the encoder's size.
+    Raw pixels are refused with the fix: integer images, and float images with no value below 0
+    (a normalised batch is negative wherever a pixel is darker than the mean; a batch brighter
+    than the mean everywhere is refused too: ``encoder(keras.ops.convert_to_tensor(x))`` skips
+    the check)."""
     fix = ("give uint8 images to aetv2_tf.feature_extractor(encoder, feature, "
            "**aetv2_tf.preprocessing(p)) or build_classifier, which normalise them, or "
            "normalise them yourself")
-    if isinstance(images, dict) and len(images) == 1:
-        images = next(iter(images.values()))
-    if isinstance(images, tuple) and len(images) == 1:
-        images = images[0]
+    images = _unwrapped(images)
     if is_tf_dataset(images):
         spec = images.element_spec
         spec = spec[0] if isinstance(spec, (tuple, list)) and spec else spec
@@ -204,10 +179,8 @@ def check_image_dataset(dataset: Any, *, name: str = "dataset",
     spec = dataset.element_spec
     if isinstance(spec, (tuple, list)):
         if len(spec) > 1 and not labels:
-            raise UsageError(
-                f"{name}: its elements are a tuple of {len(spec)} (images, labels, ...); the "
-                "model is self-supervised: the pairs are the targets; pass the images only, "
-                "e.g. dataset.map(lambda x, y: x)")
+            raise UsageError(f"{name}: its elements are a tuple of {len(spec)} (images, "
+                             f"labels, ...); {SELF_SUPERVISED}, e.g. dataset.map(lambda x, y: x)")
         spec = spec[0] if spec else spec
     if isinstance(spec, dict) and len(spec) == 1:
         spec = next(iter(spec.values()))
@@ -220,25 +193,17 @@ def check_image_dataset(dataset: Any, *, name: str = "dataset",
         raise UsageError(f"{name}: " + _dtype_fix(dtype))
 
 
-SELF_SUPERVISED = ("the model is self-supervised: the pairs are the targets; pass the images "
-                   "only")
-
-
 def check_pretext_inputs(x: Any, y: Any = None, *, name: str = "fit",
                          expected_hw: Sequence | None = None, allow_labels: bool = False) -> None:
-    """What a self-supervised model on raw images (`models.pretext.PairsModel`) is given: `x`
-    uint8 ``(N, H, W, 3)`` (an array, a tensor, ``{"images": array}`` or a ``tf.data.Dataset``
-    of image batches, `check_images` / `check_image_dataset`) and no labels: a `y`, or a dataset
-    of ``(images, labels)``, is refused unless ``allow_labels`` (``predict``: Keras ignores them
-    there). Other inputs (a ``keras.utils.PyDataset``, a generator) pass unchecked."""
+    """What `models.pretext.PairsModel` is given: `x` uint8 ``(N, H, W, 3)`` (an array, a
+    tensor, ``{"images": array}`` or a ``tf.data.Dataset`` of image batches) and no labels: a
+    `y`, or a dataset of ``(images, labels)``, is refused unless ``allow_labels`` (``predict``).
+    Other inputs (a ``keras.utils.PyDataset``, a generator) pass unchecked."""
     if y is not None and not allow_labels:
         method = name.split(".")[-1]
         raise UsageError(f"{name}: y was given (labels?); {SELF_SUPERVISED}: "
                          f"model.{method}(images), without y")
-    if isinstance(x, dict) and len(x) == 1:
-        x = next(iter(x.values()))
-    if isinstance(x, tuple) and len(x) == 1:  # Keras's (x,): the images alone
-        x = x[0]
+    x = _unwrapped(x)
     if is_tf_dataset(x):
         check_image_dataset(x, name=f"{name}: the dataset", expected_hw=expected_hw,
                             labels=allow_labels)
@@ -261,16 +226,11 @@ def _check_label_spec(spec: Any, name: str) -> None:
 def check_supervised_inputs(x: Any, y: Any = None, *, name: str = "fit",
                             expected_hw: Sequence | None = None,
                             num_classes: int | None = None) -> None:
-    """What a classifier on raw images (`models.image_models.build_classifier`) is given to ``fit``
-    / ``evaluate``: `x` uint8 ``(N, H, W, 3)`` as `check_pretext_inputs`, and class labels: an
-    array `y` (`check_labels`: integer class indices ``(N,)``, one-hot refused, one per image,
-    below `num_classes`), or a ``tf.data.Dataset`` of ``(images, labels)`` batches. Images
-    without labels are refused; other inputs (a ``keras.utils.PyDataset``, a generator) pass
-    unchecked."""
-    if isinstance(x, dict) and len(x) == 1:
-        x = next(iter(x.values()))
-    if isinstance(x, tuple) and len(x) == 1:
-        x = x[0]
+    """What a `build_classifier` model's ``fit`` / ``evaluate`` is given: `x` as
+    `check_pretext_inputs`, with class labels: an array `y` (`check_labels`, below
+    `num_classes`) or a ``tf.data.Dataset`` of ``(images, labels)`` batches. Images without
+    labels are refused; a ``keras.utils.PyDataset`` or a generator passes unchecked."""
+    x = _unwrapped(x)
     if is_tf_dataset(x):
         check_image_dataset(x, name=f"{name}: the dataset", expected_hw=expected_hw)
         spec = x.element_spec

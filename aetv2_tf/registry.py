@@ -1,23 +1,15 @@
 """Every Keras object the package registers, known to Keras as soon as Keras is imported.
 
-`keras.saving.load_model` finds a custom class only in Keras's registry (it imports the module a
-config names only for Keras's own packages), so a `.keras` file the package or its CLI wrote
-reloads in a fresh process only once the modules that define its classes ran. ``import
-aetv2_tf`` does not import Keras (the program sets up the backend, logging and signals before
-TensorFlow loads), so `install` (run by ``import aetv2_tf``) arranges for `SERIALIZABLE` to be
-imported as soon as Keras is there and no module of the package is mid-import: a one-shot import
-hook wraps the loader of ``keras`` and of the package's own modules, and the first of them to
-finish executing with Keras imported and nothing of the package half-done runs `register_all`
-(then the hook removes itself). Whatever the order of imports, e.g.
-
-    import aetv2_tf, keras                    # or: import keras, aetv2_tf
-    from aetv2_tf.files.saving import load_encoder  # or any other module of the package first
-    model = keras.saving.load_model("runs/<run>/aet_model.keras")
-
-works on any backend. (A module of the package cannot register the others while it is itself
-mid-import: they may read names it has not defined yet.) Keras does not check what it loads:
-``aetv2_tf.load_model(path)`` (`saving.load_model`) first checks the SHA-256 the project wrote
-beside the file and refuses a changed file, or one without its digest.
+`keras.saving.load_model` finds a custom class only in Keras's registry, so a `.keras` file the
+package wrote reloads in a fresh process only once the modules defining its classes ran.
+``import aetv2_tf`` does not import Keras, so `install` arranges for `SERIALIZABLE` to be
+imported as soon as Keras is there and no module of the package is mid-import (such a module's
+names may not be defined yet): a one-shot import hook wraps the loaders of ``keras`` and of the
+package's modules, and the first of them to finish with Keras imported and nothing of the
+package half-done runs `register_all`, then removes the hook. So, in any import order and on
+any backend, ``import aetv2_tf, keras; keras.saving.load_model("runs/<run>/aet_model.keras")``
+works. Keras does not check what it loads: ``aetv2_tf.load_model`` first checks the file's
+SHA-256.
 """
 
 from __future__ import annotations
@@ -28,8 +20,8 @@ import sys
 from types import ModuleType
 from typing import Any
 
-#: The modules that define the package's registered (``register_keras_serializable``) objects;
-#: each imports only Keras and NumPy at its top (no TensorFlow), so this is safe on any backend.
+#: The modules that define the package's ``register_keras_serializable`` objects; each imports
+#: only Keras and NumPy at its top, so this is safe on any backend.
 SERIALIZABLE = ("aetv2_tf.data.preprocessing_layers", "aetv2_tf.method.losses",
                 "aetv2_tf.method.metrics", "aetv2_tf.method.optimizers", "aetv2_tf.method.recipes",
                 "aetv2_tf.models.batch_groups", "aetv2_tf.models.blocks", "aetv2_tf.models.aet",
@@ -62,9 +54,8 @@ def _ready(finishing: str = "") -> bool:
                    and _initialising(name) for name in list(sys.modules))
 
 
-# Hooks and loaders are recognised by these markers, not by their class: the package may be
-# imported afresh in one process (its modules dropped from sys.modules), and a second copy of
-# this module must not take the first one's hook for a finder to ask.
+# Hooks and loaders are recognised by markers, not by class: a second copy of this module (the
+# package imported afresh in one process) must not take the first one's hook for a finder.
 _HOOK, _LOADER = "_aetv2_tf_registry_hook", "_aetv2_tf_registry_loader"
 
 

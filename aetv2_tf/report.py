@@ -1,30 +1,15 @@
 """Gather ``results.json`` files into markdown tables laid out like the paper's, beside its numbers.
 
-Usage::
-
     python -m aetv2_tf.report runs/ other/results.json [--output=report.md [--overwrite]]
 
-Every argument is a ``results.json`` file or a directory searched recursively for them (see
-`aetv2_tf.probes.results` for the keys). The report holds
-
-* CIFAR-10, the paper's Table 2: test ERROR (%) of KNN / 1-FC / 2-FC / 3-FC / conv classifiers on
-  frozen NIN block-2 features, one "ours" row per method next to the "paper" row;
-* ImageNet and Places linear probes (and ImageNet nonlinear heads): top-1 (%) on AlexNet
-  conv1..conv5, when such results exist;
-* a table of every run (all probes and features, validation accuracy, selected epoch, sizes).
-
-Methods (rows) come from the results' ``method`` key, else from the ``pretrained`` path (see
-`method_of`). Several runs of one cell are averaged and shown as ``mean ± std (n=...)``. A ``*``
-marks cells with a run on fewer test images than the full test set.
-
-Inputs are not trusted (`aetv2_tf.program.report_inputs`): a missing argument, a file that is not a
-regular results file (a FIFO, not UTF-8 or JSON, nested too deeply, a value of the wrong type or
-range) ends the report with exit 2, the file and the problem named. A NaN or infinite value is
-shown as ``nan (diverged?)`` with a warning naming the file. Text from the files is escaped in
-the table cells (newlines, ``|``, backticks, ``<``), so a ``method`` cannot add rows or tables.
-``--output`` writes a new file (atomically); an existing file is replaced only with
-``--overwrite``, and a symbolic link never written through (`check_output`: exit 2); never inside
-the folder of a results file it reads (a run's ``--model_dir``: `aetv2_tf.files.nesting`).
+Every argument is a ``results.json`` file or a directory searched for them (keys:
+`aetv2_tf.probes.results`). The report holds the paper's tables that have results
+(`PAPER_TABLES`), one "ours" row per method (`method_of`) next to the "paper" row, and a table
+of every run; several runs of one cell show ``mean ± std (n=...)``, ``*`` marks a cell with a
+run on fewer test images than the full test set. Inputs are not trusted
+(`program.report_inputs`): a bad one ends the report with exit 2, naming the file and the
+problem; a non-finite value shows as ``nan (diverged?)``; text is escaped in the cells
+(`_cell`). ``--output`` is written atomically (`check_output`), never inside a run it reads.
 """
 
 from __future__ import annotations
@@ -95,9 +80,6 @@ MISSING = "-"
 EXIT_BAD_INPUT = 2
 
 
-# --- gathering ---------------------------------------------------------------------------------
-
-
 def find_results(paths: Sequence[str]) -> list[str]:
     """``results.json`` files named by ``paths`` (files as given, directories recursively)."""
     if not paths:
@@ -144,12 +126,9 @@ def dataset_key(name: Any) -> str:
 
 
 def method_of(result: dict[str, Any]) -> str:
-    """The row label: ``method`` if given, else derived from ``pretrained``.
-
-    ``pretrained`` of None/""/"none"/"random" -> ``random``; a path mentioning ``supervised``,
-    ``aetv1``, ``aetv2`` or ``rotnet`` (case-insensitive) -> that method; else the path's last
-    component. Known names are canonicalised (``aetv2`` -> ``AETv2``).
-    """
+    """The row label: ``method`` if given; else from ``pretrained``: None/""/"none"/"random"
+    -> ``random``, a path mentioning ``supervised``, ``aetv1``, ``aetv2`` or ``rotnet``
+    (any case) -> that method, else the path's last component. Known names canonicalised."""
     method = result.get("method")
     if not method:
         pretrained = result.get("pretrained")
@@ -162,9 +141,6 @@ def method_of(result: dict[str, Any]) -> str:
                            if name in lowered), None)
             method = method or os.path.basename(os.path.normpath(text))
     return CANONICAL_METHODS.get(str(method).lower(), str(method))
-
-
-# --- rendering ---------------------------------------------------------------------------------
 
 
 def _fmt(values: list[float], digits: int, partial: bool) -> str:
@@ -263,7 +239,6 @@ def render_table(spec: dict[str, Any], results: list[dict[str, Any]]) -> list[st
 
 def render_runs(results: list[dict[str, Any]], base: str | None = None) -> list[str]:
     """Markdown lines of a table with one row per run (every probe, feature and dataset)."""
-
     num = _number
     rows = []
     ordered = sorted(results, key=lambda r: (str(r["dataset"]), method_of(r), str(r["probe"]),
@@ -297,13 +272,9 @@ def render_report(results: list[dict[str, Any]], base: str | None = None) -> str
     return "\n".join(lines) + "\n"
 
 
-# --- command line --------------------------------------------------------------------------------
-
-
 def check_output(output: str, overwrite: bool = False) -> None:
     """ReportError unless the report may be written to `output`: a new file, or with
-    `overwrite` an existing regular file; a symbolic link is refused either way (the report
-    would land in the file it points to), as is a folder, FIFO or device."""
+    `overwrite` an existing regular file; never a symbolic link, folder, FIFO or device."""
     fix = "choose a new file for --output"
     try:
         refuse_link(output, fix, regular=True)
@@ -316,10 +287,8 @@ def check_output(output: str, overwrite: bool = False) -> None:
 
 
 def main(argv: Sequence[str], output: str | None = None, overwrite: bool = False) -> int:
-    """The report of the results files and directories `argv[1:]`, printed (and written to
-    `output`, atomically: `check_output` first, so an existing file is replaced only with
-    `overwrite`, and never through a link); returns the exit status: 0, or `EXIT_BAD_INPUT`
-    after a message on stderr."""
+    """The report of the results files and directories `argv[1:]`, printed and written to
+    `output` (`check_output` first); returns 0, or `EXIT_BAD_INPUT` after a message on stderr."""
     paths = list(argv[1:])
     warnings: list[str] = []
     try:

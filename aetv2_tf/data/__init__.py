@@ -1,124 +1,32 @@
 """Data: image sources, AETv1 homographies and tf.data pipelines (see docs/conventions.md).
 
 The public names are imported lazily (PEP 562), on first access: the device's modules
-(``sampler``, ``warping``, ``layers``: pure ``keras.ops``) must import without TensorFlow, which
-``homographies`` and ``pipelines`` need.
+(``sampler``, ``warping``, ``preprocessing_layers``: pure ``keras.ops``) must import without
+TensorFlow, which ``homographies`` and ``pipelines`` need.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # pragma: no cover
-    from aetv2_tf.data.homographies import (
-        AETV1_FILL,
-        CANONICAL_CORNERS,
-        corners,
-        normalization_matrix,
-        rotation_matrix,
-        sample_homographies,
-        sample_homography_components,
-        square_to_quad,
-        to_pixel_homography,
-        warp,
-    )
-    from aetv2_tf.data.pipelines import (
-        CIFAR10_MEAN,
-        CIFAR10_STD,
-        IMAGENET_MEAN,
-        IMAGENET_STD,
-        classification_dataset,
-        decode_resize_crop,
-        from_data_service,
-        normalization_constants,
-        normalize,
-        pad_crop_flip,
-        pretext_dataset,
-        resize_crop,
-        resize_shorter_side,
-        rotation_dataset,
-        to_float,
-    )
-    from aetv2_tf.data.sources import (
-        DataError,
-        is_cifar10_dir,
-        list_image_folder,
-        load_cifar10,
-        load_image_folder,
-        load_source,
-        load_tfds,
-    )
-
-_LAZY = {
-    "AETV1_FILL": "constants",
-    "CANONICAL_CORNERS": "homographies",
-    "corners": "homographies",
-    "normalization_matrix": "homographies",
-    "rotation_matrix": "homographies",
-    "sample_homographies": "homographies",
-    "sample_homography_components": "homographies",
-    "square_to_quad": "homographies",
-    "to_pixel_homography": "homographies",
-    "warp": "homographies",
-    "CIFAR10_MEAN": "constants",
-    "CIFAR10_STD": "constants",
-    "IMAGENET_MEAN": "constants",
-    "IMAGENET_STD": "constants",
-    "classification_dataset": "pipelines",
-    "decode_resize_crop": "augment",
-    "from_data_service": "pipelines",
-    "normalization_constants": "constants",
-    "normalize": "pipelines",
-    "pad_crop_flip": "augment",
-    "pretext_dataset": "pipelines",
-    "resize_crop": "augment",
-    "resize_shorter_side": "augment",
-    "rotation_dataset": "pipelines",
-    "to_float": "augment",
-    "DataError": "sources",
-    "is_cifar10_dir": "sources",
-    "list_image_folder": "sources",
-    "load_cifar10": "sources",
-    "load_image_folder": "sources",
-    "load_source": "sources",
-    "load_tfds": "sources",
+#: Where each public name is defined, by module.
+_MODULES = {
+    "constants": ("AETV1_FILL", "CIFAR10_MEAN", "CIFAR10_STD", "IMAGENET_MEAN", "IMAGENET_STD",
+                  "normalization_constants"),
+    "homographies": ("CANONICAL_CORNERS", "corners", "normalization_matrix", "rotation_matrix",
+                     "sample_homographies", "sample_homography_components", "square_to_quad",
+                     "to_pixel_homography", "warp"),
+    "augment": ("decode_resize_crop", "pad_crop_flip", "resize_crop", "resize_shorter_side",
+                "to_float"),
+    "pipelines": ("classification_dataset", "from_data_service", "normalize", "pretext_dataset",
+                  "rotation_dataset"),
+    "sources": ("DataError", "is_cifar10_dir", "list_image_folder", "load_cifar10",
+                "load_image_folder", "load_source", "load_tfds"),
 }
+_LAZY = {name: module for module, names in _MODULES.items() for name in names}
 
-__all__ = [
-    "AETV1_FILL",
-    "CANONICAL_CORNERS",
-    "CIFAR10_MEAN",
-    "CIFAR10_STD",
-    "IMAGENET_MEAN",
-    "IMAGENET_STD",
-    "DataError",
-    "classification_dataset",
-    "corners",
-    "decode_resize_crop",
-    "from_data_service",
-    "is_cifar10_dir",
-    "list_image_folder",
-    "load_cifar10",
-    "load_image_folder",
-    "load_source",
-    "load_tfds",
-    "normalization_matrix",
-    "normalization_constants",
-    "normalize",
-    "pad_crop_flip",
-    "pretext_dataset",
-    "resize_crop",
-    "resize_shorter_side",
-    "rotation_dataset",
-    "rotation_matrix",
-    "sample_homographies",
-    "sample_homography_components",
-    "square_to_quad",
-    "to_float",
-    "to_pixel_homography",
-    "warp",
-]
+__all__ = sorted(_LAZY)
 
 
 def __getattr__(name: str) -> Any:

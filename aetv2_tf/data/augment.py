@@ -1,14 +1,6 @@
-"""Augmentation of float32 [0, 1] images, stateless (every draw comes from a given seed).
-
-* `pad_crop_flip`: the CIFAR-10 protocol on whole batches (random crop of the zero-padded image
-  and a horizontal flip, as AETv1);
-* `resize_crop`: the 224-pixel protocol on one image (shorter side resized to 256, a random
-  224 crop and flip, or the centre crop for evaluation), resizing only the crop's window;
-* `decode_resize_crop`: the same from the encoded file, decoding only that window of a JPEG
-  (BENCHMARKS.md, "ImageNet-size input": 2-3x fewer CPU-seconds per image than a full decode,
-  a full resize and a crop, for the same pixels);
-* `decode_rgb`: an encoded image -> uint8 RGB, decoded as Pillow decodes it under JAX
-  (`data.stream.rgb_image`; the same pixels, tests/test_image_files.py).
+"""Augmentation of float32 [0, 1] images, stateless (every draw comes from a given seed): the
+CIFAR-10 protocol on batches (`pad_crop_flip`), the 224-pixel protocol on one image
+(`resize_crop`) or from its encoded file (`decode_resize_crop`), and the decoder (`decode_rgb`).
 """
 
 from __future__ import annotations
@@ -31,9 +23,8 @@ JPEG_DCT = "INTEGER_ACCURATE"
 
 def decode_rgb(contents) -> tf.Tensor:
     """An encoded JPEG, PNG, GIF (its first frame) or BMP -> uint8 ``(h, w, 3)`` RGB, the pixels
-    Pillow gives (`data.stream.rgb_image`): JPEGs with `JPEG_DCT`, 16-bit PNG channels by their
-    high byte, alpha dropped, palettes applied (a BMP's 8 bits are read as grey levels: the
-    folder check refuses a colour palette, `data.headers`)."""
+    Pillow gives (`data.stream.rgb_image`): JPEGs with `JPEG_DCT`, 16-bit channels by their high
+    byte, alpha dropped, palettes applied (8-bit BMPs as grey: `data.headers`)."""
     contents = tf.convert_to_tensor(contents)
 
     def jpeg():
@@ -47,12 +38,9 @@ def decode_rgb(contents) -> tf.Tensor:
 
 
 def pad_crop_flip(images, seed, pad: int, flip: bool = True) -> tf.Tensor:
-    """Per-image random crop of the zero-padded batch, and a random horizontal flip.
-
-    images (B, H, W, C) float; seed a stateless seed (2,). Crop offsets are uniform in
-    ``{0..2 pad}`` (torchvision ``RandomCrop(H, padding=pad)``), flips have probability 1/2.
-    One gather per axis for the whole batch.
-    """
+    """Per-image random crop of the zero-padded batch (B, H, W, C) float, offsets uniform in
+    ``{0..2 pad}`` (torchvision ``RandomCrop(H, padding=pad)``), and a horizontal flip with
+    probability 1/2; ``seed`` a stateless seed (2,)."""
     images = tf.convert_to_tensor(images)
     height, width = images.shape[1], images.shape[2]
     b = tf.shape(images)[0]
@@ -78,13 +66,11 @@ def resize_shorter_side(image, size: int) -> tf.Tensor:
 
 
 def _crop_plan(hw, seed, image_size: int, random: bool):
-    """Where the 224-pixel protocol's crop lies in an (h, w) image, without resizing it.
-
-    The protocol resizes the image to ``new_hw`` (shorter side ``round(S * 256 / 224)``, as
-    `resize_shorter_side`), then takes the S x S crop at ``offset`` in that resized image (the
-    draws of ``tf.image.stateless_random_crop`` and ``stateless_random_flip_left_right`` with the
-    same seeds, so the same crops as those ops). Returns ``(scale (2,) float32 = new_hw / hw,
-    offset (2,) int32, flip bool, window_lo (2,) int32, window_hi (2,) int32)``: the window
+    """Where the 224-pixel protocol's crop lies in an (h, w) image, without resizing it: the
+    image resized to ``new_hw`` (shorter side ``round(S * 256 / 224)``), the S x S crop at
+    ``offset`` in it (the draws of ``tf.image.stateless_random_crop`` and
+    ``stateless_random_flip_left_right`` with the same seeds). Returns ``(scale (2,) float32 =
+    new_hw / hw, offset (2,) int32, flip bool, lo (2,) int32, hi (2,) int32)``: the window
     ``[lo, hi)`` of the ORIGINAL image holds every pixel the antialiased resize reads for the
     crop (the triangle kernel's support, 1 / scale pixels when shrinking, plus one)."""
     target = int(round(image_size * 256 / 224))

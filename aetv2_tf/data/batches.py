@@ -1,12 +1,10 @@
 """Enumerated batches of uint8-or-float images and labels from any source, deterministic under
 a seed: what `data.pipelines` makes AET pairs, RotNet turns and probe batches of.
 
-Sources: uint8 arrays ``(N, S, S, 3)`` (fixed size: whole batches gathered, then augmented in
-one op each, `pad_crop_flip`), checked file lists (`image_folders.ImageFiles`: the training
-stream decodes each file's crop window, `decode_resize_crop`) and ``tf.data.Dataset`` s of
-``(image, label)`` of a fixed or any size (variable size: `crops`). Every draw is stateless,
-derived from ``(seed, batch index)`` or ``(seed, element index)`` through `stream_seed` and a
-salt per stream; shuffles use a seeded ``shuffle``.
+Sources: uint8 arrays ``(N, S, S, 3)`` (whole batches gathered, then augmented in one op each),
+checked file lists (`image_folders.ImageFiles`) and ``tf.data.Dataset`` s of ``(image, label)``
+(variable size: `crops`). Every draw is stateless, from ``(seed, batch index)`` or ``(seed,
+element index)`` through `stream_seed` and a salt per stream; shuffles use a seeded ``shuffle``.
 """
 
 from __future__ import annotations
@@ -19,28 +17,26 @@ from aetv2_tf.data.crops import crops
 from aetv2_tf.data.image_folders import ImageFiles, decode_image_file
 
 AUTOTUNE = tf.data.AUTOTUNE
-# Every function given to `Dataset.map` / `flat_map` here is traced as written
-# (`tf.autograph.experimental.do_not_convert`): none has Python control flow on tensors, and
-# autograph's source conversion cost each process about a CPU-second at start-up.
+# Every function given to `Dataset.map` / `flat_map` is traced as written (`do_not_convert`):
+# none has Python control flow on tensors, and autograph cost a CPU-second at start-up.
 _DATASET_SHUFFLE_BUFFER = 1024  # elements: crops of variable-size images (`crops`)
 #: The salts of the streams of draws: the shuffle, each element's crop, each batch's pairs.
 SALT_SHUFFLE, SALT_ELEMENT, SALT_BATCH = 1, 2, 3
 
 
-def _seed_pair(seed) -> tf.Tensor:
-    """An int or an (int, int) pair -> a stateless seed (2,) int64."""
-    pair = (int(seed), 0) if np.ndim(seed) == 0 else tuple(int(s) for s in seed)
-    return tf.constant(pair, tf.int64)
+def _seed_pair(seed) -> tuple[int, int]:
+    """An int or an (int, int) pair -> the pair."""
+    return (int(seed), 0) if np.ndim(seed) == 0 else tuple(int(s) for s in seed)
 
 
 def stream_seed(seed, salt: int) -> tf.Tensor:
     """The stateless seed (2,) of the stream ``salt`` (`SALT_SHUFFLE`, ...) of ``seed``."""
-    return tf.random.experimental.stateless_fold_in(_seed_pair(seed), salt)
+    return tf.random.experimental.stateless_fold_in(tf.constant(_seed_pair(seed), tf.int64), salt)
 
 
 def _shuffle_seed(seed) -> int:
     """The int seed of a ``Dataset.shuffle`` of ``seed`` (an int or an (int, int) pair)."""
-    a, b = (int(seed), 0) if np.ndim(seed) == 0 else tuple(int(s) for s in seed)
+    a, b = _seed_pair(seed)
     return (a * 1_000_003 + b * 7919 + 12345) % (2**31 - 1)
 
 
@@ -72,14 +68,10 @@ def _file_batches(files: ImageFiles, batch_size: int, seed, *, augment: bool, im
                   start_step: int, shard: tuple[int, int] = (0, 1),
                   dtype: tf.DType = tf.float32) -> tf.data.Dataset:
     """Enumerated training batches ``(i, (images (b, S, S, 3), labels (b,)))`` of a checked file
-    list: the WHOLE list permuted every epoch (`_epoch_batches`, seeded, exact on resume), each
-    file's crop decoded and resized (`decode_resize_crop`: only the crop's window of a JPEG) with
-    the seed of its global element index ``i * B + j`` (224 protocol: random crop and flip if
-    ``augment``, else the centre crop). ``dtype``: float32 in [0, 1], or uint8 (rounded).
-
-    ``shard=(w, W)``: worker w of W reads only elements ``w b .. (w + 1) b - 1`` of each global
-    batch of ``B = batch_size`` (``b = B / W``): the W shards of a step are the step's batch of
-    one worker, split, and no file is read twice."""
+    list, permuted whole every epoch (`_epoch_batches`), each file's crop decoded
+    (`decode_resize_crop`) with the seed of its global element index ``i * B + j``; ``dtype``:
+    float32 in [0, 1], or uint8 (rounded). ``shard=(w, W)``: worker w of W reads only elements
+    ``w b .. (w + 1) b - 1`` of each global batch of ``B = batch_size`` (``b = B / W``)."""
     paths, labels = tf.constant(files.paths), tf.constant(files.labels)
     element_seed = stream_seed(seed, SALT_ELEMENT)
     worker, workers = shard
@@ -111,12 +103,10 @@ def enumerated_batches(images, labels, batch_size: int, seed, *, training: bool,
                        dtype: tf.DType = tf.float32) -> tf.data.Dataset:
     """Enumerated batches ``(i, (float32 [0, 1] images (B, S, S, 3), labels (B,) int64))``.
 
-    ``training`` shuffles; ``augment`` crops and flips (variable-size images: random crop of the
-    resized image if ``augment``, else its centre crop). ``i`` is the global batch index, starting
-    at ``start_step``; training streams (``training`` and ``repeat``) of in-memory images and of
-    file lists (`ImageFiles`) are pure functions of it (exact resume); streamed datasets
-    (tensorflow-datasets) are reshuffled with a seed that folds in start_step. ``dtype=uint8``
-    lets a training file list's images stay uint8 (others are float32 whatever it says).
+    ``training`` shuffles; ``augment`` crops and flips (variable-size images: else the centre
+    crop). ``i``, the global batch index from ``start_step``: training streams of in-memory
+    images and file lists are pure functions of it (exact resume); datasets are reshuffled with
+    a seed that folds it in. ``dtype=uint8`` keeps a training file list's images uint8.
     """
     if shard != (0, 1) and not (isinstance(images, ImageFiles) and training and repeat):
         raise ValueError("only the training stream of a file list is sharded by worker")

@@ -1,37 +1,21 @@
 """CIFAR-10's python batches read without trusting them: no code runs, no memory beyond the file.
 
-A plain ``pickle.load`` runs whatever a crafted file names, and even numpy's own reconstructors
-allocate what the file asks before anything checks it: a 217-byte pickle calling
-``numpy.core.multiarray._reconstruct(ndarray, (10**10,), b'b')`` asks for 10 GB. So
-`unpickle_batch`:
+A plain ``pickle.load`` runs whatever a crafted file names, and numpy's own reconstructors
+allocate what the file asks before anything checks it (a 217-byte pickle can ask for 10 GB).
+`unpickle_batch` (docs/reliability.md, "Trust: hostile and oversized inputs"):
 
-* refuses unread a file over `MAX_BATCH_FILE_BYTES`, and reads a smaller one whole into memory.
-  That bounds the file, not what its string opcodes declare: CPython's C unpickler reads a
-  str (BINUNICODE*, BINSTRING*) before making the object (a length beyond the file's end is then
-  "pickle data was truncated", no allocation), but allocates a bytes or bytearray object
-  (BINBYTES, BINBYTES8, BYTEARRAY8: protocols 3 to 5) of the declared length (up to 2**63 - 1)
-  BEFORE reading into it. A 14-byte BINBYTES8 pickle asking for 1 TB thus raises
-  MemoryError (malloc refuses it), which `sources.load_cifar10` turns into a DataError naming
-  the file (exit 2); one asking for less than the machine's memory (8 GB) gets address space
-  that is never touched, since only the file's bytes are copied into it, then the "truncated"
-  UnpicklingError (a DataError too). Resident memory stays bounded by the file; under strict
-  overcommit (``vm.overcommit_memory=2``) or a ``ulimit -v``, such an allocation is a
-  MemoryError instead;
-* admits only the globals of a numpy array pickle (``_reconstruct``, ``ndarray``, ``dtype``,
-  from numpy 1 or 2 module paths), and none of them is the real one: ``ndarray`` is an inert
-  token that only ``_reconstruct`` accepts, ``_reconstruct`` allocates nothing and returns a
-  placeholder, ``dtype`` admits only plain numeric types (bool, integers, floats of at most 8
-  bytes; no objects, records or sub-arrays);
-* builds each array from its pickled state only when the bytes it holds are exactly
-  ``prod(shape) * itemsize`` (``np.frombuffer``: a view of those bytes, no copy). So every array
-  is at most as large as the file, and arrays that share one bytes object (memo references)
-  share its memory.
+* refuses unread a file over `MAX_BATCH_FILE_BYTES` and reads a smaller one whole. CPython's C
+  unpickler still allocates a bytes object of the length a BINBYTES8 opcode declares before
+  reading into it: 1 TB is a MemoryError, less is address space never touched, then "pickle data
+  was truncated" (`sources.load_cifar10` makes either a DataError naming the file);
+* admits only the globals of a numpy array pickle, as checked stand-ins: ``ndarray`` an inert
+  token only ``_reconstruct`` accepts, ``_reconstruct`` allocating nothing, ``dtype`` only plain
+  numeric types of at most 8 bytes;
+* builds an array only from a state holding exactly ``prod(shape) * itemsize`` bytes, as a view
+  of them (``np.frombuffer``), so no array is larger than the file.
 
-The rest of a pickle (lists, dicts, bytes, ints, memo references) costs memory in proportion
-to the file. What the caller then does with the objects is its own bound: `sources.load_cifar10`
-takes the images only as an array, and the labels only as an array or a list of ints with one
-per image, checked before any conversion (a list of 12,000 references to one 1 MB bytes object,
-passed to ``np.asarray``, would ask for 12 GB).
+The caller bounds what it does with the objects: `sources.load_cifar10` checks the labels list
+before any conversion (12,000 references to one 1 MB bytes object would be 12 GB as an array).
 """
 
 from __future__ import annotations
@@ -180,11 +164,10 @@ def _resolve(value: Any) -> Any:
 
 
 def unpickle_batch(path: pathlib.Path) -> Any:
-    """The object pickled in ``path`` (Python 2 strings as bytes), read as the module docstring
-    says; a dict's values and a top-level array are numpy arrays, deeper arrays stay
-    placeholders (a CIFAR-10 batch has none). Raises OSError (unreadable), ValueError (over
-    `MAX_BATCH_FILE_BYTES`), pickle.UnpicklingError (refused) or the errors of a truncated or
-    corrupt pickle (EOFError, TypeError, ...)."""
+    """The object pickled in ``path`` (Python 2 strings as bytes; module docstring): a dict's
+    values and a top-level array as numpy arrays, deeper arrays as placeholders. Raises OSError,
+    ValueError (over `MAX_BATCH_FILE_BYTES`), pickle.UnpicklingError (refused) or the errors of
+    a truncated or corrupt pickle (EOFError, TypeError, ...)."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size > MAX_BATCH_FILE_BYTES:

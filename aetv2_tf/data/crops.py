@@ -1,10 +1,8 @@
 """Crops of variable-size images, taken before the shuffle buffer (ImageNet/Places protocol).
 
 `crops` maps ``(image (H, W, 3) uint8 or float, label)`` of any size to ``((S, S, 3) float32
-[0, 1] crop, label)`` (`augment.resize_crop`: the shorter side resized to ``round(S * 256 /
-224)``, then a random crop and flip if ``augment``, else the centre crop), BEFORE the training
-shuffle: the buffer holds ``buffer`` crops (1,024 x 224^2 x 3 float32 = 0.6 GB) whatever the
-files' size (1,024 decoded 12-megapixel photos: 37 GB). `pipelines` builds the seeds.
+[0, 1] crop, label)`` (`augment.resize_crop`) BEFORE the training shuffle: the buffer holds
+crops (1,024 x 224^2 x 3 float32 = 0.6 GB) whatever the files' size.
 """
 
 from __future__ import annotations
@@ -19,9 +17,8 @@ def crops(ds: tf.data.Dataset, element_seed: tf.Tensor, shuffle_seed: int, *, im
     """Variable-size (image, label) -> ((S, S, 3) float32 crop, label), ``S = image_size``.
 
     ``element_seed`` (a stateless (2,) seed) is folded with each element's key: in training, a
-    key from a ``Dataset.random`` seeded by ``shuffle_seed`` and redrawn every iteration (a new
-    crop each epoch, also without ``repeat``), shuffled in a ``buffer``-element buffer seeded by
-    ``shuffle_seed`` too; in evaluation (unshuffled, centre crops), the element index."""
+    key of a ``Dataset.random`` seeded by ``shuffle_seed`` and redrawn every iteration (a new
+    crop each epoch), then shuffled in a ``buffer``-element buffer; in evaluation, its index."""
     if repeat:
         ds = ds.repeat()
     if training:

@@ -1,21 +1,15 @@
 """Homographies of the AET pretext task: the model frame, the AETv1 sampler, warping.
 
-Frames and directions follow ``docs/conventions.md``:
+Frames and directions follow ``docs/conventions.md``: the *model frame* is the square
+``[-1, 1]^2`` whose corners are the outer pixel edges, ``p_model = N @ p_pixel`` with
+``N = normalization_matrix(H, W)``; ``T`` maps points of the original image ``x`` to points of
+``t(x)``, and ``H = N^{-1} T N`` (:func:`to_pixel_homography`) reproduces
+``cv2.warpPerspective(x, H, (W, H))``. ``k`` counts quarter turns COUNTER-CLOCKWISE on screen
+(y points down): ``rotation_matrix(k) = [[c, s, 0], [-s, c, 0], [0, 0, 1]]``,
+``c, s = cos(k pi/2), sin(k pi/2)``, warps an image to ``np.rot90(image, k)``.
 
-* the *model frame* is centred and normalised: the image is the square ``[-1, 1]^2`` whose corners
-  are the outer pixel edges; ``p_model = N @ p_pixel`` with ``N = normalization_matrix(H, W)``;
-* ``T`` maps points of the original image ``x`` to points of ``t(x)``; a pixel-frame warp with
-  ``H = N^{-1} T N`` (:func:`to_pixel_homography`) reproduces ``cv2.warpPerspective(x, H, (W, H))``.
-
-Rotations: ``k`` counts quarter turns COUNTER-CLOCKWISE on screen (y points down), so the exact
-model-frame rotation ``rotation_matrix(k) = [[c, s, 0], [-s, c, 0], [0, 0, 1]]`` with
-``c, s = cos(k pi/2), sin(k pi/2)`` warps an image to ``np.rot90(image, k)``. The sampler realises
-it as a cyclic shift of the corner list: corner ``i`` moves to the place of corner ``(i - k) mod 4``
-(corners listed top-left, top-right, bottom-right, bottom-left).
-
-Every function here is TensorFlow, batched, and usable inside ``tf.data`` under the TensorFlow
-backend; the sampler's mathematics (`square_to_quad`, the corners of the AETv1 sampler) is
-`aetv2_tf.data.sampler`'s ``keras.ops`` code, shared with the device.
+Every function here is batched TensorFlow, usable inside ``tf.data``; the sampler's mathematics
+is `data.sampler`'s ``keras.ops`` code, shared with the device.
 """
 
 from __future__ import annotations
@@ -34,25 +28,18 @@ from aetv2_tf.method.geometry import inverse_3x3
 CANONICAL_CORNERS = np.array([[-1.0, -1.0], [1.0, -1.0], [1.0, 1.0], [-1.0, 1.0]])
 
 
-
 def normalization_matrix(height: int, width: int, dtype: tf.DType = tf.float32) -> tf.Tensor:
     """N (3, 3): pixel frame (centres at integers) -> model frame (edges at +-1)."""
-    return tf.constant(
-        [[2.0 / width, 0.0, -(width - 1.0) / width],
-         [0.0, 2.0 / height, -(height - 1.0) / height],
-         [0.0, 0.0, 1.0]],
-        dtype=dtype,
-    )
+    return tf.constant([[2.0 / width, 0.0, -(width - 1.0) / width],
+                        [0.0, 2.0 / height, -(height - 1.0) / height],
+                        [0.0, 0.0, 1.0]], dtype=dtype)
 
 
 def _denormalization_matrix(height: int, width: int, dtype: tf.DType) -> tf.Tensor:
     """N^{-1} (3, 3): model frame -> pixel frame, written out exactly."""
-    return tf.constant(
-        [[width / 2.0, 0.0, (width - 1.0) / 2.0],
-         [0.0, height / 2.0, (height - 1.0) / 2.0],
-         [0.0, 0.0, 1.0]],
-        dtype=dtype,
-    )
+    return tf.constant([[width / 2.0, 0.0, (width - 1.0) / 2.0],
+                        [0.0, height / 2.0, (height - 1.0) / 2.0],
+                        [0.0, 0.0, 1.0]], dtype=dtype)
 
 
 def _as_float_matrix(t) -> tf.Tensor:
@@ -104,38 +91,14 @@ def stateless_seed(seed) -> tf.Tensor:
     return tensor
 
 
-def sample_homography_components(
-    batch_size,
-    height: int,
-    width: int,
-    seed,
-    shift: str = "integer",
-    scale_range: Sequence[float] = (0.8, 1.2),
-    shift_fraction: float = 0.125,
-) -> dict[str, tf.Tensor]:
-    """The AETv1 homography sampler, with its random components exposed.
-
-    Per sample: scale ``s ~ U(scale_range)`` of the corners about the centre, ``k ~ U{0..3}``
-    counter-clockwise quarter turns (cyclic shift of the corner list, see the module docstring),
-    and an independent shift of each of the 8 corner coordinates: ``shift="integer"`` draws whole
-    pixels in ``U{-m..m}`` with ``m = round(shift_fraction * side)`` (4 px for 32, 28 px for 224,
-    as AETv1), ``"continuous"`` draws ``U(-shift_fraction, shift_fraction) * side`` pixels.
-
-    Args:
-      batch_size: B, a Python int or a scalar int tensor.
-      height, width: image size in pixels (the side used for each coordinate's shift).
-      seed: a stateless seed: a Python int ``s`` (the same as ``(0, s)``) or a shape (2,)
-        int32/int64 array or tensor; equal seeds give equal samples (see `stateless_seed`).
-
-    Returns a dict of ``matrix`` (B, 3, 3) float32 ``T`` in the model frame with ``T[2, 2] = 1``,
-    ``rotation`` (B,) int32 ``k``, ``scale`` (B,) float32 ``s``, ``shift`` (B, 4, 2) float32 pixel
-    shifts (x, y) of the corners, and ``corners`` (B, 4, 2) float32 model-frame moved corners.
-
-    One sampler for both programs: ``(B, 10)`` float32 uniforms drawn here with TensorFlow's
-    stateless RNG (a pure function of ``seed``, so a resumed tf.data pipeline redraws the same
-    homographies) go through `aetv2_tf.data.sampler.components_from_uniform`, the mathematics the
-    device sampler uses with ``keras.random`` draws.
-    """
+def sample_homography_components(batch_size, height: int, width: int, seed,
+                                 shift: str = "integer",
+                                 scale_range: Sequence[float] = (0.8, 1.2),
+                                 shift_fraction: float = 0.125) -> dict[str, tf.Tensor]:
+    """The AETv1 sampler of `data.sampler.sample_homography_components` (the protocol and the
+    returned dict), its ``(B, 10)`` uniforms drawn by TensorFlow's stateless RNG from ``seed``
+    (`stateless_seed`): equal seeds give equal samples, so a resumed pipeline redraws the same
+    homographies. ``batch_size``: B, an int or a scalar int tensor."""
     import keras
 
     if keras.backend.backend() != "tensorflow":
@@ -147,27 +110,15 @@ def sample_homography_components(
     return sampler.components_from_uniform(u, height, width, shift, scale_range, shift_fraction)
 
 
-def sample_homographies(
-    batch_size,
-    height: int,
-    width: int,
-    seed,
-    shift: str = "integer",
-    scale_range: Sequence[float] = (0.8, 1.2),
-    shift_fraction: float = 0.125,
-    return_rotation: bool = False,
-):
-    """AETv1 homographies ``T`` (B, 3, 3) float32 in the model frame, ``T[2, 2] = 1``.
-
-    See :func:`sample_homography_components` for the protocol. With ``return_rotation=True``
-    returns ``(T, k)`` where ``k`` (B,) int32 counts counter-clockwise quarter turns.
-    """
-    parts = sample_homography_components(
-        batch_size, height, width, seed, shift, scale_range, shift_fraction
-    )
-    if return_rotation:
-        return parts["matrix"], parts["rotation"]
-    return parts["matrix"]
+def sample_homographies(batch_size, height: int, width: int, seed, shift: str = "integer",
+                        scale_range: Sequence[float] = (0.8, 1.2), shift_fraction: float = 0.125,
+                        return_rotation: bool = False):
+    """AETv1 homographies ``T`` (B, 3, 3) float32 in the model frame, ``T[2, 2] = 1``
+    (:func:`sample_homography_components`); with ``return_rotation``, ``(T, k)``, ``k`` (B,)
+    int32 counter-clockwise quarter turns."""
+    parts = sample_homography_components(batch_size, height, width, seed, shift, scale_range,
+                                         shift_fraction)
+    return (parts["matrix"], parts["rotation"]) if return_rotation else parts["matrix"]
 
 
 def to_pixel_homography(t, height: int, width: int) -> tf.Tensor:
@@ -199,18 +150,12 @@ def corners(t, height: int = 32, width: int | None = None) -> tf.Tensor:
 
 
 def warp(images, t, fill_value: float = 0.5, interpolation: str = "bilinear") -> tf.Tensor:
-    """t(x): warp a batch by model-frame homographies.
-
-    Args:
-      images: (B, H, W, C) float32 (or float64/uint8) images.
-      t: (B, 3, 3) model-frame ``T`` (original -> transformed, conventions.md).
-      fill_value: constant for points sampled outside the input (default exactly 0.5; AETv1's grey
-        is ``AETV1_FILL = 128/255``). Bilinear taps outside the image count as ``fill_value``,
-        like ``cv2.BORDER_CONSTANT``.
-      interpolation: ``"bilinear"`` or ``"nearest"``.
+    """t(x): images (B, H, W, C) float32 (or float64/uint8) warped by model-frame ``T`` (B, 3, 3)
+    (original -> transformed), ``"bilinear"`` or ``"nearest"``.
 
     Returns (B, H, W, C) of the images' dtype: output pixel ``q`` samples the input at
-    ``H^{-1} q`` (``tf.raw_ops.ImageProjectiveTransformV3`` with the output -> input map).
+    ``H^{-1} q`` (``ImageProjectiveTransformV3``); taps outside the image read ``fill_value``
+    (default 0.5; AETv1's grey is ``AETV1_FILL = 128/255``), like ``cv2.BORDER_CONSTANT``.
     """
     images = tf.convert_to_tensor(images)
     height, width = images.shape[1], images.shape[2]
@@ -221,10 +166,6 @@ def warp(images, t, fill_value: float = 0.5, interpolation: str = "bilinear") ->
     inverse = inverse / inverse[..., 2:3, 2:3]
     transforms = tf.cast(tf.reshape(inverse, [-1, 9])[:, :8], tf.float32)
     return tf.raw_ops.ImageProjectiveTransformV3(
-        images=images,
-        transforms=transforms,
-        output_shape=tf.constant([height, width], tf.int32),
-        fill_value=tf.constant(fill_value, tf.float32),
-        interpolation=interpolation.upper(),
-        fill_mode="CONSTANT",
-    )
+        images=images, transforms=transforms, output_shape=tf.constant([height, width], tf.int32),
+        fill_value=tf.constant(fill_value, tf.float32), interpolation=interpolation.upper(),
+        fill_mode="CONSTANT")

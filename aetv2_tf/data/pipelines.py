@@ -1,25 +1,15 @@
 """tf.data pipelines: AET pretext pairs and classification batches, deterministic under a seed.
 
-Two image protocols:
-
-* fixed size (CIFAR-10, ``image_size`` equal to the images' size): whole batches are gathered,
-  then augmented in one op each (random crop with ``image_size // 8`` = 4 px zero padding and a
-  horizontal flip, as AETv1);
-* variable size (ImageNet/Places, ``image_size=224``): each image is resized so that its shorter
-  side is ``round(image_size * 256 / 224)`` = 256, then randomly cropped to 224 and flipped
-  (training) or centre-cropped (evaluation), before batching; only the crop's window is resized,
-  and a training file list's JPEGs are decoded only there (`augment.decode_resize_crop`: the
-  same pixels at a fraction of the CPU time, BENCHMARKS.md "ImageNet-size input").
-
-Homographies are sampled and applied per batch (``map`` after ``batch``); with
-``warp_on_device`` the pipeline sends uint8 crops and the homographies, and the model warps
-(`models.pretext.WarpPairs`, ``--warp``). `from_data_service` runs a pipeline on a tf.data
-service (``--data_service``) with the same batches. The batches of images come from
-`data.batches`. All randomness is stateless, derived from ``(seed, batch index)`` or ``(seed,
-element index)``; shuffling uses a seeded ``shuffle``; parallel maps keep their order. So two
-pipelines built with the same seed yield identical batches (the seeded ``shuffle`` also depends
-on TensorFlow's global seed, if one is set: keep that equal too). Images are ``float32`` in
-``[0, 1]`` until the final :func:`normalize`.
+The batches of images come from `data.batches`: fixed-size images (CIFAR-10) augmented per batch
+(a random crop of the image zero-padded by ``image_size // 8`` px and a horizontal flip, as
+AETv1), variable-size images (ImageNet/Places) by the 224-pixel protocol (shorter side
+resized to ``round(image_size * 256 / 224)``, a random crop and flip, or the centre crop).
+Homographies are sampled and applied per batch; with ``warp_on_device`` the pipeline sends
+uint8 crops and the homographies, and the model warps (`models.pretext.WarpPairs`). All
+randomness is stateless, derived from ``(seed, batch index)`` or ``(seed, element index)``, and
+parallel maps keep their order: equal seeds give identical batches (the seeded ``shuffle`` also
+depends on TensorFlow's global seed, if one is set). Images are float32 in ``[0, 1]`` until
+:func:`normalize`.
 """
 
 from __future__ import annotations
@@ -48,8 +38,7 @@ from aetv2_tf.data.homographies import sample_homographies, warp
 from aetv2_tf.method.geometry import matrix_to_params
 
 AUTOTUNE = tf.data.AUTOTUNE
-# Every function given to `Dataset.map` here is traced as written
-# (`tf.autograph.experimental.do_not_convert`, as in `data.batches`).
+# Every function given to `Dataset.map` is traced as written (`do_not_convert`: `data.batches`).
 
 
 def normalize(images, mean: Sequence[float] = CIFAR10_MEAN,
@@ -69,49 +58,25 @@ def _options(ds: tf.data.Dataset) -> tf.data.Dataset:
     return ds.with_options(options)
 
 
-# ------------------------------------------------------------------------------- the pipelines
-def pretext_dataset(
-    images_or_dataset,
-    batch_size: int,
-    seed,
-    *,
-    training: bool = True,
-    augment: bool = True,
-    shift: str = "integer",
-    image_size: int = 32,
-    fill_value: float = AETV1_FILL,
-    repeat: bool = True,
-    drop_remainder: bool = True,
-    mean: Sequence[float] = CIFAR10_MEAN,
-    std: Sequence[float] = CIFAR10_STD,
-    shuffle_buffer: int | None = None,
-    with_rotation: bool = False,
-    start_step: int = 0,
-    shard: tuple[int, int] = (0, 1),
-    warp_on_device: bool = False,
-) -> tf.data.Dataset:
+def pretext_dataset(images_or_dataset, batch_size: int, seed, *, training: bool = True,
+                    augment: bool = True, shift: str = "integer", image_size: int = 32,
+                    fill_value: float = AETV1_FILL, repeat: bool = True,
+                    drop_remainder: bool = True, mean: Sequence[float] = CIFAR10_MEAN,
+                    std: Sequence[float] = CIFAR10_STD, shuffle_buffer: int | None = None,
+                    with_rotation: bool = False, start_step: int = 0,
+                    shard: tuple[int, int] = (0, 1),
+                    warp_on_device: bool = False) -> tf.data.Dataset:
     """AET training pairs: a dataset of ``((x, tx), params)``.
 
-    Args:
-      images_or_dataset: uint8 images (N, S, S, 3) as numpy, a checked file list
-        (`aetv2_tf.data.image_folders.ImageFiles`, from a folder source), or a ``tf.data.Dataset``
-        of (image, label) / images of any size (variable-size images use the ImageNet protocol).
-      batch_size: B. seed: an int (or a pair of ints); equal seeds give identical batches.
-      training: shuffle (seeded). augment: pre-augment x (crop + flip; ImageNet: random crop of the
-        resized image, else its centre crop).
-      shift: ``"integer"`` (AETv1) or ``"continuous"`` corner shifts (homographies.py).
-      fill_value: grey for pixels of t(x) that come from outside x, in [0, 1] before
-        normalisation (default AETv1's 128/255).
-      start_step: the first global batch index: a run resumed at step s passes s and continues
-        the stream of batches (order, crops, homographies) exactly where it stopped.
-      shard: ``(w, W)``, worker w of W (a file list only): this worker's ``B / W`` pairs of each
-        global batch of ``batch_size`` pairs, images, crops and homographies exactly those
-        rows of the one-worker batch (the B homographies are drawn, then sliced).
-
-      warp_on_device: the pair is made by the model (`models.pretext.WarpPairs`), on the
-        accelerator: the dataset yields ``((x uint8 (B, S, S, 3), T (B, 3, 3) float32),
-        params)``, x the augmented image rounded to uint8 (a quarter of float32's bytes to the
-        device), the same ``T`` and ``params`` as the host pairs; the CPU does no warp.
+    ``images_or_dataset``: uint8 images (N, S, S, 3) as numpy, a checked file list
+    (`data.image_folders.ImageFiles`), or a ``tf.data.Dataset`` of (image, label) / images of
+    any size. ``seed``: an int or a pair; equal seeds give identical batches. ``training``
+    shuffles; ``augment`` crops and flips x; ``shift``: ``"integer"`` (AETv1) or
+    ``"continuous"`` corner shifts; ``fill_value``: the grey of t(x) outside x, in [0, 1].
+    ``start_step``: the first global batch index (a resumed run continues the stream exactly).
+    ``shard=(w, W)`` (a file list only): worker w's ``B / W`` rows of each global batch.
+    ``warp_on_device``: yields ``((x uint8 (B, S, S, 3), T (B, 3, 3) float32), params)``, the
+    same ``T`` and ``params``, for the model to warp (`models.pretext.WarpPairs`).
 
     Yields ``x``, ``tx``: (B, S, S, 3) float32 normalised with (mean, std); ``params``: (B, 8)
     float32, the 8 parameters (conventions.md) of the model-frame ``T`` with ``tx = t(x)``.
@@ -156,28 +121,15 @@ def _pairs(seed, batch_size: int, image_size: int, shift: str, shard: tuple[int,
     return make_pairs
 
 
-def classification_dataset(
-    images,
-    labels,
-    batch_size: int,
-    seed,
-    *,
-    training: bool,
-    augment: bool = True,
-    image_size: int = 32,
-    repeat: bool = False,
-    drop_remainder: bool = False,
-    mean: Sequence[float] = CIFAR10_MEAN,
-    std: Sequence[float] = CIFAR10_STD,
-    shuffle_buffer: int | None = None,
-) -> tf.data.Dataset:
-    """Batches ``(x, label)`` for the probes: x (B, S, S, 3) float32 normalised, label (B,) int64.
-
-    ``images``/``labels``: numpy (N, S, S, 3) uint8 and (N,) ints, or a ``tf.data.Dataset`` of
-    (image, label) with ``labels=None``. Training shuffles (seeded) and, if ``augment``, crops and
-    flips (ImageNet: resize 256, random crop 224, flip); evaluation keeps the order and does not
-    augment (ImageNet: resize 256, centre crop 224).
-    """
+def classification_dataset(images, labels, batch_size: int, seed, *, training: bool,
+                           augment: bool = True, image_size: int = 32, repeat: bool = False,
+                           drop_remainder: bool = False, mean: Sequence[float] = CIFAR10_MEAN,
+                           std: Sequence[float] = CIFAR10_STD,
+                           shuffle_buffer: int | None = None) -> tf.data.Dataset:
+    """Batches ``(x, label)`` for the probes: x (B, S, S, 3) float32 normalised, label (B,) int64,
+    of numpy (N, S, S, 3) uint8 images and (N,) labels, or of a ``tf.data.Dataset`` of (image,
+    label) with ``labels=None``. Training shuffles (seeded) and, if ``augment``, crops and flips;
+    evaluation keeps the order (variable-size images: their centre crop)."""
     ds = enumerated_batches(images, labels, batch_size, seed, training=training,
                             augment=training and augment, image_size=image_size, repeat=repeat,
                             drop_remainder=drop_remainder, shuffle_buffer=shuffle_buffer)
@@ -186,18 +138,10 @@ def classification_dataset(
     return _options(ds.prefetch(AUTOTUNE))
 
 
-def rotation_dataset(
-    images_or_dataset,
-    batch_size: int,
-    seed,
-    *,
-    augment: bool = True,
-    image_size: int = 32,
-    mean: Sequence[float] = CIFAR10_MEAN,
-    std: Sequence[float] = CIFAR10_STD,
-    start_step: int = 0,
-    shard: tuple[int, int] = (0, 1),
-) -> tf.data.Dataset:
+def rotation_dataset(images_or_dataset, batch_size: int, seed, *, augment: bool = True,
+                     image_size: int = 32, mean: Sequence[float] = CIFAR10_MEAN,
+                     std: Sequence[float] = CIFAR10_STD, start_step: int = 0,
+                     shard: tuple[int, int] = (0, 1)) -> tf.data.Dataset:
     """RotNet pretext batches ``(x, k)``: each of ``batch_size // 4`` images in all 4 rotations
     (``shard``: as `pretext_dataset`, this worker's images of the global batch).
 
@@ -223,14 +167,9 @@ def rotation_dataset(
 
 def from_data_service(dataset: tf.data.Dataset, service: str) -> tf.data.Dataset:
     """``dataset`` computed by a tf.data service (``service``: the dispatcher's
-    ``grpc://host:port``) instead of this process: the training process only receives the
-    batches. Each call is its own job (``ShardingPolicy.OFF``: one worker produces the whole
-    stream, in order), so the batches, and a resumed run's, are exactly the local ones, provided
-    the dispatcher has exactly one worker: with ShardingPolicy.OFF every worker serves every job,
-    so a second worker would send each batch twice, in no fixed order. One dispatcher and one
-    worker per training process.
-
-    Start a dispatcher and a worker on the input machine with TensorFlow's servers
-    (``tf.data.experimental.service.DispatchServer`` / ``WorkerServer``; BUILD.md)."""
+    ``grpc://host:port``; BUILD.md) instead of this process. ``ShardingPolicy.OFF``: one worker
+    produces the whole stream in order, so the batches (and a resumed run's) are exactly the
+    local ones, provided the dispatcher has exactly ONE worker (every worker serves every job:
+    a second one would send each batch twice, in no fixed order)."""
     return dataset.apply(tf.data.experimental.service.distribute(
         processing_mode=tf.data.experimental.service.ShardingPolicy.OFF, service=service))

@@ -1,12 +1,6 @@
-"""The device's preprocessing layers: uint8 image batches -> the pretext and probe inputs, made
-inside the compiled train step from each layer's own seeded random stream (any Keras backend).
-
-* `HomographyPairs`: AET pairs ``(x, t(x), params of T)`` (`data.sampler`, `data.warp`);
-* `QuarterTurns`: RotNet's four rotations and their labels;
-* `ClassifierInputs`: the probes' crops and flips in training, normalisation always.
-
-Each layer's ``keras.random.SeedGenerator`` state is saved with its weights (Keras does not save
-it by default), so that a resumed run continues the stream.
+"""The device's preprocessing layers: uint8 image batches -> the pretext (`HomographyPairs`,
+`QuarterTurns`) and probe (`ClassifierInputs`) inputs, made inside the compiled train step from
+each layer's own seeded random stream (any Keras backend), its state saved with its weights.
 """
 
 from __future__ import annotations
@@ -30,8 +24,7 @@ Tensor = Any
 
 class _SeededLayer(keras.layers.Layer):
     """A layer with its own ``keras.random.SeedGenerator`` (``self.seed_generator``), whose
-    state it also saves (Keras does not, by default) in ``.keras`` and ``.weights.h5`` files, so
-    that a restored layer continues the stream."""
+    state it saves in ``.keras`` and ``.weights.h5`` files (Keras does not, by default)."""
 
     def save_own_variables(self, store) -> None:
         super().save_own_variables(store)
@@ -41,74 +34,6 @@ class _SeededLayer(keras.layers.Layer):
         if _STATE_KEY in store.keys():
             self.seed_generator.state.assign(ops.convert_to_tensor(
                 store[_STATE_KEY], self.seed_generator.state.dtype))
-
-
-@keras.saving.register_keras_serializable(package="aetv2_tf")
-class HomographyPairs(_SeededLayer):
-    """AET pretext pairs on the device: images -> ``(x, tx, params)``.
-
-    Input: (B, H, W, 3) uint8 images or float images in ``[0, 1]``, static H, W.
-    Output (all float32):
-
-    * ``x`` (B, H, W, 3): the image after the AETv1 pre-augmentation (random crop of the image
-      zero-padded by ``H // 8`` px, then a random horizontal flip; ``augment=False`` skips it),
-      normalised ``(x - mean) / std``;
-    * ``tx`` (B, H, W, 3): ``warp(x, T, fill_value)`` before normalisation, then normalised;
-    * ``params`` (B, 8): the 8 parameters of the model-frame ``T`` (conventions.md).
-
-    Randomness comes from one ``keras.random.SeedGenerator(seed)`` owned by the layer, advanced
-    once per call (also in inference): every train step draws new crops and homographies, and
-    equal seeds give equal streams. The state is a Keras variable: ``model.fit`` (and
-    ``stateless_call`` under JAX) carry it through the jitted step; a plain ``jax.jit`` of the
-    layer does not advance it. It is saved with ``model.save`` / ``save_weights``, but NOT by
-    ``tf.train.Checkpoint(model=...)``, which skips Keras seed generators: add
-    ``layer.seed_generator.state`` to such a checkpoint explicitly.
-    """
-
-    def __init__(self, seed: int | None = None, shift: str = "integer",
-                 scale_range: Sequence[float] = (0.8, 1.2), shift_fraction: float = 0.125,
-                 fill_value: float = AETV1_FILL, augment: bool = True,
-                 mean: Sequence[float] = CIFAR10_MEAN, std: Sequence[float] = CIFAR10_STD,
-                 **kwargs):
-        super().__init__(**kwargs)
-        if shift not in SHIFTS:
-            raise ValueError(f"shift must be one of {SHIFTS}, got {shift!r}")
-        self.seed = seed
-        self.shift = shift
-        self.scale_range = tuple(float(s) for s in scale_range)
-        self.shift_fraction = float(shift_fraction)
-        self.fill_value = float(fill_value)
-        self.augment = bool(augment)
-        self.mean = tuple(float(m) for m in mean)
-        self.std = tuple(float(s) for s in std)
-        self.seed_generator = keras.random.SeedGenerator(seed)
-
-    def call(self, images: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        images = as_float(images)
-        height, width = images.shape[1], images.shape[2]
-        count = HOMOGRAPHY_UNIFORMS + _AUGMENT_UNIFORMS
-        u = keras.random.uniform((ops.shape(images)[0], count), dtype="float32",
-                                 seed=self.seed_generator)
-        x = pad_crop_flip(images, u[:, HOMOGRAPHY_UNIFORMS:], height // 8) if self.augment \
-            else images
-        parts = components_from_uniform(u[:, :HOMOGRAPHY_UNIFORMS], height, width, self.shift,
-                                         self.scale_range, self.shift_fraction)
-        tx = warp(x, parts["matrix"], self.fill_value)
-        mean = ops.convert_to_tensor(self.mean, "float32")
-        std = ops.convert_to_tensor(self.std, "float32")
-        return (x - mean) / std, (tx - mean) / std, matrix_to_params(parts["matrix"])
-
-    def compute_output_spec(self, images):
-        shape = tuple(images.shape)
-        return (keras.KerasTensor(shape, "float32"), keras.KerasTensor(shape, "float32"),
-                keras.KerasTensor((shape[0], 8), "float32"))
-
-    def get_config(self) -> dict:
-        config = super().get_config()
-        config.update(seed=self.seed, shift=self.shift, scale_range=list(self.scale_range),
-                      shift_fraction=self.shift_fraction, fill_value=self.fill_value,
-                      augment=self.augment, mean=list(self.mean), std=list(self.std))
-        return config
 
 
 class _Augmenting(_SeededLayer):
@@ -125,6 +50,10 @@ class _Augmenting(_SeededLayer):
         self.std = tuple(float(s) for s in std)
         self.seed_generator = keras.random.SeedGenerator(seed)
 
+    def normalised(self, images: Tensor) -> Tensor:
+        return (images - ops.convert_to_tensor(self.mean, "float32")) \
+            / ops.convert_to_tensor(self.std, "float32")
+
     def augmented(self, images: Tensor, augment: bool) -> Tensor:
         """(B, H, W, 3) -> float32 normalised, pre-augmented when ``augment``."""
         images = as_float(images)
@@ -132,13 +61,65 @@ class _Augmenting(_SeededLayer):
             u = keras.random.uniform((ops.shape(images)[0], _AUGMENT_UNIFORMS),
                                      dtype="float32", seed=self.seed_generator)
             images = pad_crop_flip(images, u, images.shape[1] // 8)
-        return (images - ops.convert_to_tensor(self.mean, "float32")) \
-            / ops.convert_to_tensor(self.std, "float32")
+        return self.normalised(images)
 
     def get_config(self) -> dict:
         config = super().get_config()
         config.update(seed=self.seed, augment=self.augment, mean=list(self.mean),
                       std=list(self.std))
+        return config
+
+
+@keras.saving.register_keras_serializable(package="aetv2_tf")
+class HomographyPairs(_Augmenting):
+    """AET pretext pairs on the device: images -> ``(x, tx, params)``.
+
+    Input: (B, H, W, 3) uint8 images or float images in ``[0, 1]``, static H, W.
+    Output (all float32): ``x`` (B, H, W, 3), the image after the AETv1 pre-augmentation
+    (``augment``), normalised; ``tx`` (B, H, W, 3), ``warp(x, T, fill_value)`` normalised;
+    ``params`` (B, 8), the 8 parameters of the model-frame ``T`` (conventions.md).
+
+    One block of uniforms per call (also in inference) from the layer's seed generator, a Keras
+    variable carried by ``model.fit`` and ``stateless_call`` (not by a plain ``jax.jit``) and
+    saved by ``model.save`` / ``save_weights``, NOT by ``tf.train.Checkpoint(model=...)``: add
+    ``layer.seed_generator.state`` to such a checkpoint.
+    """
+
+    def __init__(self, seed: int | None = None, shift: str = "integer",
+                 scale_range: Sequence[float] = (0.8, 1.2), shift_fraction: float = 0.125,
+                 fill_value: float = AETV1_FILL, augment: bool = True,
+                 mean: Sequence[float] = CIFAR10_MEAN, std: Sequence[float] = CIFAR10_STD,
+                 **kwargs):
+        super().__init__(seed, augment, mean, std, **kwargs)
+        if shift not in SHIFTS:
+            raise ValueError(f"shift must be one of {SHIFTS}, got {shift!r}")
+        self.shift = shift
+        self.scale_range = tuple(float(s) for s in scale_range)
+        self.shift_fraction = float(shift_fraction)
+        self.fill_value = float(fill_value)
+
+    def call(self, images: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        images = as_float(images)
+        height, width = images.shape[1], images.shape[2]
+        count = HOMOGRAPHY_UNIFORMS + _AUGMENT_UNIFORMS
+        u = keras.random.uniform((ops.shape(images)[0], count), dtype="float32",
+                                 seed=self.seed_generator)
+        x = pad_crop_flip(images, u[:, HOMOGRAPHY_UNIFORMS:], height // 8) if self.augment \
+            else images
+        parts = components_from_uniform(u[:, :HOMOGRAPHY_UNIFORMS], height, width, self.shift,
+                                         self.scale_range, self.shift_fraction)
+        tx = warp(x, parts["matrix"], self.fill_value)
+        return self.normalised(x), self.normalised(tx), matrix_to_params(parts["matrix"])
+
+    def compute_output_spec(self, images):
+        shape = tuple(images.shape)
+        return (keras.KerasTensor(shape, "float32"), keras.KerasTensor(shape, "float32"),
+                keras.KerasTensor((shape[0], 8), "float32"))
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        config.update(shift=self.shift, scale_range=list(self.scale_range),
+                      shift_fraction=self.shift_fraction, fill_value=self.fill_value)
         return config
 
 

@@ -1,24 +1,17 @@
 """The AETv1 homography sampler in ``keras.ops``: the one copy of its mathematics.
 
-It runs inside a jitted train step on any Keras backend
-(`data.preprocessing_layers.HomographyPairs`) and, on uniforms drawn by TensorFlow's stateless RNG,
-in the tf.data pipelines (`data.homographies.sample_homography_components`); it never imports
-TensorFlow. Frames and directions follow ``docs/conventions.md``:
+It runs inside a jitted train step on any Keras backend (`preprocessing_layers.HomographyPairs`)
+and, on uniforms drawn by TensorFlow's stateless RNG, in the tf.data pipelines
+(`homographies.sample_homography_components`); it never imports TensorFlow. Frames and
+directions follow ``docs/conventions.md``: the model frame ``u = (x - (W-1)/2) / (W/2)`` (the
+image is ``[-1, 1]^2``, corners at the outer pixel edges); ``T`` maps the ORIGINAL image to the
+TRANSFORMED one; ``k`` counts counter-clockwise quarter turns (``np.rot90(x, k)``), a cyclic
+shift of the corner list (top-left, top-right, bottom-right, bottom-left).
 
-* the *model frame* is centred and normalised, ``u = (x - (W-1)/2) / (W/2)``, so the image is the
-  square ``[-1, 1]^2`` whose corners are the outer pixel edges;
-* ``T`` (model frame) maps the ORIGINAL image to the TRANSFORMED one;
-* ``k`` counts counter-clockwise quarter turns (``np.rot90(x, k)``), realised as a cyclic shift of
-  the corner list (top-left, top-right, bottom-right, bottom-left).
-
-Randomness: every public sampler draws ONE ``keras.random.uniform`` block per call, from a
-``seed`` that is a Python int (a fixed stateless seed: the same samples every call) or a
-``keras.random.SeedGenerator`` (advanced once per call; a Keras variable, so it is updated inside
-a jitted train step and saved in checkpoints). An int seed ``s`` gives the same samples as the
-first call with ``SeedGenerator(s)``.
-
-Numerics are float32 throughout (JAX disables float64 by default): the 4-point homography is the
-closed-form square-to-quad construction in the centred frame (entries O(1), no linear solve).
+A public sampler draws ONE ``keras.random.uniform`` block per call, from an int seed (the same
+samples every call; ``s`` gives those of the first call with ``SeedGenerator(s)``) or a
+``keras.random.SeedGenerator`` (advanced once per call). Numerics are float32 throughout, the
+homography in closed form (entries O(1), no linear solve).
 """
 
 from __future__ import annotations
@@ -53,9 +46,8 @@ def square_to_quad(quad_u: Tensor, quad_v: Tensor) -> Tensor:
         go; float32 (float64 works too, and keeps its precision).
 
     Returns (..., 3, 3) ``T`` in the input's dtype with ``T[..., 2, 2] == 1``: the projective map
-    of the unit square onto the quad (Heckbert), composed with ``[-1, 1]^2 -> [0, 1]^2``. Every
-    intermediate is O(1) for the sampler's quads, so float32 is accurate to a few ulps (see the
-    tests).
+    of the unit square onto the quad (Heckbert), composed with ``[-1, 1]^2 -> [0, 1]^2`` (every
+    intermediate O(1): float32 is accurate to a few ulps).
     """
     x0, x1, x2, x3 = (quad_u[..., i] for i in range(4))
     y0, y1, y2, y3 = (quad_v[..., i] for i in range(4))
@@ -82,9 +74,7 @@ def square_to_quad(quad_u: Tensor, quad_v: Tensor) -> Tensor:
 def components_from_uniform(u, height: int, width: int, shift: str,
                             scale_range: Sequence[float], shift_fraction: float) -> dict:
     """The AETv1 sampler as a function of ``u`` (B, 10) float32 uniforms in [0, 1) (scale,
-    rotation, 4 x-shifts, 4 y-shifts): see `sample_homography_components`. The one copy of the
-    sampler's mathematics: the tf.data pipelines draw ``u`` with TensorFlow's stateless RNG
-    (`homographies.sample_homography_components`), the device with ``keras.random``."""
+    rotation, 4 x-shifts, 4 y-shifts): see `sample_homography_components`."""
     if shift not in SHIFTS:
         raise ValueError(f"shift must be one of {SHIFTS}, got {shift!r}")
     lo, hi = float(scale_range[0]), float(scale_range[1])
@@ -110,21 +100,17 @@ def components_from_uniform(u, height: int, width: int, shift: str,
             "shift": ops.stack(pixel_shift, axis=-1), "corners": ops.stack([quad_u, quad_v], -1)}
 
 
-def sample_homography_components(
-    batch_size: int,
-    height: int,
-    width: int,
-    seed: int | keras.random.SeedGenerator,
-    shift: str = "integer",
-    scale_range: Sequence[float] = (0.8, 1.2),
-    shift_fraction: float = 0.125,
-) -> dict[str, Tensor]:
-    """The AETv1 sampler with its random components, as ``homographies`` has it.
+def sample_homography_components(batch_size: int, height: int, width: int,
+                                 seed: int | keras.random.SeedGenerator, shift: str = "integer",
+                                 scale_range: Sequence[float] = (0.8, 1.2),
+                                 shift_fraction: float = 0.125) -> dict[str, Tensor]:
+    """The AETv1 sampler with its random components.
 
     Per sample: scale ``s ~ U(scale_range)`` about the centre, ``k ~ U{0..3}`` counter-clockwise
     quarter turns (cyclic shift of the corner list), and independent shifts of the 8 corner
     coordinates: ``"integer"`` whole pixels in ``U{-m..m}``, ``m = round(shift_fraction * side)``
-    (4 px for 32), or ``"continuous"`` ``U(-1, 1) * shift_fraction * side`` pixels.
+    (4 px for 32, 28 px for 224, as AETv1), or ``"continuous"`` ``U(-1, 1) * shift_fraction *
+    side`` pixels.
 
     Returns a dict: ``matrix`` (B, 3, 3) float32 model-frame ``T`` with ``T[2, 2] = 1``,
     ``rotation`` (B,) int32 ``k``, ``scale`` (B,) float32, ``shift`` (B, 4, 2) float32 pixel
@@ -134,19 +120,12 @@ def sample_homography_components(
     return components_from_uniform(u, height, width, shift, scale_range, shift_fraction)
 
 
-def sample_homographies(
-    batch_size: int,
-    height: int,
-    width: int,
-    seed: int | keras.random.SeedGenerator,
-    shift: str = "integer",
-    scale_range: Sequence[float] = (0.8, 1.2),
-    shift_fraction: float = 0.125,
-) -> tuple[Tensor, Tensor]:
-    """AETv1 homographies: ``(T (B, 3, 3) float32 model frame with T[2, 2] = 1, k (B,) int32)``.
-
-    ``k`` counts counter-clockwise quarter turns. See :func:`sample_homography_components`.
-    """
+def sample_homographies(batch_size: int, height: int, width: int,
+                        seed: int | keras.random.SeedGenerator, shift: str = "integer",
+                        scale_range: Sequence[float] = (0.8, 1.2),
+                        shift_fraction: float = 0.125) -> tuple[Tensor, Tensor]:
+    """AETv1 homographies ``(T (B, 3, 3) float32 model frame with T[2, 2] = 1, k (B,) int32
+    counter-clockwise quarter turns)`` of :func:`sample_homography_components`."""
     parts = sample_homography_components(batch_size, height, width, seed, shift, scale_range,
                                          shift_fraction)
     return parts["matrix"], parts["rotation"]

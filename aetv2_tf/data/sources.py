@@ -1,19 +1,10 @@
 """Where images come from: local CIFAR-10, tensorflow-datasets, folders of class folders.
 
 Nothing here downloads unless asked (``download=True``); offline, a missing dataset is a fast
-:class:`DataError` that says how to prepare it.
-
-* :func:`load_cifar10` reads the official python layout (``cifar-10-batches-py``) with a restricted
-  unpickler (`aetv2_tf.data.cifar10_pickles`): only checked stand-ins of the numpy array
-  reconstructors those files use are admitted, so a crafted file raises a :class:`DataError` instead
-  of running code or asking for more memory than the file holds.
-* :func:`load_tfds` wraps a prepared tensorflow-datasets directory.
-* :func:`list_image_folder` lists (and checks) ``root/split/<class>/<image>`` (ImageNet/Places
-  style folders); :func:`load_image_folder` decodes them in that order.
-* :func:`load_source` is the single entry point used by the programs.
-
-TensorFlow is imported only by the tensorflow-datasets and folder readers: the CIFAR-10 python
-files load on any Keras backend (``KERAS_BACKEND=jax`` without TensorFlow installed).
+:class:`DataError` that says how to prepare it. `load_source` is the programs' entry point. The
+CIFAR-10 python files are read by a restricted unpickler (`data.cifar10_pickles`: a crafted file
+is a DataError, nothing executed) and load on any Keras backend, without TensorFlow; only the
+tensorflow-datasets and folder readers import TensorFlow.
 """
 
 from __future__ import annotations
@@ -48,7 +39,6 @@ class DataError(ValueError):
     """A dataset is missing, incomplete, corrupt or unsafe; the message says how to fix it."""
 
 
-# ------------------------------------------------------------------------------------ CIFAR-10
 def _unpickle(path: pathlib.Path) -> dict:
     try:
         obj = unpickle_batch(path)
@@ -70,8 +60,8 @@ def _unpickle(path: pathlib.Path) -> dict:
 
 def _batch_arrays(path: pathlib.Path, data, labels) -> tuple[np.ndarray, np.ndarray]:
     """A batch's ``data`` -> (N, 3072) uint8 and ``labels`` -> (N,) int64 in 0..9, checked
-    before any conversion (`aetv2_tf.data.cifar10_pickles`: a list is never handed to ``np.asarray``
-    before its length and element types are known). DataError naming ``path`` otherwise."""
+    before any conversion (a list reaches ``np.asarray`` only once its length and element types
+    are known: `data.cifar10_pickles`). DataError naming ``path`` otherwise."""
     if not isinstance(data, np.ndarray):
         raise DataError(f"{path}: data is a {type(data).__name__}, expected a numpy (N, 3072) "
                         f"uint8 array (10,000 rows in an official batch); {_CIFAR10_HELP}")
@@ -125,16 +115,11 @@ def is_cifar10_dir(data_dir) -> bool:
 
 def load_cifar10(data_dir, split: str = "train",
                  limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """CIFAR-10 from the official python layout, in the official order.
-
-    Args:
-      data_dir: the ``cifar-10-batches-py`` directory or its parent.
-      split: ``"train"`` (data_batch_1..5, 50000 images) or ``"test"`` (test_batch, 10000).
-      limit: only the first ``limit`` images (and only the files that hold them are read).
-
-    Returns ``(images, labels)``: images (N, 32, 32, 3) uint8 RGB (HWC), labels (N,) int64 in 0..9.
-    Raises DataError (naming the file and the fix) for a missing directory or file, a truncated,
-    corrupt or unsafe pickle, or arrays of the wrong shape.
+    """CIFAR-10 images (N, 32, 32, 3) uint8 RGB and labels (N,) int64 in 0..9, in the official
+    order, from the python layout in ``data_dir`` (``cifar-10-batches-py`` or its parent):
+    ``split`` ``"train"`` (50000 images) or ``"test"`` (10000); ``limit``: only the first images
+    (only the files holding them read). DataError, naming the file and the fix, for a missing
+    directory or file, a truncated, corrupt or unsafe pickle, or arrays of the wrong shape.
     """
     if split not in CIFAR10_FILES:
         raise DataError(f"CIFAR-10 split must be one of {sorted(CIFAR10_FILES)}, got {split!r}")
@@ -157,20 +142,13 @@ def load_cifar10(data_dir, split: str = "train",
     return (images[:limit], labels[:limit]) if limit else (images, labels)
 
 
-# ------------------------------------------------------------------------ tensorflow-datasets
 def load_tfds(name: str, split: str, data_dir=None, download: bool = False,
               shuffle_seed: int | None = None) -> tf.data.Dataset:
-    """A tensorflow-datasets split as a ``tf.data.Dataset`` of (image uint8 (H, W, 3), label int64).
-
-    With ``shuffle_seed`` (training streams) the split's files are read in a seeded order,
-    reshuffled every iteration (``shuffle_files=True``); without it, in their stored order.
-
-    With ``download=False`` (the default) the prepared data must already be in ``data_dir``
-    (default: ``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``); this is checked on disk before
-    anything that could reach the network, and a :class:`DataError` says how to prepare it.
-    ``download=True`` runs ``download_and_prepare`` (manual datasets such as ImageNet read their
-    archives from ``data_dir/downloads/manual``).
-    """
+    """A tensorflow-datasets split as a ``tf.data.Dataset`` of (image uint8 (H, W, 3), label int64),
+    its files in a seeded order reshuffled every iteration with ``shuffle_seed``, else stored
+    order. ``download=False``: the prepared data must be in ``data_dir`` (default
+    ``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``), checked before any network access
+    (DataError: how to prepare it); ``download=True`` runs ``download_and_prepare``."""
     import tensorflow_datasets as tfds  # slow import, only when used
 
     try:
@@ -194,10 +172,8 @@ def load_tfds(name: str, split: str, data_dir=None, download: bool = False,
                               read_config=config)
 
 
-# ------------------------------------------------------------------------- folders of images
 def _entries(folder: pathlib.Path) -> list[os.DirEntry]:
-    """The entries of ``folder``, sorted by name; DataError naming it when it cannot be read
-    (a PermissionError or an I/O error is the user's to fix, not a traceback)."""
+    """The entries of ``folder``, sorted by name; DataError naming it when it cannot be read."""
     try:
         with os.scandir(folder) as it:
             return sorted(it, key=lambda e: e.name)
@@ -207,16 +183,13 @@ def _entries(folder: pathlib.Path) -> list[os.DirEntry]:
 
 
 def shown(path: str) -> str:
-    """A file name as it is shown: its bytes decoded as UTF-8, any other byte as ``\\xNN`` (a
-    name is bytes on disk; Python keeps undecodable bytes as surrogates, which cannot be
-    printed or given to TensorFlow)."""
+    """A file name as shown: its bytes decoded as UTF-8, any other byte as ``\\xNN`` (Python's
+    surrogates for undecodable bytes cannot be printed or given to TensorFlow)."""
     return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
 def _check_name(folder: pathlib.Path, path: str) -> None:
-    """DataError when the name ``path`` is not valid UTF-8: TensorFlow's file reader takes
-    UTF-8 paths only (it would fail with a traceback at the first batch, after the run's record
-    is written)."""
+    """DataError when the name ``path`` is not valid UTF-8 (TensorFlow reads UTF-8 paths only)."""
     try:
         os.fsencode(path).decode("utf-8")
     except UnicodeDecodeError:
@@ -228,8 +201,7 @@ def _check_name(folder: pathlib.Path, path: str) -> None:
 
 def _kind(folder: pathlib.Path, entry: os.DirEntry) -> str:
     """"dir", "file" or "other" for ``entry`` of ``folder``, links followed; DataError naming
-    a symbolic link that loops (or whose target cannot be read) instead of an OSError
-    traceback."""
+    a symbolic link that loops or whose target cannot be read."""
     try:
         return "dir" if entry.is_dir() else "file" if entry.is_file() else "other"
     except OSError as e:
@@ -241,11 +213,9 @@ def _kind(folder: pathlib.Path, entry: os.DirEntry) -> str:
 
 
 def _class_folders(folder: pathlib.Path) -> list[str]:
-    """The class sub-directories of ``folder``, sorted. A symbolic link to another directory
-    (a class kept on another disk, as ImageNet copies often are) is a class like any other, but
-    one to ``folder`` itself or to a folder that contains it (``/``, the dataset's root), or one
-    that loops (a link to itself), is refused: it is a loop or a mistake, not a class, and would
-    list files that are not images of one class."""
+    """The class sub-directories of ``folder``, sorted. A symbolic link to another directory is
+    a class like any other; one to ``folder`` or a folder containing it (``/``, the dataset's
+    root), or one that loops, is refused (DataError)."""
     real = folder.resolve()
     names = []
     for entry in _entries(folder):
@@ -264,17 +234,12 @@ def _class_folders(folder: pathlib.Path) -> list[str]:
 
 
 def list_image_folder(root, split: str | None = None, min_classes: int = 2) -> ImageFiles:
-    """The checked files of ``root/split/<class>/*``, in sorted (class, file name) order.
-
-    Class names are the sorted sub-directory names; label ``i`` is ``class_names[i]``. Files are
-    those with extensions in ``IMAGE_EXTENSIONS`` (case-insensitive); the undecodable ones are
-    left out, named in the log and in ``skipped`` (`aetv2_tf.data.image_folders`). DataError, naming
-    the folder and the fix, for: an unreadable folder, a class folder linked to a folder that
-    contains the split folder (`/`, the root: `_class_folders`), a link that loops, a name that
-    is not UTF-8 (`_check_name`: TensorFlow reads UTF-8 paths only), fewer than
-    ``min_classes`` classes (2 by default: one class would make a probe's top-1 100%; pretraining
-    reads no label and takes images without labels as one folder, ``min_classes=1``), and a
-    class folder with no decodable image (the label space would hold a class without examples).
+    """The checked files of ``root/split/<class>/*`` with ``IMAGE_EXTENSIONS`` (any case), in
+    sorted (class, file name) order; label ``i`` is ``class_names[i]`` (sorted sub-directory
+    names); undecodable files left out, named in the log and in ``skipped``. DataError, naming
+    the folder and the fix, for an unreadable folder, a bad link, a name that is not UTF-8,
+    fewer than ``min_classes`` classes (one class would make a probe's top-1 100%; unlabelled
+    images are one folder, ``min_classes=1``), or a class folder with no decodable image.
     """
     base = pathlib.Path(root).expanduser()
     folder = base / split if split else base
@@ -321,12 +286,8 @@ def list_image_folder(root, split: str | None = None, min_classes: int = 2) -> I
 
 
 def load_image_folder(root, split: str | None = None) -> tf.data.Dataset:
-    """``root/split/<class>/<image>`` as a dataset of (image uint8 (h, w, 3), label int64).
-
-    Images keep their own size (decoded as RGB); classes are numbered in sorted name order (see
-    :func:`list_image_folder`); elements come in sorted (class, file name) order. Training
-    streams take the file list itself (`load_source`), not this dataset.
-    """
+    """``root/split/<class>/<image>`` as a dataset of (image uint8 (h, w, 3) RGB of its own
+    size, label int64), in the order of :func:`list_image_folder`."""
     import tensorflow as tf
 
     files = list_image_folder(root, split)
@@ -335,9 +296,38 @@ def load_image_folder(root, split: str | None = None) -> tf.data.Dataset:
                   num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
-# ---------------------------------------------------------------------------- one entry point
 _TFDS_NAMES = {"imagenet2012": "imagenet2012", "imagenet": "imagenet2012",
                "places365_small": "places365_small", "places365": "places365_small"}
+
+
+def _cifar10(data_dir, split: str, download: bool, limit: int | None):
+    """CIFAR-10 as numpy arrays: the python layout if ``data_dir`` holds it, else a prepared
+    tensorflow-datasets copy in ``data_dir`` (read whole; ``limit`` applies to the former)."""
+    if is_cifar10_dir(data_dir):
+        return load_cifar10(data_dir, split, limit)
+    if data_dir is not None and "://" not in os.fspath(data_dir) \
+            and not os.path.isdir(os.fspath(data_dir)):
+        raise DataError(f"--data_dir={data_dir} does not exist; {_CIFAR10_HELP}")
+    try:
+        import tensorflow as tf
+    except ImportError as e:
+        raise DataError(f"--data_dir={data_dir} does not hold the CIFAR-10 python layout "
+                        f"(data_batch_1..5, test_batch), and reading a tensorflow-datasets "
+                        f"copy needs TensorFlow, which is not importable here ({e}); "
+                        f"{_CIFAR10_HELP}") from e
+    if data_dir is not None and not tf.io.gfile.isdir(os.fspath(data_dir)):
+        raise DataError(f"--data_dir={data_dir} does not exist; {_CIFAR10_HELP}")
+    try:
+        ds = load_tfds("cifar10", split, data_dir, download)
+    except DataError as e:
+        raise DataError(f"--data_dir={data_dir} holds neither the CIFAR-10 python layout "
+                        f"(data_batch_1..5, test_batch) nor a prepared tensorflow-datasets "
+                        f"cifar10 ({e}); {_CIFAR10_HELP}") from e
+    images, labels = [], []
+    for image, label in ds.batch(10_000).as_numpy_iterator():
+        images.append(image)
+        labels.append(label)
+    return np.concatenate(images).astype(np.uint8), np.concatenate(labels).astype(np.int64)
 
 
 def load_source(dataset: str, data_dir=None, split: str = "train", download: bool = False,
@@ -345,45 +335,17 @@ def load_source(dataset: str, data_dir=None, split: str = "train", download: boo
                 limit: int | None = None):
     """Load a dataset by name.
 
-    * ``"cifar10"``: the python layout if ``data_dir`` holds it, else tensorflow-datasets in
-      ``data_dir`` (a fast DataError offline); returns numpy ``(images (N, 32, 32, 3) uint8,
-      labels (N,) int64)`` either way; ``limit``: the python layout reads only the files that
-      hold its first ``limit`` images, and returns those (other sources ignore it).
-    * ``"imagenet2012"``, ``"places365_small"``: tensorflow-datasets (prepared from the manual
-      archives); returns a ``tf.data.Dataset`` of (image uint8 (h, w, 3), label int64), its
-      files read in the order of ``shuffle_seed`` (`load_tfds`).
-    * ``"folder"``: the checked file list of ``data_dir/split/<class>/*``
-      (:func:`list_image_folder`, an `ImageFiles`, with at least ``min_classes`` classes),
-      decoded by the pipelines as they read it.
+    * ``"cifar10"``: numpy ``(images (N, 32, 32, 3) uint8, labels (N,) int64)`` from the python
+      layout (its first ``limit`` images, only the files holding them read) or from
+      tensorflow-datasets in ``data_dir`` (`_cifar10`);
+    * ``"imagenet2012"``, ``"places365_small"``: a ``tf.data.Dataset`` of (image uint8
+      (h, w, 3), label int64) from tensorflow-datasets (`load_tfds`);
+    * ``"folder"``: the checked file list (`ImageFiles`) of ``data_dir/split/<class>/*`` with at
+      least ``min_classes`` classes (:func:`list_image_folder`).
     """
     name = dataset.lower()
     if name == "cifar10":
-        if is_cifar10_dir(data_dir):
-            return load_cifar10(data_dir, split, limit)
-        if data_dir is not None and "://" not in os.fspath(data_dir) \
-                and not os.path.isdir(os.fspath(data_dir)):
-            raise DataError(f"--data_dir={data_dir} does not exist; {_CIFAR10_HELP}")
-        try:
-            import tensorflow as tf
-        except ImportError as e:
-            raise DataError(f"--data_dir={data_dir} does not hold the CIFAR-10 python layout "
-                            f"(data_batch_1..5, test_batch), and reading a tensorflow-datasets "
-                            f"copy needs TensorFlow, which is not importable here ({e}); "
-                            f"{_CIFAR10_HELP}") from e
-
-        if data_dir is not None and not tf.io.gfile.isdir(os.fspath(data_dir)):
-            raise DataError(f"--data_dir={data_dir} does not exist; {_CIFAR10_HELP}")
-        try:
-            ds = load_tfds("cifar10", split, data_dir, download)
-        except DataError as e:
-            raise DataError(f"--data_dir={data_dir} holds neither the CIFAR-10 python layout "
-                            f"(data_batch_1..5, test_batch) nor a prepared tensorflow-datasets "
-                            f"cifar10 ({e}); {_CIFAR10_HELP}") from e
-        images, labels = [], []
-        for image, label in ds.batch(10_000).as_numpy_iterator():
-            images.append(image)
-            labels.append(label)
-        return np.concatenate(images).astype(np.uint8), np.concatenate(labels).astype(np.int64)
+        return _cifar10(data_dir, split, download, limit)
     if name in _TFDS_NAMES:
         return load_tfds(_TFDS_NAMES[name], split, data_dir, download, shuffle_seed)
     if name == "folder":

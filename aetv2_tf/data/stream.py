@@ -1,25 +1,11 @@
 """uint8 image batches for `model.fit` on any Keras backend: NumPy only, a pure function of
 (seed, step), so that a resumed run continues exactly where it stopped.
 
-Batch `s` (a global training step, 0-based) holds the images
-`order(e)[i * B : (i + 1) * B]` with `e = s // steps_per_epoch`, `i = s % steps_per_epoch`,
-`steps_per_epoch = N // B` (the last partial batch of an epoch is dropped, as the tf.data
-pipelines do), and `order(e) = numpy.random.default_rng([seed, e]).permutation(N)`.
-Batches are `(B, H, W, 3)` uint8 arrays: augmentation, homographies and normalisation happen on
-the device inside the compiled step (`aetv2_tf.data.preprocessing_layers.HomographyPairs`). The
-order differs from the TensorFlow program's (another RNG); the distribution is the same.
-
-`FileBatches` is the same stream over a checked file list (`data.image_folders.ImageFiles`, a
-folder of JPEGs: ImageNet on an accelerator machine without TensorFlow): each image decoded with
-Pillow to the pixels TensorFlow's decoder gives (`rgb_image`), its shorter side resized to
-`round(S * 256 / 224)`, a random `S x S` crop and flip (the 224-pixel protocol of the tf.data
-pipelines), seeded by `(seed, 1, global element index)`; Keras runs `__getitem__` in `workers`
-threads (Pillow releases the GIL while it decodes).
-
-`LabelledBatches` serves the probe stages: one epoch of `(uint8 images, int64 labels)` batches
-per `fit` epoch, in the same epoch orders (training) or in order (evaluation); their
-augmentation and normalisation happen on the device
-(`aetv2_tf.data.preprocessing_layers.ClassifierInputs`).
+Batch `s` (a global step) holds the images `order(e)[i * B : (i + 1) * B]`, `e, i =
+divmod(s, N // B)` (an epoch's last partial batch dropped, as the tf.data pipelines do),
+`order(e) = numpy.random.default_rng([seed, e]).permutation(N)`. Augmentation, homographies and
+normalisation happen on the device (`data.preprocessing_layers`). The order differs from the
+TensorFlow program's (another RNG); the distribution is the same.
 """
 
 from __future__ import annotations
@@ -35,9 +21,7 @@ def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
 
 class ImageBatches(keras.utils.PyDataset):
     """The batches of steps `start .. stop - 1` (module docstring); item `i` is step `start + i`.
-
-    Fit it with `shuffle=False` (Keras would otherwise permute the items).
-    """
+    Fit it with `shuffle=False`."""
 
     def __init__(self, images: np.ndarray, batch_size: int, seed: int, start: int, stop: int,
                  **kwargs):
@@ -77,9 +61,8 @@ class ImageBatches(keras.utils.PyDataset):
 
 def rgb_image(image):
     """An opened Pillow image -> RGB, the pixels TensorFlow's decoder gives
-    (`augment.decode_rgb`): 16-bit grey by its high byte (Pillow's own conversion clips it to
-    255: a nearly white image), any other mode by ``convert("RGB")`` (alpha dropped, palettes
-    applied, 16-bit colour by the high byte)."""
+    (`augment.decode_rgb`): 16-bit grey by its high byte (Pillow's own conversion clips it),
+    any other mode by ``convert("RGB")``."""
     from PIL import Image
 
     if image.mode == "I" or image.mode.startswith("I;16"):
@@ -111,9 +94,9 @@ def load_crop(path: str, size: int, rng: np.random.Generator | None) -> np.ndarr
 
 
 class FileBatches(ImageBatches):
-    """`ImageBatches` over a checked file list (module docstring): step `s` decodes files
-    `order(e)[i * B : (i + 1) * B]`, element j cropped with `default_rng([seed, 1, s * B + j])`
-    (random crop and flip; `augment=False`: the centre crop). Exact on resume."""
+    """`ImageBatches` over a checked file list: element j of step `s` decoded by Pillow
+    (`load_crop`, in `workers` threads) with `default_rng([seed, 1, s * B + j])` (random crop
+    and flip; `augment=False`: the centre crop)."""
 
     def __init__(self, files, batch_size: int, seed: int, start: int, stop: int, size: int,
                  augment: bool = True, **kwargs):
@@ -131,13 +114,11 @@ class FileBatches(ImageBatches):
 class LabelledBatches(keras.utils.PyDataset):
     """One epoch of `(images (B, H, W, 3) uint8, labels (B,) int64)` batches.
 
-    `shuffle`: `fit` epoch `e` visits `epoch_order(seed, e, N)` (epochs are counted by
-    `on_epoch_begin`, which Keras calls at the start of each; a batch read before the first,
-    as Keras's symbolic build does, comes from epoch 0's order); otherwise the images keep their
-    order (evaluation). The last batch is short, unless `full_batches` (several devices, which
-    split every batch evenly): then a training epoch's last batch is filled up with the first
-    images of the epoch's order, and every evaluation batch carries sample weights `(B,)`, 0 for
-    the copies of the last image that fill the last one (they count in no metric).
+    `shuffle`: `fit` epoch `e` (counted by `on_epoch_begin`; reads before the first come from
+    epoch 0) visits `epoch_order(seed, e, N)`; otherwise the images keep their order. The last
+    batch is short, unless `full_batches` (several devices): then a training epoch's last batch
+    is filled with the first images of its order, and evaluation batches carry sample weights
+    `(B,)`, 0 for the copies of the last image that fill the last one.
     """
 
     def __init__(self, images: np.ndarray, labels: np.ndarray, batch_size: int, seed: int,

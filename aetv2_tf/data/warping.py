@@ -63,17 +63,13 @@ def as_float(images):
 
 
 def warp(images: Tensor, t: Tensor, fill_value: float = 0.5) -> Tensor:
-    """t(x): bilinear projective warp of a batch by model-frame homographies.
+    """t(x): images (B, H, W, C) float (uint8 read as ``/ 255``; static H, W, C) warped
+    bilinearly by model-frame ``T`` (B, 3, 3) (original -> transformed, any scale).
 
-    Args:
-      images: (B, H, W, C) float images (uint8 is read as ``/ 255``), static H, W, C.
-      t: (B, 3, 3) model-frame ``T`` (original -> transformed, conventions.md), any scale.
-      fill_value: the value of taps outside the input (AETv1's grey is ``AETV1_FILL``).
-
-    Returns (B, H, W, C) float32: output pixel ``q`` samples the input bilinearly at
-    ``N^{-1} T^{-1} N q`` (``T^{-1}`` as the adjugate, pixel centres at integers); equals
-    ``cv2.warpPerspective(x, N^{-1} T N, (W, H))`` with ``BORDER_CONSTANT`` up to float rounding,
-    and ``np.rot90(x, k)`` exactly for the quarter turns of square images.
+    Returns (B, H, W, C) float32: output pixel ``q`` samples the input at ``N^{-1} T^{-1} N q``
+    (taps outside read ``fill_value``); equals ``cv2.warpPerspective(x, N^{-1} T N, (W, H))``
+    with ``BORDER_CONSTANT`` up to float rounding, and ``np.rot90(x, k)`` exactly for the
+    quarter turns of square images.
     """
     images = as_float(images)
     height, width = images.shape[1], images.shape[2]
@@ -115,5 +111,3 @@ def pad_crop_flip(images, u, pad: int):
 def rot90(images: Tensor) -> Tensor:
     """A quarter turn counter-clockwise of ``(B, H, W, C)`` images (``np.rot90(image, 1)``)."""
     return ops.flip(ops.transpose(images, (0, 2, 1, 3)), axis=1)
-
-

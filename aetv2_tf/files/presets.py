@@ -3,28 +3,14 @@
     encoder = aetv2_tf.load_encoder("aetv1_cifar10")            # the best features measured
     aetv2_tf.presets()["aetv1_cifar10"].knn_top1                  # 66.33
 
-Each preset is a pretraining run directory in ``results/scale/`` of the git checkout (next to
-the package): `load_encoder`, ``--pretrained`` and `saving.preprocessing` read it like any run
-directory. Its small files (flags, training log) are in the working tree; its weights
-(``encoder.weights.h5``, 5.8 MB each) are kept in the repository's git history only, so that the
-working tree stays small enough to travel to a device machine: the first use of a preset, by its
-name or its directory (`resolve`), restores them from there (`restore_weights`: ``git cat-file``
-of the recorded blob, checked against the recorded SHA-256, written beside the other files,
-which .gitignore ignores). All are NIN on CIFAR-10 (32x32 uint8 images, CIFAR-10's
-normalisation), trained on one H200 under Keras on JAX: batch 512, 8,000 steps = 4.1 million
-pairs (82 epochs' worth, on a 19,000-image subset), Adam, cosine schedule with 1,000 warm-up
-steps (docs/reproduction.md, "At scale (GPU)").
-
-``knn_top1``: CIFAR-10 test top-1 (%) of the authors' KNN protocol on their block-2 features
-(`configs/cifar10_probe_knn.cfg`: 2x2-pooled block 2, 3,072 values, Euclidean, k = 10, all
-50,000 training vs 10,000 test images; docs/reproduction.md, "Re-scored"). A random init scores
-47.94 (seed 0) / 47.10 (seed 1); the paper's AETv1 / AETv2 (1,500 epochs) 77.61 / 78.74.
-
-A pip install that is not editable has no ``results/``, and a clone without its history (``git
-clone --depth``) has not the weights: a preset then raises FileNotFoundError with the fix (clone
-the repository with its history and ``pip install -e .``, or pass a run directory itself). A
-name of `PRESETS` always means the preset; write ``./aetv1_cifar10`` for a directory of that
-name."""
+Each preset is a pretraining run directory in ``results/scale/`` of the git checkout; its
+weights are kept in git history only (the working tree stays small) and restored on first use
+(`restore_weights`). All are NIN on CIFAR-10, trained on one H200 under JAX (docs/reproduction.md,
+"At scale (GPU)"). ``knn_top1``: CIFAR-10 test top-1 (%) of the authors' KNN protocol on block-2
+features (`configs/cifar10_probe_knn.cfg`; docs/reproduction.md, "Re-scored"; a random init:
+47.94 / 47.10; the paper's AETv1 / AETv2: 77.61 / 78.74). Without ``results/`` (a wheel) or the
+git history (``git clone --depth``), a preset raises FileNotFoundError with the fix. A name of
+`PRESETS` always means the preset; write ``./aetv1_cifar10`` for a directory of that name."""
 
 from __future__ import annotations
 
@@ -34,8 +20,7 @@ import subprocess
 
 import aetv2_tf
 
-#: The repository the package was installed from (editable), and where the presets' run
-#: directories are in it: ``<repository root>/results/scale``.
+#: The repository the package was installed from (editable), and its presets' run directories.
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(aetv2_tf.__file__)))
 PRESETS_ROOT = os.path.join(REPOSITORY, "results", "scale")
 WEIGHTS = "encoder.weights.h5"
@@ -45,10 +30,9 @@ CHECKSUM = ".sha256"  # the suffix of a file's SHA-256 beside it (as `saving.CHE
 @dataclasses.dataclass(frozen=True)
 class Preset:
     """A pretrained encoder: ``name`` (what `load_encoder` takes), ``run`` (its directory in
-    ``results/scale/``), ``method``, ``config`` (the pretraining flagfile and overrides),
-    ``seed``, ``knn_top1`` (module docstring), ``weights_blob`` (the git blob of its
-    ``encoder.weights.h5``) and ``weights_sha256`` (that file's SHA-256), ``backbone``,
-    ``dataset`` and ``feature`` (the one the score is for)."""
+    ``results/scale/``), ``config`` (the pretraining flagfile and overrides), ``knn_top1``
+    (module docstring), ``weights_blob`` / ``weights_sha256`` (the git blob and SHA-256 of its
+    ``encoder.weights.h5``), ``feature`` (the one the score is for)."""
 
     name: str
     run: str
@@ -93,8 +77,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
 
 
 def presets() -> dict[str, Preset]:
-    """The presets by name (a copy of `PRESETS`), e.g. ``{name: p.knn_top1 for name, p in
-    presets().items()}``."""
+    """The presets by name (a copy of `PRESETS`)."""
     return dict(PRESETS)
 
 
@@ -159,8 +142,7 @@ class UnknownPreset(ValueError):
 
 
 def directory_of(name_or_directory: str | None) -> str | None:
-    """A preset's name -> its run directory, anything else as given; nothing is read (`resolve`
-    checks the directory and restores the weights)."""
+    """A preset's name -> its run directory, anything else as given; nothing is read."""
     return PRESETS[name_or_directory].directory if name_or_directory in PRESETS \
         else name_or_directory
 

@@ -1,28 +1,18 @@
 """What this project wrote, recognised before anything is replaced, removed or run.
 
-An export (`aetv2_tf.files.savedmodel.export_encoder`) writes ``aetv2_export.json`` beside its
-``saved_model.pb``: the SHA-256 of every file of the SavedModel (``saved_model.pb``,
-``fingerprint.pb``, every file under ``variables/`` and ``assets/``), relative paths with ``/``.
-A directory is "a project export" (`verify_export` returns None) when that manifest is there and
-the files of the directory are exactly the files it lists, each with its digest.
+An export (`files.savedmodel.export_encoder`) writes ``aetv2_export.json`` beside its
+``saved_model.pb``: the SHA-256 of every file of the SavedModel (relative paths with ``/``) and
+the ``encoder`` record (`export_record`). A directory is "a project export" (`verify_export`
+returns None) when its files are exactly those the manifest lists, each with its digest.
 
-Two uses, and what the digest does and does not promise:
-
-* **Replacing an export** (`check_export_target`, `replace_export`): a folder is replaced (moved
-  aside, then removed) only when it is a project export, or empty; anything else (a home folder,
-  the working directory, a model_dir, a SavedModel of someone else, an export with a file
-  added) is refused and left as it was. Every file that is removed is listed in a manifest that
-  matches it, so no user file is ever deleted.
-* **Loading a SavedModel** given to ``--pretrained`` (`aetv2_tf.probes.frozen_encoder`): a
-  SavedModel is a program (loading it runs its graph: resource initialisers, restore functions, and
-  the signature when called, which can read and write files). So a project export is never loaded
-  as a graph: its manifest's ``encoder`` record (`export_record`: backbone, input shape,
-  normalisation, variable shapes) says which encoder this project builds, and the values of
-  ``variables/`` are read into it as data (`tf.train.load_checkpoint`: a tensor file reader,
-  nothing executed), shape by shape. A hostile author can write a matching manifest, but all it
-  can then choose is numbers for an encoder whose code is ours. Any other SavedModel (no
-  manifest, no record, a digest that differs) is loaded and run only with
-  ``--trust_saved_model``. The digest still catches accidents and swapped files.
+* Replacing an export (`check_export_target`, `replace_export`): only a project export or an
+  empty folder is replaced; anything else is refused and left as it was, so no user file is
+  ever deleted.
+* Loading one as ``--pretrained`` (`probes.frozen_encoder`): a SavedModel is a program, so a
+  project export is never run: its ``encoder`` record says which encoder this project builds,
+  and ``variables/`` are read into it as data. Any other SavedModel is loaded only with
+  ``--trust_saved_model``. The digest catches accidents and swapped files; it authenticates no
+  author (docs/reliability.md, "Trust: what the project did not write").
 """
 
 from __future__ import annotations
@@ -61,9 +51,8 @@ def _files(directory: str) -> list[str]:
 
 
 def write_manifest(directory: str, encoder: dict | None = None) -> str:
-    """Writes `directory`/aetv2_export.json, the digest of every file in it and, when given, the
-    `encoder` record (`export_record`: what a reader needs to rebuild the encoder and read the
-    variables as data); returns its path."""
+    """Writes `directory`/aetv2_export.json: the digest of every file in it and, when given, the
+    `encoder` record (`export_record`); returns its path."""
     files = {rel: file_digest(os.path.join(directory, rel)) for rel in _files(directory)}
     path = os.path.join(directory, MANIFEST)
     manifest = {"format": FORMAT, "version": 1, "sha256": files}
@@ -127,9 +116,8 @@ _SHARD_PREFIX = "variables/variables.data-"
 
 
 def _run_export_without_manifest(directory: str) -> bool:
-    """`directory` is `<run>/export/encoder` of a run (`<run>/flags.json`) and holds only the
-    files a SavedModel export writes, without a manifest: the run's own export may replace it
-    (written again from the same run)."""
+    """`directory` is `<run>/export/encoder` of a run (`<run>/flags.json`) holding only the
+    files of a SavedModel, without a manifest: the run's own export may replace it."""
     real = os.path.realpath(directory)
     export_dir = os.path.dirname(real)
     if (os.path.basename(real), os.path.basename(export_dir)) != ("encoder", "export") or \
@@ -139,8 +127,7 @@ def _run_export_without_manifest(directory: str) -> bool:
 
 
 def _only_saved_model_files(directory: str) -> bool:
-    """`directory` holds only the files a SavedModel export writes;
-    a file anywhere deeper (`variables/variables.data-x/notes.txt`) is not one of them."""
+    """`directory` holds only the files a SavedModel export writes (nothing deeper)."""
     files = _files(directory)
     return "saved_model.pb" in files and all(
         rel in _SAVED_MODEL_FILES or (rel.startswith(_SHARD_PREFIX) and
@@ -149,11 +136,10 @@ def _only_saved_model_files(directory: str) -> bool:
 
 
 def check_export_target(output: str) -> None:
-    """Refuses (ExportTargetError, nothing touched) an `output` that an export must not replace:
-    the working directory or a folder above it, the home folder, a file, a model_dir (it holds
-    flags.json) or any non-empty directory that is neither a project export (`verify_export`)
-    nor the manifest-less SavedModel at a run's `export/encoder`
-    (`_run_export_without_manifest`)."""
+    """ExportTargetError (nothing touched) for an `output` an export must not replace: the
+    working directory or a folder above it, the home folder, a file, a model_dir (flags.json),
+    or a non-empty directory that is neither a project export (`verify_export`) nor the
+    manifest-less SavedModel at a run's `export/encoder`."""
     real = os.path.realpath(output)
     fix = "choose a new or empty --output, or a previous export of this project"
     protected = {os.path.realpath(os.getcwd()): "the working directory",
@@ -180,11 +166,9 @@ def check_export_target(output: str) -> None:
 
 
 def remove_dead_scratch(parent: str, name: str) -> list[str]:
-    """Removes the scratch folders that exports of `name` killed mid-write left in `parent`
-    (``.<name>.tmp<pid>-*`` of a process no longer running, `replace_export`) and returns them:
-    each holds only ``new`` (what that export wrote) and ``old`` (a previous export, moved aside:
-    removed only when it verifies as ours, `verify_export`); any other content, a link, or a
-    live process's folder is left as it is."""
+    """Removes and returns the scratch folders ``.<name>.tmp<pid>-*`` in `parent` of exports
+    killed mid-write (`replace_export`; pid not running), when they hold only ``new`` and an
+    ``old`` that is ours (`verify_export`); other content, links and live folders stay."""
     prefix, removed = f".{name}.tmp", []
     for entry in os.listdir(parent):
         pid = entry[len(prefix):].partition("-")[0]
@@ -205,11 +189,10 @@ def remove_dead_scratch(parent: str, name: str) -> list[str]:
 
 
 def replace_export(write, output: str, encoder: dict | None = None) -> str:
-    """Writes an export safely: `write(tmp)` fills a new directory beside `output`, whose manifest
-    is then written; an existing `output` (checked by `check_export_target`: empty, or a project
-    export) is moved aside, the new one renamed into place, and the old one removed only after
-    it is verified again as ours. The scratch folder is named by this process's pid, so that
-    the next export removes what a killed one left (`remove_dead_scratch`). Returns `output`."""
+    """`write(tmp)` fills a new directory beside `output`, then its manifest is written; an
+    existing `output` (`check_export_target`) is moved aside, the new one renamed into place,
+    and the old one removed only once verified again as ours. The scratch folder is named by
+    this process's pid (`remove_dead_scratch`). Returns `output`."""
     check_export_target(output)
     output = os.path.abspath(output)
     parent, name = os.path.split(output)

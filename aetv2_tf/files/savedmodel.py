@@ -1,22 +1,15 @@
 """The encoder as a TensorFlow SavedModel, and the encoder of a pretraining run (library code).
 
-* `export_encoder`: writes a SavedModel whose `serving_default` signature takes a batch of uint8
-  images (B, H, W, 3), normalises them inside and returns a dict of float32 feature maps (NIN:
-  `block1`..`block4`; AlexNet: `conv1`..`conv5`, `fc6`, `fc7`), beside `aetv2_export.json`, the
-  SHA-256 of each of its files (`aetv2_tf.files.provenance`). An existing output is replaced only
-  when it is such an export (or empty); anything else raises `provenance.ExportTargetError`, nothing
-  touched. Other input (tests/test_train_cli.py holds it): a TensorFlow tensor of another dtype
-  raises InvalidArgumentError, of another image size TypeError, one image (H, W, 3)
-  InvalidArgumentError (`tf.ensure_shape` is its first op; exports written before it can abort
-  the caller's process there: re-export them); a NumPy array or list of another dtype is
-  converted to uint8 by TensorFlow before the signature runs, as ``x.astype(np.uint8)`` would
-  (floats truncated, integers wrapped): [0, 1] floats become black images without a word, so
-  convert them first, ``np.uint8(np.round(x * 255))`` (the library's `feature_extractor`
-  refuses floats).
-* `restore_encoder`: the encoder of a pretraining `--model_dir` (any backend, any version) and
-  its flags; read by the export and by the probes (`probes.frozen_encoder`).
+* `export_encoder`: a SavedModel whose ``serving_default`` signature takes uint8 images
+  (B, H, W, 3), normalises them inside and returns a dict of float32 feature maps (NIN:
+  ``block1``..``block4``; AlexNet: ``conv1``..``conv5``, ``fc6``, ``fc7``), with its manifest
+  (`files.provenance`). A TensorFlow tensor of another dtype raises InvalidArgumentError, of
+  another size TypeError, one image (H, W, 3) InvalidArgumentError; a NumPy array of another
+  dtype is cast to uint8 by TensorFlow first (floats truncated: convert [0, 1] floats with
+  ``np.uint8(np.round(x * 255))``).
+* `restore_encoder`: the encoder of a pretraining ``--model_dir`` and its flags.
 
-The command line, ``python -m aetv2_tf.export --model_dir=RUN``, is `aetv2_tf.export`.
+The command line is `aetv2_tf.export` (``python -m aetv2_tf.export --model_dir=RUN``).
 """
 
 from __future__ import annotations
@@ -38,16 +31,11 @@ def export_encoder(encoder: keras.Model, output: str, dataset: str | None = "cif
                    std: Sequence[float] | None = None) -> str:
     """Writes `encoder` as a SavedModel at `output` with a uint8 -> named-features signature
     that normalises ``(u / 255 - mean) / std``: the given ``mean`` and ``std``, else those of
-    ``dataset`` ("cifar10", else ImageNet's). TensorFlow backend.
+    ``dataset`` ("cifar10", else ImageNet's); returns `output`.
 
-    `output` is replaced only when it does not exist, is empty, or is a previous export of this
-    project whose files match its `aetv2_export.json` (`aetv2_tf.files.provenance.replace_export`:
-    written beside, swapped in, the old one removed once verified); anything else raises
-    `aetv2_tf.files.provenance.ExportTargetError` (a ValueError) before anything is written.
-
-    Under another Keras backend (``KERAS_BACKEND=jax``) it raises RuntimeError up front (the
-    SavedModel traces the encoder with TensorFlow): save it with `aetv2_tf.save_encoder` and
-    export that directory with the command line under TensorFlow."""
+    `output` is replaced only when absent, empty, or a verified previous export
+    (`provenance.replace_export`); else `provenance.ExportTargetError` (a ValueError), nothing
+    written. RuntimeError under another Keras backend (the SavedModel traces with TensorFlow)."""
     from aetv2_tf.input_checks import require_backend
 
     require_backend("tensorflow", "export_encoder (a TensorFlow SavedModel)", instead=(
@@ -73,9 +61,8 @@ def export_encoder(encoder: keras.Model, output: str, dataset: str | None = "cif
     std = tf.constant(std, tf.float32)
 
     def serve(images):
-        # First: TensorFlow runs a signature on inputs of any rank, and an unbatched image
-        # (H, W, 3) would reach the oneDNN convolution, whose failed check aborts the caller's
-        # process; this raises InvalidArgumentError, naming the shape, before anything runs.
+        # First: an unbatched image (H, W, 3) would reach the oneDNN convolution, whose failed
+        # check aborts the process; this raises InvalidArgumentError, naming the shape.
         images = tf.ensure_shape(images, [None, height, width, 3])
         x = (tf.cast(images, tf.float32) / 255.0 - mean) / std
         features = encoder(x, training=False)
@@ -91,13 +78,10 @@ def export_encoder(encoder: keras.Model, output: str, dataset: str | None = "cif
 
 
 def restore_encoder(model_dir: str) -> tuple[keras.Model, dict]:
-    """The encoder of the pretraining run in `model_dir` and its flags: its `encoder.weights.h5`
-    (a finished run), else the encoder inside its newest `ckpt-*.weights.h5` checkpoint
-    (`keras_checkpoints.load_encoder_weights`), under TensorFlow with the run's `--batch_norm`
-    (fused for runs of other backends), elsewhere with Keras's. A run of the TensorFlow program
-    whose checkpoints are `tf.train.Checkpoint` files (``checkpoint``, ``ckpt-N.index``,
-    ``ckpt-N.data-*``; the program no longer resumes them) is read from its newest one under
-    TensorFlow.
+    """The encoder of the pretraining run in `model_dir` and its flags: its `encoder.weights.h5`,
+    else the encoder in its newest `ckpt-*.weights.h5` checkpoint, under TensorFlow with the
+    run's `--batch_norm` (fused for runs of other backends), elsewhere with Keras's; a run whose
+    checkpoints are `tf.train.Checkpoint` files is read from its newest one under TensorFlow.
     """
     from aetv2_tf.files.saving import (
         encoder_source,

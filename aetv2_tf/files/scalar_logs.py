@@ -1,16 +1,5 @@
-"""Scalar logs on every Keras backend: a CSV always, TensorBoard events where TensorFlow is there.
-
-* `CsvLog`: ``step,<columns>`` rows appended to a CSV file (header once; a resumed run appends),
-  readable without TensorFlow (pretext: ``train/log.csv``; probes: ``epochs.csv``).
-* `write_scalar`: one TensorBoard scalar through the raw ``tf.summary.write`` into the default
-  writer (``tf.summary.scalar`` and Keras' TensorBoard callback need the ``tensorboard`` pip
-  package; this writes the same event with TensorFlow alone).
-* `tensorboard_writer`: a ``tf.summary`` file writer, or None where TensorFlow cannot be imported,
-  so that the caller keeps the CSV alone.
-
-Library code: the probes (`probes.classifier`) and the program (`program.monitoring`) log
-through it. The program has imported TensorFlow quietly before (`tensorflow_importable` of
-`program.flag_support`), so the import here finds it loaded.
+"""Scalar logs on every Keras backend: a CSV always (`CsvLog`), TensorBoard events where
+TensorFlow is there (`tensorboard_writer`, `write_scalars`).
 """
 
 from __future__ import annotations
@@ -25,10 +14,8 @@ from aetv2_tf.files.safe_paths import open_for_writing
 
 class CsvLog:
     """Appends ``step,<columns>`` rows to ``path``; a missing column is an empty cell. ``fresh``
-    starts the file anew (a run that does not resume), else a resumed run appends under the
-    file's own header (its columns, whatever ``columns`` says: a file with other columns keeps
-    them, a value without one is left out); never through a symbolic link
-    (`safe_paths.open_for_writing`)."""
+    starts the file anew, else rows go under the file's own header (its columns win; a value
+    without one is left out); never through a symbolic link (`safe_paths.open_for_writing`)."""
 
     def __init__(self, path: str, columns: Sequence[str], step_name: str = "step",
                  fresh: bool = False):
@@ -79,7 +66,8 @@ def _scalar_metadata():
 
 
 def write_scalar(name: str, value: float, step: int) -> None:
-    """A float32 scalar tagged for TensorBoard's "scalars" plugin, into the default writer."""
+    """A float32 scalar tagged for TensorBoard's "scalars" plugin, into the default writer
+    (the raw ``tf.summary.write``: no ``tensorboard`` package needed)."""
     import tensorflow as tf
 
     tf.summary.write(name, tf.constant(float(value), tf.float32), step=int(step),
