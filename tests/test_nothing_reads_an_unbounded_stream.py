@@ -238,7 +238,7 @@ LINES = st.one_of(
     st.integers(0, 3 * 2**20).map(lambda n: "x" * n))  # a huge line (over 1 MiB too)
 
 
-def mutated(config: str, data) -> bytes:
+def with_lines_changed(config: str, data) -> bytes:
     """The text of ``config`` with some of its lines deleted, replaced or added."""
     lines = pathlib.Path(config).read_text().splitlines()
     for _ in range(data.draw(st.integers(0, 4))):
@@ -260,7 +260,7 @@ def flagfile_bytes(data) -> bytes:
     if kind == "lines":
         return "\n".join(data.draw(st.lists(LINES, max_size=8))).encode("utf-8",
                                                                          "surrogatepass")
-    return mutated(str(data.draw(st.sampled_from(CONFIGS))), data)
+    return with_lines_changed(str(data.draw(st.sampled_from(CONFIGS))), data)
 
 
 @settings(max_examples=int(os.environ.get("AETV2_FLAGFILE_EXAMPLES", "300")), deadline=None,
