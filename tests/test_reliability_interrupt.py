@@ -180,7 +180,7 @@ def test_a_run_with_tf_checkpoints_of_version_0_1_is_refused_with_the_version_th
     """A model_dir whose checkpoints are all `tf.train.Checkpoint` files (the format of aetv2_tf
     0.1: `checkpoint`, `ckpt-<step>.index`, `ckpt-<step>.data-*`) exits 2 before anything is
     written, naming the commit whose program resumes it; every file stays as it was."""
-    from aetv2_tf.program.pretext_stage import TF_CHECKPOINTS_RESUMED_BY
+    from aetv2_tf.files.savedmodel import TF_CHECKPOINTS_RESUMED_BY
 
     model_dir = tmp_path / "run"
     checkpoints = model_dir / "checkpoints"

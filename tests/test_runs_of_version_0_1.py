@@ -60,3 +60,17 @@ def test_the_named_commit_is_the_last_of_version_0_1():
     assert 'version = "0.1.0"' in _git("show", f"{RESUMES_VERSION_0_1}:pyproject.toml")
     after = _git("rev-list", "--first-parent", "--reverse", f"{RESUMES_VERSION_0_1}..HEAD")
     assert 'version = "0.1.0"' not in _git("show", f"{after.split()[0]}:pyproject.toml")
+
+
+def test_the_encoder_of_a_run_with_tf_checkpoints_only_is_refused_naming_the_version(tmp_path):
+    """`restore_encoder` (the export's and the probes' reader) refuses a run of 0.1 whose
+    checkpoints are all `tf.train.Checkpoint` files, naming the commit that resumes it."""
+    from aetv2_tf.files.savedmodel import TF_CHECKPOINTS_RESUMED_BY, restore_encoder
+
+    (tmp_path / "flags.json").write_text(json.dumps({**VERSION_0_1, "backbone": "nin",
+                                                     "dataset": "cifar10"}))
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-4"\n')
+    with pytest.raises(ValueError, match=rf"tf\.train\.Checkpoint checkpoints of aetv2_tf 0\.1.*"
+                                         rf"git checkout {TF_CHECKPOINTS_RESUMED_BY}"):
+        restore_encoder(str(tmp_path))

@@ -19,11 +19,10 @@ import os
 from collections.abc import Sequence
 
 import keras
-from absl import logging
 
 from aetv2_tf.files.provenance import check_export_target, replace_export
 from aetv2_tf.files.saving import load_saved_flags
-from aetv2_tf.models import BACKBONES, build_backbone
+from aetv2_tf.models import BACKBONES
 
 
 def export_encoder(encoder: keras.Model, output: str, dataset: str | None = "cifar10", *,
@@ -77,11 +76,17 @@ def export_encoder(encoder: keras.Model, output: str, dataset: str | None = "cif
                           encoder=record)
 
 
+#: The last commit of this repository whose program resumes a run checkpointed in the
+#: `tf.train.Checkpoint` format of aetv2_tf 0.1 (it goes on in `.weights.h5` checkpoints).
+TF_CHECKPOINTS_RESUMED_BY = "9bd4fb4"
+
+
 def restore_encoder(model_dir: str) -> tuple[keras.Model, dict]:
     """The encoder of the pretraining run in `model_dir` and its flags: its `encoder.weights.h5`,
     else the encoder in its newest `ckpt-*.weights.h5` checkpoint, under TensorFlow with the
-    run's `--batch_norm` (fused for runs of other backends), elsewhere with Keras's; a run whose
-    checkpoints are `tf.train.Checkpoint` files is read from its newest one under TensorFlow.
+    run's `--batch_norm` (fused for runs of other backends), elsewhere with Keras's. A run of
+    aetv2_tf 0.1 whose checkpoints are all `tf.train.Checkpoint` files is refused (ValueError)
+    naming the version that resumes it.
     """
     from aetv2_tf.files.saving import (
         encoder_source,
@@ -98,30 +103,15 @@ def restore_encoder(model_dir: str) -> tuple[keras.Model, dict]:
                              f"{json.dumps(saved.get(key))[:60]}, not what a pretraining run "
                              "records; restore its flags.json.")
     tensorflow = keras.backend.backend() == "tensorflow"
-    if encoder_source(model_dir) is not None or not tensorflow:
-        if not tensorflow and (why := tensorflow_run_unreadable(model_dir, saved)) is not None:
-            raise ValueError(why)
-        tensorflow_run = saved.get("backend", "tensorflow") == "tensorflow"
-        batch_norm = "keras" if not tensorflow else \
-            saved.get("batch_norm", "fused") if tensorflow_run else "fused"
-        return load_encoder_weights(model_dir, saved, batch_norm), saved
-    return _restore_tf_checkpoint(model_dir, saved), saved
-
-
-def _restore_tf_checkpoint(model_dir: str, saved: dict) -> keras.Model:
-    """The encoder in the newest `tf.train.Checkpoint` of the run in ``model_dir``, read into
-    the model those checkpoints hold (the joint-batch AET model unless ``saved`` says)."""
-    import tensorflow as tf
-
-    from aetv2_tf.models import build_aet_model, build_rotation_classifier
-
-    encoder = build_backbone(saved["backbone"], batch_norm=saved["batch_norm"])
-    model = build_rotation_classifier(encoder) if saved.get("pretext") == "rotation" else \
-        build_aet_model(encoder, siamese_batch_norm=saved.get("siamese_batch_norm", "joint"),
-                        one_pass=False)  # the layout of those checkpoints
-    latest = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
-    if latest is None:
-        raise FileNotFoundError(f"no checkpoint in {model_dir}/checkpoints: train first.")
-    tf.train.Checkpoint(model=model).read(latest).expect_partial()
-    logging.info("Restored the encoder from %s.", latest)
-    return encoder
+    if not tensorflow and (why := tensorflow_run_unreadable(model_dir, saved)) is not None:
+        raise ValueError(why)
+    if encoder_source(model_dir) is None and \
+            os.path.isfile(os.path.join(model_dir, "checkpoints", "checkpoint")):
+        raise ValueError(f"{model_dir} holds tf.train.Checkpoint checkpoints of aetv2_tf 0.1, "
+                         "which this version does not read: finish or resume the run with the "
+                         "last version that does (git checkout "
+                         f"{TF_CHECKPOINTS_RESUMED_BY}), then read its encoder.weights.h5 here.")
+    tensorflow_run = saved.get("backend", "tensorflow") == "tensorflow"
+    batch_norm = "keras" if not tensorflow else \
+        saved.get("batch_norm", "fused") if tensorflow_run else "fused"
+    return load_encoder_weights(model_dir, saved, batch_norm), saved

@@ -24,6 +24,7 @@ from absl import logging
 
 from aetv2_tf.errors import UsageError
 from aetv2_tf.files.digests import weights_digest
+from aetv2_tf.files.savedmodel import TF_CHECKPOINTS_RESUMED_BY
 from aetv2_tf.program import run_length
 from aetv2_tf.program.checkpoint_saver import CheckpointSaver, CheckpointStore
 from aetv2_tf.program.config import RunConfig
@@ -40,11 +41,6 @@ from aetv2_tf.program.signal_stop import SignalStop
 
 if TYPE_CHECKING:
     from aetv2_tf.program.backend import Backend
-
-#: The last commit of this repository whose program resumes a run checkpointed in the
-#: `tf.train.Checkpoint` format of aetv2_tf 0.1 (it goes on in `.weights.h5` checkpoints).
-TF_CHECKPOINTS_RESUMED_BY = "9bd4fb4"
-
 
 def load(config: RunConfig, accelerator: bool = False) -> PretextData:
     """Reads and checks the training images (`pretext_data.read`), the batch against them and
