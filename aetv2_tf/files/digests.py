@@ -1,13 +1,7 @@
-"""SHA-256 digests, one function for everything the project digests (library code).
-
-`sha256` digests a stream of byte blocks; a file (`file_digest`, read in 1 MiB blocks: one
-block in memory whatever the file's size), bytes already in memory, numpy arrays
-(`arrays_digest`: their C-order bytes, in order) and a model's variables (`weights_digest`)
-all feed it. Its values are stored and compared, so they do not change: a checkpoint's and a
-``.keras`` file's ``.sha256`` beside it (`saving.save_atomically`), an export's manifest
-(`provenance`), a preset's recorded SHA-256 (`presets`), and the ``trainable_digest`` a run
-prints (16 hex digits: equal digests mean bitwise-equal weights, across runs and backends).
-Nothing here imports TensorFlow or Keras at import time.
+"""SHA-256 digests: one function (`sha256`, over a stream of byte blocks) for everything the
+project digests: files (`file_digest`), numpy arrays (`arrays_digest`) and a model's variables
+(`weights_digest`). Their values are stored and compared (checksums, manifests, presets, the
+``trainable_digest`` a run prints), so they do not change. No TensorFlow or Keras at import.
 """
 
 from __future__ import annotations
@@ -47,10 +41,7 @@ def arrays_digest(arrays: Iterable[np.ndarray]) -> str:
 
 def weights_digest(variables) -> str:
     """`arrays_digest` of the variables' values (in order): equal digests mean bitwise-equal
-    weights, e.g. the trainable weights on every worker of a multi-worker run (BatchNorm moving
-    statistics are per replica, as in Keras, and differ), or in two ``--deterministic`` runs.
-    Any backend: the values are read with `keras.ops.convert_to_numpy`, under TensorFlow with
-    ``tf.convert_to_tensor(v).numpy()`` (distributed variables included)."""
+    weights. Any backend; under TensorFlow distributed variables included."""
     import keras
 
     if keras.backend.backend() == "tensorflow":

@@ -1,16 +1,7 @@
-"""Outputs apart from inputs: no folder a program writes lies inside a folder it reads, and no
-folder it reads lies inside one it writes.
-
-A ``--model_dir`` inside a folder data set's ``--data_dir`` becomes part of the data: the next
-listing takes the run's folder for a class (or its checkpoints for images), and every rerun or
-probe is then refused. A data folder (or a ``--pretrained`` run) inside a ``--model_dir`` is
-mixed with the run's outputs, which ``--overwrite`` moves aside. So each pair is refused before
-anything is read or written (`refuse_nested`: a `errors.UsageError` naming both paths and the
-fix): the training program's ``--model_dir`` against ``--data_dir`` and ``--pretrained``
-(`program.rundir.check_apart`), the export's ``--output`` against its run and the run's data
-(`aetv2_tf.export`), the report's ``--output`` against the runs it reads (`aetv2_tf.report`).
-
-Paths are compared resolved (`os.path.realpath`: ``~``, ``..`` and symbolic links followed), so
+"""Outputs apart from inputs: no folder a program writes lies inside, is, or holds a folder it
+reads (a ``--model_dir`` inside a folder data set's ``--data_dir`` becomes a class of the data;
+a data folder inside a ``--model_dir`` is mixed with its outputs). `refuse_nested` refuses each
+pair before anything is read or written. Paths are compared resolved (`os.path.realpath`), so
 a link cannot hide a nesting; a path that does not exist yet is compared as it will be made.
 """
 

@@ -1,10 +1,6 @@
-"""Where the library may write: a target folder checked before anything is written into it.
-
-`check_encoder_target`: `saving.save_encoder`'s directory must be new or empty, or hold only an
-encoder that `save_encoder` wrote (replaced only when the caller says ``overwrite=True``). A
-training run's folder (its ``encoder.weights.h5`` and checkpoints are trained weights) and a
-folder of other files are refused whatever the caller says: the library writes over no file it
-did not write for this purpose, as the programs refuse (`program.rundir`, `files.provenance`).
+"""`check_encoder_target`: the folder `saving.save_encoder` writes into must be new or empty, or
+hold only an encoder `save_encoder` wrote (replaced only with ``overwrite=True``). A training
+run's folder or a folder of other files is refused whatever the caller says.
 """
 
 from __future__ import annotations

@@ -1,7 +1,4 @@
-"""The TensorFlow program: `TensorFlowBackend`, TensorFlow's part of the program
-(`backend.Backend`: tf.distribute, tf.data, TensorBoard, the SavedModel export).
-`aetv2_tf.train.main` runs the program (`stages.run`) with it when Keras's backend is
-TensorFlow; its sibling `keras_native_backend` serves the other backends."""
+"""`TensorFlowBackend`: the program's part on TensorFlow (`backend.Backend`)."""
 
 from __future__ import annotations
 
@@ -26,8 +23,8 @@ PEER_LOST = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError)
 
 
 def check_data_service(address: str, stage: str, timeout: float = 10.0) -> None:
-    """A `--data_service` dispatcher must answer before the run starts: tf.data's client would
-    otherwise wait for it without a word."""
+    """UsageError unless the `--data_service` dispatcher answers (tf.data's client would wait
+    for it without a word)."""
     import socket
 
     match = re.fullmatch(r"(grpc://)?([^:/]+):(\d+)", address)
@@ -45,14 +42,10 @@ def check_data_service(address: str, stage: str, timeout: float = 10.0) -> None:
 
 
 class TensorFlowBackend(Backend):
-    """TensorFlow's part of the program (`backend.Backend`): the tf.distribute strategy
-    (``--strategy``, made first: a multi-worker strategy needs a fresh context), the pairs (or
-    rotations) made by the tf.data pipelines, the model built in the strategy's scope with
-    ``--batch_norm``, Keras `.weights.h5` checkpoints as on every backend
-    (`keras_checkpoints.KerasCheckpoints`; every worker saves, as reading distributed variables
-    may need collectives, but only the chief into the model_dir; every worker resumes from the
-    chief's checkpoints: a shared filesystem, BUILD.md), TensorBoard summaries with the image
-    pairs (chief), the SavedModel export."""
+    """The ``--strategy`` of tf.distribute, the tf.data pipelines' pairs (or rotations), the
+    model in the strategy's scope, `.weights.h5` checkpoints (every worker saves, as reading
+    distributed variables may need collectives, but only the chief into the model_dir; all
+    resume from the chief's: a shared filesystem), TensorBoard summaries, the SavedModel."""
 
     name = "tensorflow"
     peer_lost = PEER_LOST
@@ -113,11 +106,8 @@ class TensorFlowBackend(Backend):
         return from_data_service(ds, options.data_service) if options.data_service else ds
 
     def batches(self, data: PretextData, start: int, stop: int):
-        """Steps `start .. stop - 1`. A file list on several replicas goes through
-        `distribute_datasets_from_function`: each worker decodes only its rows of every global
-        batch (`pipelines.pretext_dataset`'s `shard`), split into its replicas' batches; other
-        sources are split by Keras (`experimental_distribute_dataset`: every worker computes
-        the whole batch and keeps its part, which is cheap for CIFAR-10 arrays)."""
+        """Steps `start .. stop - 1`: a file list on several replicas is sharded (each worker
+        decodes only its rows of every global batch); other sources are split by Keras."""
         from aetv2_tf.data.image_folders import ImageFiles
 
         if not isinstance(data.images, ImageFiles) or self.replicas == 1:
@@ -183,8 +173,7 @@ class TensorFlowBackend(Backend):
             lambda x, tx, p, q: draw_pairs(x.numpy(), tx.numpy(), p, q, mean, std))]
 
     def _first_pairs(self, data: PretextData, **kwargs):
-        """The first batch of 4 pairs of the pipeline, unaugmented, seeded apart from the
-        training's."""
+        """The pipeline's first 4 pairs, unaugmented, seeded apart from the training's."""
         return next(iter(self.dataset_from(data, 0, batch_size=4, seed=self.config.train.seed + 1,
                                            augment=False, **kwargs)))
 
