@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -23,15 +23,10 @@ def sha256(blocks: Iterable[bytes]) -> str:
     return digest.hexdigest()
 
 
-def file_blocks(path: str | os.PathLike) -> Iterator[bytes]:
-    """The bytes of the file at ``path``, in blocks of `BLOCK` bytes."""
-    with open(path, "rb") as f:
-        yield from iter(lambda: f.read(BLOCK), b"")
-
-
 def file_digest(path: str | os.PathLike) -> str:
-    """The SHA-256 (hex) of the file at ``path`` (`sha256` of its `file_blocks`)."""
-    return sha256(file_blocks(path))
+    """The SHA-256 (hex) of the file at ``path``, read in blocks of `BLOCK` bytes."""
+    with open(path, "rb") as f:
+        return sha256(iter(lambda: f.read(BLOCK), b""))
 
 
 def arrays_digest(arrays: Iterable[np.ndarray]) -> str:

@@ -32,10 +32,9 @@ def _named(label: str, path: str) -> str:
 def refuse_nested(outputs: Mapping[str, str | None] | Iterable[tuple[str, str | None]],
                   inputs: Mapping[str, str | None] | Iterable[tuple[str, str | None]], *,
                   within: Mapping[str, str] | None = None) -> None:
-    """UsageError when an output path (``{label: path}`` or ``(label, path)`` pairs, e.g.
-    ``{"--model_dir": ...}``) is, lies inside or holds an input path (``{"--data_dir": ...}``);
-    None or empty paths are skipped. ``within``: ``{input label: folder}``, the one place inside
-    that input where an output may lie (an export's ``--output`` under its run's ``export/``)."""
+    """UsageError when an output path (``{label: path}`` or ``(label, path)`` pairs) is, lies
+    inside or holds an input path; None or empty paths are skipped. ``within``: ``{input label:
+    folder}``, the one place inside that input where an output may lie."""
     within = within or {}
     outputs = list(outputs.items() if isinstance(outputs, Mapping) else outputs)
     inputs = list(inputs.items() if isinstance(inputs, Mapping) else inputs)

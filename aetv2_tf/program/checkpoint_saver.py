@@ -28,8 +28,8 @@ class CheckpointStore(Protocol):
 
 
 def all_finite(variables) -> bool:
-    """True when every variable is free of NaN and inf (read to the host: call rarely). Under
-    TensorFlow through TensorFlow ops (distributed variables included)."""
+    """True when every variable is free of NaN and inf (read to the host: call rarely);
+    distributed variables included."""
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
 

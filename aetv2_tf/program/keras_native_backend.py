@@ -16,9 +16,10 @@ from absl import logging
 
 from aetv2_tf.errors import UsageError
 from aetv2_tf.program import config as run_config
-from aetv2_tf.program import pretext_stage
+from aetv2_tf.program import flag_support, pretext_stage
 from aetv2_tf.program.backend import Backend
 from aetv2_tf.program.config import RunConfig
+from aetv2_tf.program.keras_checkpoints import KerasCheckpoints, restore_checkpoint
 from aetv2_tf.program.pretext_data import PretextData
 
 
@@ -31,16 +32,13 @@ class KerasNativeBackend(Backend):
     fit_kwargs = {"shuffle": False}  # the batches are already in their order
 
     def __init__(self, config: RunConfig):
-        from aetv2_tf.program.flag_support import tensorflow_importable
-
         super().__init__(config)
-        tensorflow_importable()  # Keras seeds TensorFlow too where it is there: import it quietly
+        flag_support.tensorflow_importable()  # Keras seeds TensorFlow where it is: import quietly
         self.name = keras.backend.backend()
         self.devices = keras.distribution.list_devices()
         self.replicas = len(self.devices)
         self.accelerator = _accelerator()
-        self.distribution = f"{self.name} " \
-            f"{'DataParallel' if self.replicas > 1 else 'OneDevice'}"
+        self.distribution = f"{self.name} {'DataParallel' if self.replicas > 1 else 'OneDevice'}"
         self.note = " | batch norm: keras" if config.model.batch_norm != "keras" else ""
 
     def prepare_devices(self) -> None:
@@ -81,8 +79,6 @@ class KerasNativeBackend(Backend):
                                          augment=self.config.data.augment and not _files(data))
 
     def checkpoints(self, model, optimizer):
-        from aetv2_tf.program.keras_checkpoints import KerasCheckpoints, restore_checkpoint
-
         directory = os.path.join(self.config.outputs.model_dir, "checkpoints")
         return KerasCheckpoints(directory, self.config.outputs.keep_checkpoints), \
             restore_checkpoint(model, directory)
@@ -98,9 +94,7 @@ class KerasNativeBackend(Backend):
         return export_saved_model(self.config.outputs.model_dir)
 
     def exports(self) -> bool:
-        from aetv2_tf.program.flag_support import tensorflow_importable
-
-        return self.config.outputs.export and tensorflow_importable()
+        return self.config.outputs.export and flag_support.tensorflow_importable()
 
 
 def _files(data: PretextData) -> bool:
@@ -124,9 +118,7 @@ def export_saved_model(model_dir: str) -> dict:
     import subprocess
     import sys
 
-    from aetv2_tf.program.flag_support import tensorflow_importable
-
-    if not tensorflow_importable():
+    if not flag_support.tensorflow_importable():
         return {"export": "none (TensorFlow is not importable here)"}
     out = os.path.join(model_dir, "export", "encoder")
     # On the CPU: the accelerator's memory is JAX's.
@@ -155,7 +147,6 @@ def summary_callbacks(config: RunConfig, step_fn, schedule, sample, mean,
     """`monitoring.PretextSummaries` into train/log.csv, and where TensorFlow is importable
     (kept on the CPU) TensorBoard with (AET) the pairs of the 4 training images `sample`,
     normalised with `mean`, `std`."""
-    from aetv2_tf.program.flag_support import tensorflow_importable
     from aetv2_tf.program.monitoring import CsvScalars, PretextSummaries, TensorBoardLog
 
     outputs, batch = config.outputs, config.train.batch_size
@@ -164,7 +155,7 @@ def summary_callbacks(config: RunConfig, step_fn, schedule, sample, mean,
     logs = [CsvScalars(os.path.join(log_dir, "log.csv"))]
     args = (step_fn, lr_fn, outputs.summary_every_steps)
     try:
-        if not tensorflow_importable():  # (imported there, quietly)
+        if not flag_support.tensorflow_importable():  # (imported there, quietly)
             raise ImportError("TensorFlow is not importable")
         import tensorflow as tf
 

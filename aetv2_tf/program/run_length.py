@@ -106,8 +106,8 @@ def stop_step(config: RunConfig, start: int, steps: int) -> int:
 
 
 def deadline(config: RunConfig) -> float | None:
-    """``--stop_after_seconds`` as a ``time.monotonic()`` deadline from the program's start
-    (`program.STARTED`); None when off."""
+    """``--stop_after_seconds`` as a ``time.monotonic()`` deadline from `program.STARTED`; None
+    when off."""
     from aetv2_tf.program import STARTED
 
     seconds = config.train.stop_after_seconds

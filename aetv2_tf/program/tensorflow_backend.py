@@ -12,9 +12,10 @@ import tensorflow as tf
 
 from aetv2_tf.errors import UsageError
 from aetv2_tf.program import config as run_config
-from aetv2_tf.program import pretext_stage
+from aetv2_tf.program import distribute, pretext_stage
 from aetv2_tf.program.backend import Backend
 from aetv2_tf.program.config import RunConfig
+from aetv2_tf.program.keras_checkpoints import KerasCheckpoints, restore_checkpoint, save_atomically
 from aetv2_tf.program.precision import onednn_state
 from aetv2_tf.program.pretext_data import PretextData
 
@@ -51,8 +52,6 @@ class TensorFlowBackend(Backend):
     peer_lost = PEER_LOST
 
     def __init__(self, config: RunConfig):
-        from aetv2_tf.program import distribute
-
         super().__init__(config)
         machine = config.machine
         distribute.configure_cpu_devices(machine.cpu_devices)
@@ -90,9 +89,8 @@ class TensorFlowBackend(Backend):
 
     def dataset_from(self, data: PretextData, step: int, batch_size: int | None = None,
                      **kwargs) -> tf.data.Dataset:
-        """The pipeline's batches from step ``step`` on (`pipelines.rotation_dataset` or
-        `pipelines.pretext_dataset`; ``kwargs`` override its options), through the
-        ``--data_service`` where given."""
+        """The pipeline's batches from step ``step`` on (``kwargs`` override its options),
+        through the ``--data_service`` where given."""
         from aetv2_tf.data.pipelines import from_data_service, pretext_dataset, rotation_dataset
 
         options = self.config.data
@@ -125,8 +123,6 @@ class TensorFlowBackend(Backend):
             per_replica, drop_remainder=True).take((stop - start) * local)
 
     def build(self, data: PretextData, steps: int):
-        from aetv2_tf.program import distribute
-
         # The fused warp op has no XLA kernel: a TPU compiles the keras.ops warp.
         tpu = isinstance(self.strategy, tf.distribute.TPUStrategy)
         built = pretext_stage.build_model(
@@ -137,8 +133,6 @@ class TensorFlowBackend(Backend):
         return built
 
     def checkpoints(self, model, optimizer):
-        from aetv2_tf.program.keras_checkpoints import KerasCheckpoints, restore_checkpoint
-
         outputs = self.config.outputs
         ckpt_dir = os.path.join(outputs.model_dir, "checkpoints")
         start = restore_checkpoint(model, ckpt_dir, writer=self.chief)
@@ -148,8 +142,6 @@ class TensorFlowBackend(Backend):
         return store, start
 
     def signal_agreement(self):
-        from aetv2_tf.program import distribute
-
         return distribute.signal_agreement(self.strategy)
 
     def summaries(self, data: PretextData, step_fn, schedule):
@@ -179,8 +171,6 @@ class TensorFlowBackend(Backend):
 
     def export(self, encoder, model) -> dict:
         from aetv2_tf.files.savedmodel import export_encoder
-        from aetv2_tf.program.keras_checkpoints import save_atomically
-
         model_dir = self.config.outputs.model_dir
         save_atomically(model.save, os.path.join(model_dir, "aet_model.keras"))
         out = os.path.join(model_dir, "export", "encoder")
