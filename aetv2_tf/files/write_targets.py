@@ -15,9 +15,8 @@ SAVED_BY = "aetv2_tf.save_encoder"  # the ``saved_by`` of the record `save_encod
 
 
 def check_encoder_target(directory: str, overwrite: bool, own_files: Collection[str]) -> None:
-    """UsageError (nothing written) unless `save_encoder` may write into `directory`: new,
-    empty, or, with `overwrite`, holding only `own_files` (the names `save_encoder` writes) and
-    a flags.json whose ``saved_by`` is `SAVED_BY`."""
+    """UsageError (nothing written) unless `directory` is new, empty, or, with `overwrite`,
+    holds only `own_files` and a flags.json whose ``saved_by`` is `SAVED_BY`."""
     if not os.path.lexists(directory):
         return
     if os.path.islink(directory) or not os.path.isdir(directory):

@@ -6,8 +6,7 @@ training batches consumed (the data position), also held in the file (root attri
 Each is written under a temporary name and renamed into place with its SHA-256 beside it
 (`<file>.sha256`); only the `keep` newest are kept. A damaged, unchecksummed, misnamed or
 unreadable newest checkpoint is set aside (`<file>.bad`, never deleted) and the next older one
-resumed. The files themselves are the library's (`aetv2_tf.files.saving`, re-exported here);
-this module adds the store, the resume and the disk arithmetic of a run.
+resumed. The files themselves are the library's (`aetv2_tf.files.saving`, re-exported here).
 """
 
 from __future__ import annotations

@@ -107,9 +107,7 @@ def _files(data: PretextData) -> bool:
 def _accelerator() -> str:
     """"tpu", "gpu" (CUDA, ROCm) or "" (a CPU): the local devices' platform."""
     platforms = {d.split(":")[0].lower() for d in keras.distribution.list_devices()}
-    if "tpu" in platforms:
-        return "tpu"
-    return "gpu" if platforms & {"gpu", "cuda", "rocm"} else ""
+    return "tpu" if "tpu" in platforms else "gpu" if platforms & {"gpu", "cuda", "rocm"} else ""
 
 
 def export_saved_model(model_dir: str) -> dict:
@@ -163,8 +161,7 @@ def summary_callbacks(config: RunConfig, step_fn, schedule, sample, mean,
         logs.append(TensorBoardLog(log_dir))
     except Exception as e:  # noqa: BLE001 - absent, blocked or unusable: the CSV is enough
         logging.info("No TensorBoard summaries (%s); train/log.csv has the scalars.", e)
-        return [PretextSummaries(logs, *args, 0, batch)]
-    if config.pretext == "rotation":
+    if len(logs) == 1 or config.pretext == "rotation":  # no TensorBoard, or no pairs to draw
         return [PretextSummaries(logs, *args, 0, batch)]
     from aetv2_tf.data.preprocessing_layers import HomographyPairs
     from aetv2_tf.program.pair_pictures import draw_pairs

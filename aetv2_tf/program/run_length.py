@@ -14,6 +14,7 @@ from collections.abc import Callable
 import keras
 
 from aetv2_tf.errors import UsageError
+from aetv2_tf.files.safe_paths import write_atomically
 from aetv2_tf.program import flag_support
 from aetv2_tf.program.config import BUDGET_FILE, RunConfig, recorded_budget
 
@@ -83,8 +84,6 @@ def budget_steps(config: RunConfig,
                   pairs_per_sec=round(rate * train.batch_size, 1), timed_steps=s1 - s0,
                   measured=time.strftime("%Y-%m-%d %H:%M:%S"))
     if writer:
-        from aetv2_tf.files.safe_paths import write_atomically
-
         write_atomically(path, json.dumps(record, indent=1))
     print(f"Time budget --train_seconds={train.train_seconds:g}: {record['pairs_per_sec']} "
           f"pairs/s measured here -> --train_steps={steps} of {train.batch_size} pairs, about "

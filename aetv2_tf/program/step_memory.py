@@ -46,9 +46,8 @@ def step_bytes(backbone: str, batch_size: int, rotation: bool) -> int:
 
 def check_step_memory(backbone: str, batch_size: int, rotation: bool, accelerator: bool,
                       memory: int | None = None) -> None:
-    """UsageError naming the estimate, how it is computed, the machine's memory and the largest
-    batch that fits, when a step on the CPU (not `accelerator`) needs more than `memory`
-    (default `machine_memory`); nothing when it fits or the memory is unknown."""
+    """UsageError (the estimate, the machine's memory, the largest batch that fits) when a step
+    on the CPU (not `accelerator`) needs more than `memory` (default `machine_memory`)."""
     memory = machine_memory() if memory is None else memory
     needed = step_bytes(backbone, batch_size, rotation)
     if accelerator or memory is None or needed <= memory:
