@@ -1,20 +1,14 @@
-"""SHA-256 digests, one function for everything the project digests (library code).
-
-`sha256` digests a stream of byte blocks; a file (`file_digest`, read in 1 MiB blocks: one
-block in memory whatever the file's size), bytes already in memory, numpy arrays
-(`arrays_digest`: their C-order bytes, in order) and a model's variables (`weights_digest`)
-all feed it. Its values are stored and compared, so they do not change: a checkpoint's and a
-``.keras`` file's ``.sha256`` beside it (`saving.save_atomically`), an export's manifest
-(`provenance`), a preset's recorded SHA-256 (`presets`), and the ``trainable_digest`` a run
-prints (16 hex digits: equal digests mean bitwise-equal weights, across runs and backends).
-Nothing here imports TensorFlow or Keras at import time.
+"""SHA-256 digests: one function (`sha256`, over a stream of byte blocks) for everything the
+project digests: files (`file_digest`), numpy arrays (`arrays_digest`) and a model's variables
+(`weights_digest`). Their values are stored and compared (checksums, manifests, presets, the
+``trainable_digest`` a run prints), so they do not change. No TensorFlow or Keras at import.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -29,15 +23,10 @@ def sha256(blocks: Iterable[bytes]) -> str:
     return digest.hexdigest()
 
 
-def file_blocks(path: str | os.PathLike) -> Iterator[bytes]:
-    """The bytes of the file at ``path``, in blocks of `BLOCK` bytes."""
-    with open(path, "rb") as f:
-        yield from iter(lambda: f.read(BLOCK), b"")
-
-
 def file_digest(path: str | os.PathLike) -> str:
-    """The SHA-256 (hex) of the file at ``path`` (`sha256` of its `file_blocks`)."""
-    return sha256(file_blocks(path))
+    """The SHA-256 (hex) of the file at ``path``, read in blocks of `BLOCK` bytes."""
+    with open(path, "rb") as f:
+        return sha256(iter(lambda: f.read(BLOCK), b""))
 
 
 def arrays_digest(arrays: Iterable[np.ndarray]) -> str:
@@ -47,10 +36,7 @@ def arrays_digest(arrays: Iterable[np.ndarray]) -> str:
 
 def weights_digest(variables) -> str:
     """`arrays_digest` of the variables' values (in order): equal digests mean bitwise-equal
-    weights, e.g. the trainable weights on every worker of a multi-worker run (BatchNorm moving
-    statistics are per replica, as in Keras, and differ), or in two ``--deterministic`` runs.
-    Any backend: the values are read with `keras.ops.convert_to_numpy`, under TensorFlow with
-    ``tf.convert_to_tensor(v).numpy()`` (distributed variables included)."""
+    weights. Any backend; under TensorFlow distributed variables included."""
     import keras
 
     if keras.backend.backend() == "tensorflow":

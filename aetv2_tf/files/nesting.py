@@ -1,16 +1,7 @@
-"""Outputs apart from inputs: no folder a program writes lies inside a folder it reads, and no
-folder it reads lies inside one it writes.
-
-A ``--model_dir`` inside a folder data set's ``--data_dir`` becomes part of the data: the next
-listing takes the run's folder for a class (or its checkpoints for images), and every rerun or
-probe is then refused. A data folder (or a ``--pretrained`` run) inside a ``--model_dir`` is
-mixed with the run's outputs, which ``--overwrite`` moves aside. So each pair is refused before
-anything is read or written (`refuse_nested`: a `errors.UsageError` naming both paths and the
-fix): the training program's ``--model_dir`` against ``--data_dir`` and ``--pretrained``
-(`program.rundir.check_apart`), the export's ``--output`` against its run and the run's data
-(`aetv2_tf.export`), the report's ``--output`` against the runs it reads (`aetv2_tf.report`).
-
-Paths are compared resolved (`os.path.realpath`: ``~``, ``..`` and symbolic links followed), so
+"""Outputs apart from inputs: no folder a program writes lies inside, is, or holds a folder it
+reads (a ``--model_dir`` inside a folder data set's ``--data_dir`` becomes a class of the data;
+a data folder inside a ``--model_dir`` is mixed with its outputs). `refuse_nested` refuses each
+pair before anything is read or written. Paths are compared resolved (`os.path.realpath`), so
 a link cannot hide a nesting; a path that does not exist yet is compared as it will be made.
 """
 
@@ -41,10 +32,9 @@ def _named(label: str, path: str) -> str:
 def refuse_nested(outputs: Mapping[str, str | None] | Iterable[tuple[str, str | None]],
                   inputs: Mapping[str, str | None] | Iterable[tuple[str, str | None]], *,
                   within: Mapping[str, str] | None = None) -> None:
-    """UsageError when an output path (``{label: path}`` or ``(label, path)`` pairs, e.g.
-    ``{"--model_dir": ...}``) is, lies inside or holds an input path (``{"--data_dir": ...}``);
-    None or empty paths are skipped. ``within``: ``{input label: folder}``, the one place inside
-    that input where an output may lie (an export's ``--output`` under its run's ``export/``)."""
+    """UsageError when an output path (``{label: path}`` or ``(label, path)`` pairs) is, lies
+    inside or holds an input path; None or empty paths are skipped. ``within``: ``{input label:
+    folder}``, the one place inside that input where an output may lie."""
     within = within or {}
     outputs = list(outputs.items() if isinstance(outputs, Mapping) else outputs)
     inputs = list(inputs.items() if isinstance(inputs, Mapping) else inputs)

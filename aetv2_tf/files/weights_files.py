@@ -1,21 +1,9 @@
-"""Keras ``.weights.h5`` files written so that a full disk or a file-size limit is an OSError,
-never a crash.
+"""Keras ``.weights.h5`` files whose full disk or file-size limit is an OSError, never a crash.
 
-``model.save_weights(path)`` writes through HDF5 (h5py), which buffers metadata and small
-datasets and writes them when an object or the file is closed. When the disk fills (ENOSPC) or
-the file reaches the process's size limit (EFBIG, ``ulimit -f``) during the save, Keras raises
-the OSError but the HDF5 file stays open, or half closed: its next close (by the garbage
-collector, or when the interpreter exits) writes again, fails again (h5py prints "Can't
-decrement id ref count") and the process dies of a segmentation fault, after the program's own
-message (exit 139 instead of the documented 5). A failed close leaves HDF5's file handle
-dangling, so no clean-up after the fact is safe.
-
-So HDF5 never meets the disk: `save_weights_file` has Keras write the file into memory
-(`WeightsImage`: its H5 store takes an ``io.BytesIO``), then writes those bytes with plain
-writes, whose ENOSPC or EFBIG is an OSError with its errno and nothing left open; the caller
-(`saving.save_atomically`) removes the temporary and the programs map the errno to their exit
-code. The cost is the file's size in memory for the length of the write (17 MB for a NIN
-checkpoint, about 650 MB for AlexNet with Adam); the file reads back as one written directly.
+HDF5 left open after a failed write crashes at its next close (docs/reliability.md), so HDF5
+never meets the disk: `save_weights_file` has Keras write the file into memory (`WeightsImage`),
+then writes those bytes with plain writes (ENOSPC, EFBIG: an OSError with nothing left open).
+The cost is the file's size in memory for the length of the write.
 """
 
 from __future__ import annotations
@@ -35,9 +23,8 @@ def variables_bytes(variables: Iterable[Any]) -> int:
 
 
 class WeightsImage(io.BytesIO):
-    """The bytes of a ``.weights.h5`` file in memory, as ``model.save_weights`` writes them:
-    Keras checks the suffix of ``str(filepath)`` (`name`) and its H5 store writes into an
-    ``io.BytesIO``."""
+    """A ``.weights.h5`` file in memory: Keras checks the suffix of ``str(filepath)`` (`name`)
+    and its H5 store writes into an ``io.BytesIO``."""
 
     def __init__(self, name: str):
         super().__init__()
@@ -63,10 +50,8 @@ def write_bytes(path: str, data: bytes | memoryview) -> None:
 
 def save_weights_file(model: Any, path: str,
                       attributes: Mapping[str, int | str] | None = None) -> None:
-    """``model.save_weights(path)`` whose full disk or file-size limit is an OSError with its
-    errno, nothing of HDF5 left open (module docstring). `attributes`: values stored on the
-    file's root beside the weights (`file_attributes` reads them; Keras ignores them), e.g. a
-    checkpoint's step."""
+    """``model.save_weights(path)`` through memory (module docstring). `attributes`: values on
+    the file's root (`file_attributes` reads them; Keras ignores them), e.g. a checkpoint's step."""
     image = WeightsImage(os.path.basename(path))
     model.save_weights(image)
     if attributes:

@@ -1,10 +1,6 @@
-"""Where the library may write: a target folder checked before anything is written into it.
-
-`check_encoder_target`: `saving.save_encoder`'s directory must be new or empty, or hold only an
-encoder that `save_encoder` wrote (replaced only when the caller says ``overwrite=True``). A
-training run's folder (its ``encoder.weights.h5`` and checkpoints are trained weights) and a
-folder of other files are refused whatever the caller says: the library writes over no file it
-did not write for this purpose, as the programs refuse (`program.rundir`, `files.provenance`).
+"""`check_encoder_target`: the folder `saving.save_encoder` writes into must be new or empty, or
+hold only an encoder `save_encoder` wrote (replaced only with ``overwrite=True``). A training
+run's folder or a folder of other files is refused whatever the caller says.
 """
 
 from __future__ import annotations
@@ -19,9 +15,8 @@ SAVED_BY = "aetv2_tf.save_encoder"  # the ``saved_by`` of the record `save_encod
 
 
 def check_encoder_target(directory: str, overwrite: bool, own_files: Collection[str]) -> None:
-    """UsageError (nothing written) unless `save_encoder` may write into `directory`: new,
-    empty, or, with `overwrite`, holding only `own_files` (the names `save_encoder` writes) and
-    a flags.json whose ``saved_by`` is `SAVED_BY`."""
+    """UsageError (nothing written) unless `directory` is new, empty, or, with `overwrite`,
+    holds only `own_files` and a flags.json whose ``saved_by`` is `SAVED_BY`."""
     if not os.path.lexists(directory):
         return
     if os.path.islink(directory) or not os.path.isdir(directory):

@@ -1,14 +1,7 @@
-"""What a Keras backend does its own way in the training program; everything else is one
-sequence for all (`stages.run`, `pretext_stage.train`).
-
-A `Backend` is made first thing (TensorFlow's strategy needs a fresh context), then supplies:
-the machine (its devices or tf.distribute strategy, whether this worker is the chief, the
-accelerator, what the start line says of them), and for a pretraining the batches of a range of
-steps, the model built in its distribution scope, the checkpoint store to resume from, the
-summaries, the export, how workers agree to stop on a signal, and its clean-up.
-`tensorflow_backend.TensorFlowBackend` is TensorFlow's (tf.distribute, tf.data, TensorBoard,
-SavedModel); `keras_native_backend.KerasNativeBackend` serves JAX and any other Keras backend
-(devices through `keras.distribution`, NumPy batches, CSV logs, no TensorFlow needed).
+"""What a Keras backend does its own way in the training program (`Backend`); everything else
+is one sequence for all (`stages.run`, `pretext_stage.train`). `tensorflow_backend` serves
+TensorFlow (tf.distribute, tf.data, TensorBoard, SavedModel), `keras_native_backend` JAX and
+any other Keras backend (`keras.distribution`, NumPy batches, CSV logs, no TensorFlow needed).
 """
 
 from __future__ import annotations
@@ -26,12 +19,12 @@ if TYPE_CHECKING:
 
 
 class Backend:
-    """A backend's part of the program (module docstring). Set by the subclass: ``name`` (Keras's
-    backend), ``replicas`` (the model's copies a step is split over), ``accelerator`` ("tpu",
-    "gpu" or "": a CPU), ``chief`` (this worker writes the model_dir), ``strategy`` (the
-    tf.distribute strategy the probe stage builds in; None: Keras's distribution, if any),
-    ``distribution``, ``kernels`` and ``note`` (what the start line says of the machine),
-    ``peer_lost`` (the errors of a worker that stopped answering: exit 6)."""
+    """A backend's part of the program, made first thing (TensorFlow's strategy needs a fresh
+    context). Set by the subclass: ``name`` (Keras's backend), ``replicas`` (the model's copies
+    a step is split over), ``accelerator`` ("tpu", "gpu" or "": a CPU), ``chief`` (this worker
+    writes the model_dir), ``strategy`` (the tf.distribute strategy the probe stage builds in;
+    None: Keras's distribution, if any), ``distribution``, ``kernels`` and ``note`` (what the
+    start line says of the machine), ``peer_lost`` (a lost worker's errors: exit 6)."""
 
     name: str = ""
     replicas: int = 1
@@ -61,19 +54,16 @@ class Backend:
 
     # ---------------------------------------------------------------------- the pretraining
     def skip_check_every(self) -> int:
-        """How often the optimizer's skipped-step counter is read (reading waits for the
-        device)."""
+        """How often the optimizer's skipped-step counter is read (steps)."""
         return 1
 
     def build(self, data: PretextData, steps: int) -> tuple[keras.Model, keras.Model, Any, Any]:
-        """``(encoder, compiled pretext model, schedule, optimizer)`` of a ``steps``-step run,
-        the same initial weights every call (seeded): `pretext_stage.build_model` with this
-        backend's inputs and scope."""
+        """``(encoder, compiled pretext model, schedule, optimizer)`` of a ``steps``-step run
+        (`pretext_stage.build_model` with this backend's inputs and scope)."""
         raise NotImplementedError
 
     def batches(self, data: PretextData, start: int, stop: int) -> Any:
-        """The training batches of steps ``start .. stop - 1`` (what ``fit`` takes), ending
-        there."""
+        """The training batches of steps ``start .. stop - 1`` (what ``fit`` takes)."""
         raise NotImplementedError
 
     def checkpoints(self, model: keras.Model, optimizer) -> tuple[CheckpointStore, int]:
@@ -93,10 +83,8 @@ class Backend:
         return self.config.outputs.export
 
     def signal_agreement(self) -> Agreement | None:
-        """How the workers agree to stop on a signal (`signal_stop.SignalStop`'s ``agree``);
-        None: one process."""
+        """`signal_stop.SignalStop`'s ``agree`` across workers; None: one process."""
         return None
 
     def close(self) -> None:
-        """Called once at the end of the pretraining (e.g. a non-chief worker's scratch
-        directory)."""
+        """Called once at the end of the pretraining."""

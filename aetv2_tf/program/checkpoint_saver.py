@@ -1,12 +1,7 @@
 """The checkpoints of a training run: saved every N steps and when training ends, only for
 finite weights (`CheckpointSaver`, applied by `run_control.RunControl`), into a
-`CheckpointStore` (`keras_checkpoints.KerasCheckpoints` on every backend: Keras `.weights.h5`
-files, each written under a temporary name and renamed into place, so a listed checkpoint is
-always whole).
-
-Only the chief keeps checkpoints in the model_dir (another worker saves too, as reading
-distributed variables may need collectives, into a scratch store). TensorFlow is imported only
-by what needs it (finiteness of distributed variables): this serves every backend.
+`CheckpointStore` (`keras_checkpoints.KerasCheckpoints`). Any backend: TensorFlow is imported
+only for the finiteness of distributed variables.
 """
 
 from __future__ import annotations
@@ -33,8 +28,8 @@ class CheckpointStore(Protocol):
 
 
 def all_finite(variables) -> bool:
-    """True when every variable is free of NaN and inf (read to the host: call rarely). Under
-    TensorFlow through TensorFlow ops (distributed variables included)."""
+    """True when every variable is free of NaN and inf (read to the host: call rarely);
+    distributed variables included."""
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
 
@@ -46,13 +41,9 @@ def all_finite(variables) -> bool:
 
 class CheckpointSaver:
     """Saves a checkpoint of the step reached into ``store`` every ``every`` steps and when
-    training ends (`run_control.RunControl` calls `save` at those moments).
-
-    A checkpoint is written only if every model weight is finite: otherwise ``refused`` is set
-    (training is to stop) and the last good checkpoint stays the newest one; after `hold` (the
-    loss grew past its bound) none is written any more. ``writing`` is set while a checkpoint
-    is written (a second signal then waits for it: `signal_stop.SignalStop`); ``writer``: this
-    worker's saves are the run's (it logs them)."""
+    training ends, only if every model weight is finite (else ``refused`` is set: training is
+    to stop); after `hold` none is written. ``writing`` is set while a checkpoint is written;
+    ``writer``: this worker's saves are the run's (it logs them)."""
 
     def __init__(self, store: CheckpointStore, every: int, writer: bool = True):
         self.store, self.every, self.writer = store, every, writer

@@ -1,11 +1,6 @@
-"""A quiet console for the command-line programs (`python -m aetv2_tf.train`, `.export`).
-
-By default the console shows the program's own lines (the start line, the progress bar, the end
-summary) and real problems (WARNING and above), not the chatter of the libraries underneath:
-TensorFlow's native start-up lines (printed before its logging is configured, so they can only be
-silenced at the file-descriptor level while it loads), INFO logs, and the warnings Keras and
-TensorFlow repeat at every `fit` or export. `--verbosity=0` (absl's flag: 0 INFO, 1+ debug)
-brings everything back; so does `AETV2_VERBOSE=1` for the import itself.
+"""A quiet console for the command-line programs: the program's own lines and WARNING and
+above, not the libraries' start-up lines, INFO logs and repeated warnings. `--verbosity=0`
+(absl's flag) or `AETV2_VERBOSE=1` brings everything back.
 """
 
 from __future__ import annotations
@@ -31,10 +26,8 @@ def verbose_requested(argv: list[str] | None = None) -> bool:
 
 @contextlib.contextmanager
 def quiet_native_stderr(enabled: bool = True):
-    """Sends file descriptor 2 to /dev/null inside the block (native libraries' start-up lines).
-
-    Python-level errors raised inside still propagate and are printed after the block.
-    """
+    """Sends file descriptor 2 to /dev/null inside the block (native libraries' start-up
+    lines); Python errors raised inside still propagate."""
     if not enabled:
         yield
         return
@@ -50,9 +43,8 @@ def quiet_native_stderr(enabled: bool = True):
 
 
 def configure_logging(verbose: bool, tensorflow: bool = True) -> None:
-    """absl/TensorFlow logs at WARNING and known noise filtered, unless `verbose`.
-
-    `tensorflow=False` (another Keras backend) leaves TensorFlow alone (it is not imported)."""
+    """absl/TensorFlow logs at WARNING and known noise filtered, unless `verbose`;
+    `tensorflow=False` leaves TensorFlow unimported."""
     from absl import logging
 
     if verbose:

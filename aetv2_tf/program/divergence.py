@@ -1,8 +1,7 @@
-"""The two ways a training run diverges, as `run_control.RunControl` watches them after each
-step: non-finite steps (`NonFiniteSteps`: skipped by the optimizer, counted in its
-``skipped_steps``) and a finite divergence (`LossGrowth`: a loss that grew past
-``--max_loss_growth`` times its first logged value; a run at ``--learning_rate=1e6`` would
-otherwise end "successfully" at a loss of 7e13)."""
+"""The two ways a training run diverges, watched by `run_control.RunControl` after each step:
+non-finite steps (`NonFiniteSteps`: skipped by the optimizer, counted in its ``skipped_steps``)
+and a finite divergence (`LossGrowth`: a loss past ``--max_loss_growth`` times its first logged
+value)."""
 
 from __future__ import annotations
 
@@ -16,19 +15,16 @@ from aetv2_tf.program.run_length import due
 
 def skipped_steps(optimizer) -> int | None:
     """The optimizer's count of skipped (non-finite) steps, read to the host; None for an
-    optimizer that skips none (`method.optimizers.SkipNonFinite` counts them). Under JAX the
-    caller syncs the jitted state into the variables first (`keras.callbacks.Callback.model`)."""
+    optimizer that counts none (`method.optimizers.SkipNonFinite` does)."""
     counter = getattr(optimizer, "skipped_steps", None)
     return None if counter is None else int(keras.ops.convert_to_numpy(counter.value))
 
 
 class NonFiniteSteps:
     """Logs every skipped (non-finite) step; with ``stop``, training ends at the first one
-    (``stopped``). Else it still ends after ``patience`` skipped steps in a row (``diverged``):
-    non-finite weights or BatchNorm statistics then make every step non-finite, and skipping
-    would spin until the end of the run doing nothing. The counter is read every ``every``
-    steps (reading it waits for the device); a resumed optimizer holds the skips of earlier
-    invocations, and only new ones count (`begin`)."""
+    (``stopped``), else after ``patience`` skipped steps in a row (``diverged``: every step is
+    then non-finite). The counter is read every ``every`` steps; only skips after `begin`
+    count."""
 
     def __init__(self, stop: bool, patience: int = 10, every: int = 1):
         self.stop, self.patience, self.every = stop, patience, every
@@ -68,11 +64,10 @@ class NonFiniteSteps:
 
 
 class LossGrowth:
-    """Whether the loss of the steps since the previous batch end (recovered from Keras's
-    running means over the epoch: the loss the optimiser minimises, ``logs["loss"]`` plus the
-    weight decay shown apart, ``logs["l2_penalty"]``) grew past ``factor`` times the first such
-    value of this invocation; ``factor`` 0: never. ``grew`` says where and by how much,
-    ``aside``: why the checkpoint whose weights gave that loss is set aside."""
+    """Whether the mean loss of the steps since the previous batch end (from Keras's running
+    epoch means of ``logs["loss"]`` plus ``logs["l2_penalty"]``) grew past ``factor`` times the
+    first such value of this invocation; ``factor`` 0: never. ``grew`` says where and by how
+    much, ``aside`` why the checkpoint that gave that loss is set aside."""
 
     def __init__(self, factor: float):
         self.factor = factor

@@ -1,30 +1,12 @@
-"""Keras-native checkpoints of the training program, on every Keras backend (no TensorFlow).
+"""The checkpoints of a training run, on every Keras backend (no TensorFlow needed).
 
-Layout under `<model_dir>/checkpoints/`: `ckpt-<step>.weights.h5`, one file per checkpoint, written
-by `model.save_weights`: the model's weights, the optimizer's variables (Keras saves those of a
-built optimizer with the model's) and the `HomographyPairs` seed-generator state (that layer
-saves it itself); `<step>` is the number of training batches consumed, which fixes the data
-position (the optimizer's step counter, which fixes the learning rate, is inside); the file
-holds it too (its root attribute `STEP`), and a checkpoint whose name says another step (a
-renamed file: `misnamed`) is set aside like a damaged one. The weights are serialised in memory
-and written with plain writes (`files.weights_files`: a full disk is an OSError, never an HDF5
-crash). A checkpoint is
-written to a temporary name in the same directory and renamed into place (`os.replace`, atomic),
-so a listed `ckpt-*.weights.h5` is always complete; only the `keep` newest are kept. Beside
-each file its SHA-256 (`<file>.sha256`, written before the file is renamed into place), checked
-before the file is trusted (`damage`): a resumed run sets a damaged or unreadable newest
-checkpoint aside (renamed `<file>.bad`, never deleted) and resumes from the newest good one;
-the probes' and the export's readers skip it. A checkpoint without its checksum is damaged too
-(deleting the `.sha256` would otherwise let a changed file be resumed).
-
-The files themselves (atomic writes, checksums, the listing, `encoder.weights.h5`) are the
-library's (`aetv2_tf.files.saving`, re-exported here); this module adds the store, the resume and
-the disk arithmetic of a run. `<model_dir>/encoder.weights.h5` (`ENCODER_WEIGHTS`, written at the
-end of a run): the encoder alone, a keras-BatchNorm NIN/AlexNet; `load_encoder_weights` loads
-it (or, for a run cut short, the encoder inside its newest checkpoint) into a backbone with
-either batch norm: the fused and the Keras BN layer have the same variables in the same order
-(`models/layers.py`), but `.weights.h5` files key layers by class, so the weights go through a
-keras-BN twin.
+`<model_dir>/checkpoints/ckpt-<step>.weights.h5`: the model's weights, the optimizer's variables
+and the `HomographyPairs` seed-generator state (`model.save_weights`); `<step>` is the number of
+training batches consumed (the data position), also held in the file (root attribute `STEP`).
+Each is written under a temporary name and renamed into place with its SHA-256 beside it
+(`<file>.sha256`); only the `keep` newest are kept. A damaged, unchecksummed, misnamed or
+unreadable newest checkpoint is set aside (`<file>.bad`, never deleted) and the next older one
+resumed. The files themselves are the library's (`aetv2_tf.files.saving`, re-exported here).
 """
 
 from __future__ import annotations
@@ -41,14 +23,11 @@ from aetv2_tf.files.saving import (  # noqa: F401 - the run directory's files, r
     ENCODER_WEIGHTS,
     damage,
     encoder_source,
-    file_digest,
     list_checkpoints,
     load_encoder_weights,
     load_model_part,
     save_atomically,
     save_encoder_weights,
-    tensorflow_run_unreadable,
-    write_atomically,
 )
 from aetv2_tf.files.weights_files import file_attributes, save_weights_file, variables_bytes
 from aetv2_tf.program.checkpoint_saver import CheckpointStore
@@ -58,10 +37,8 @@ STEP = "aetv2_step"  # the root attribute of a checkpoint file that holds its st
 
 
 def held_step(path: str) -> int | None:
-    """The step the checkpoint at `path` holds: its `STEP` attribute; for a checkpoint without
-    one, the step in the name its checksum was written for (`<file>.sha256`: "<digest>
-    ckpt-<step>.weights.h5"); None when neither says (or the file cannot be read: loading it
-    then says why)."""
+    """The step the checkpoint at `path` holds: its `STEP` attribute, else the step in the name
+    its `<file>.sha256` was written for; None when neither says or the file is unreadable."""
     try:
         stored = file_attributes(path).get(STEP)
     except OSError:
@@ -77,8 +54,8 @@ def held_step(path: str) -> int | None:
 
 
 def misnamed(path: str, step: int) -> str | None:
-    """Why the checkpoint at `path`, named for `step`, is not that step's (`held_step`: it was
-    renamed, e.g. ckpt-2 to ckpt-3 with its checksum), or None."""
+    """Why the checkpoint at `path`, named for `step`, is not that step's (`held_step`), or
+    None."""
     held = held_step(path)
     if held is None or held == step:
         return None
@@ -88,12 +65,10 @@ def misnamed(path: str, step: int) -> str | None:
 
 def disk_bytes_needed(model: keras.Model, encoder: keras.Model, keep: int, export: bool,
                       other_writers: int = 0) -> int:
-    """What a run writes at most at once, from its model: `keep` checkpoints plus the one being
-    written (weights and optimizer moments: about 650 MB for AlexNet with Adam, 17 MB for NIN),
-    the final `encoder.weights.h5`, and with `export` the whole model with its optimizer
-    (`aet_model.keras`) and the SavedModel (the encoder, twice while it is replaced); each of
-    `other_writers` workers keeps one throwaway checkpoint and writes the next. Plus 2 % and
-    1 MiB of file overhead."""
+    """Bytes a run writes at most at once: `keep` checkpoints plus the one being written, the
+    final `encoder.weights.h5`, with `export` the whole model (`aet_model.keras`) and the
+    SavedModel (the encoder, twice while replaced); each of `other_writers` workers keeps one
+    throwaway checkpoint and writes the next. Plus 2 % and 1 MiB of file overhead."""
     checkpoint = variables_bytes(model.weights) + variables_bytes(model.optimizer.variables)
     encoder_bytes = variables_bytes(encoder.weights)
     total = (keep + 1 + 2 * other_writers) * checkpoint + encoder_bytes
@@ -107,15 +82,19 @@ def set_aside(path: str, reason: str) -> str:
     os.replace(path, path + BAD)
     if os.path.exists(path + CHECKSUM):
         os.replace(path + CHECKSUM, path + BAD + CHECKSUM)
-    message = f"Set aside {path} as {path + BAD}: {reason}."
-    logging.warning(message)
-    print(message, flush=True)
+    _say(f"Set aside {path} as {path + BAD}: {reason}.", logging.warning)
     return path + BAD
+
+
+def _say(message: str, log) -> None:
+    """`message` to the log and the console."""
+    log(message)
+    print(message, flush=True)
 
 
 class KerasCheckpoints(CheckpointStore):
     """`ckpt-<step>.weights.h5` files in `directory`, written atomically; the `keep` newest are
-    kept (`checkpoint_saver.CheckpointSaver` saves into it, after its finiteness check)."""
+    kept."""
 
     def __init__(self, directory: str, keep: int):
         self.directory, self.keep = directory, keep
@@ -128,9 +107,7 @@ class KerasCheckpoints(CheckpointStore):
         path = save_atomically(lambda tmp: save_weights_file(model, tmp, {STEP: step}),
                                os.path.join(self.directory, f"ckpt-{step}.weights.h5"))
         for _, old in list_checkpoints(self.directory)[:-self.keep]:
-            os.remove(old)
-            if os.path.exists(old + CHECKSUM):
-                os.remove(old + CHECKSUM)
+            _remove(old, old + CHECKSUM)
         return path
 
     def set_aside(self, step: int, reason: str) -> None:
@@ -140,12 +117,9 @@ class KerasCheckpoints(CheckpointStore):
 
 
 def restore_checkpoint(model: keras.Model, directory: str, writer: bool = True) -> int:
-    """Loads the newest intact checkpoint of `directory` into `model` (its optimizer built
-    first); returns its step, 0 when there is none. A damaged (its checksum missing or not its
-    own), misnamed (`misnamed`: the step of its name not the one it holds) or unreadable one
-    is set aside
-    (`writer`; another worker only skips it) and the next older one tried; when none is left,
-    FileNotFoundError (exit 2): the run is not restarted from scratch behind the user's back."""
+    """Loads the newest intact checkpoint of `directory` into `model`; returns its step (0: none).
+    A damaged, misnamed or unreadable one is set aside (`writer`; another worker only skips it)
+    and the next older one tried; when none is left, FileNotFoundError (exit 2)."""
     found = list_checkpoints(directory)
     if not found:
         logging.info("No checkpoint in %s: starting at step 0.", directory)
@@ -159,25 +133,25 @@ def restore_checkpoint(model: keras.Model, directory: str, writer: bool = True) 
                 first_line = (str(e).splitlines() or [""])[0]
                 reason = f"it cannot be read ({type(e).__name__}: {first_line})"
             else:
-                message = f"Resumed from checkpoint {path} at step {step}."
-                logging.info(message)
-                print(message, flush=True)
+                _say(f"Resumed from checkpoint {path} at step {step}.", logging.info)
                 return step
         if writer:
             set_aside(path, reason)
         else:
             logging.warning("Skipped %s: %s.", path, reason)
-    raise FileNotFoundError(f"no intact checkpoint is left in {directory} (each was set aside as "
-                     "*.bad); restore one from a backup, or pass --overwrite to start afresh "
-                     "there.")
+    raise FileNotFoundError(f"no intact checkpoint is left in {directory} (each was set aside "
+                            "as *.bad); restore one from a backup, or pass --overwrite to start "
+                            "afresh there.")
 
 
 def discard_encoder_weights(model_dir: str) -> None:
-    """Removes `<model_dir>/encoder.weights.h5` before a run trains on: from then on it would
-    describe an older end of the run (the newest checkpoint is the truth until the new end)."""
+    """Removes `<model_dir>/encoder.weights.h5` (and its checksum) before a run trains on: it
+    would describe an older end of the run."""
     path = os.path.join(model_dir, ENCODER_WEIGHTS)
-    for name in (path, path + CHECKSUM):
-        if os.path.exists(name):
-            os.remove(name)
+    _remove(path, path + CHECKSUM)
 
 
+def _remove(*paths: str) -> None:
+    for path in paths:
+        if os.path.exists(path):
+            os.remove(path)

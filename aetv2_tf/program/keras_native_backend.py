@@ -1,32 +1,9 @@
-"""The Keras-native program: `KerasNativeBackend`, the program's part on JAX and any other
-Keras backend but TensorFlow (`backend.Backend`): same command, same flags; `aetv2_tf.train.main`
-runs the program (`stages.run`) with it when `keras.backend.backend()` is not tensorflow, and
-TensorFlow is then never needed (imported only where it is there, for TensorBoard and the
-SavedModel export).
+"""`KerasNativeBackend`: the program's part on JAX and any other Keras backend but TensorFlow
+(`backend.Backend`), same command and flags; TensorFlow is never needed (imported only where it
+is there, for TensorBoard and the SavedModel export). Which flag values run here:
+`aetv2_tf.program.flag_support`.
 
     KERAS_BACKEND=jax python -m aetv2_tf.train --flagfile=configs/cifar10_aetv2.cfg
-
-What is this backend's own (the rest is the one sequence of `stages` and `pretext_stage`,
-shared with TensorFlow's `tensorflow_backend`):
-
-* input: `data.stream.ImageBatches` (uint8 NumPy batches, a pure function of (seed, step)); the
-  pretext examples are made on the device inside the jitted step (`models.pretext`: the
-  homography pairs of AET, `--loss=geodesic` AETv2 or `mse` AETv1, or the 4 rotations of
-  RotNet, `--pretext=rotation`), seeded by `--seed`;
-* distribution: every local device through `keras.distribution.DataParallel`;
-* checkpoints: Keras `.weights.h5` files (`keras_checkpoints`, atomic, `--keep_checkpoints`
-  newest; rerunning the command resumes at the same step, learning rate, data position and
-  sampler state);
-* summaries: train/log.csv (TensorBoard scalars too where TensorFlow is importable);
-* export: `--export` runs `python -m aetv2_tf.export` on the TensorFlow backend in a child
-  process where TensorFlow is importable (`export_saved_model`);
-* BatchNorm is always Keras's (`--batch_norm=fused` is TensorFlow's kernel of the same
-  computation, with interchangeable weights; the start line says so); the decoder scale and the
-  MSE normalisation use the parameter std measured with the device sampler.
-
-`--stage=probe` (KNN and every classifier head) and `--stage=supervised` run `probe_stage.run`,
-the stage of every backend (its input adapter: NumPy batches, crops and flips on the device).
-Which flag values run here is `aetv2_tf.program.flag_support`'s table.
 """
 
 from __future__ import annotations
@@ -39,32 +16,29 @@ from absl import logging
 
 from aetv2_tf.errors import UsageError
 from aetv2_tf.program import config as run_config
-from aetv2_tf.program import pretext_stage
+from aetv2_tf.program import flag_support, pretext_stage
 from aetv2_tf.program.backend import Backend
 from aetv2_tf.program.config import RunConfig
+from aetv2_tf.program.keras_checkpoints import KerasCheckpoints, restore_checkpoint
 from aetv2_tf.program.pretext_data import PretextData
 
 
 class KerasNativeBackend(Backend):
-    """The program's part on any Keras backend but TensorFlow (module docstring): every local
-    device through `keras.distribution.DataParallel`, uint8 NumPy batches
-    (`data.stream.ImageBatches`, a pure function of (seed, step)), the pairs or rotations made
-    on the device inside the jitted step (`models.pretext`), Keras `.weights.h5` checkpoints,
-    the CSV (and TensorBoard) summaries, the export through a TensorFlow child process."""
+    """Every local device through `keras.distribution.DataParallel`; uint8 NumPy batches (a pure
+    function of (seed, step)), the pairs or rotations made on the device inside the jitted step
+    (`models.pretext`); `.weights.h5` checkpoints; CSV (and TensorBoard) summaries; the export
+    in a TensorFlow child process. BatchNorm is always Keras's (the start line says so)."""
 
     fit_kwargs = {"shuffle": False}  # the batches are already in their order
 
     def __init__(self, config: RunConfig):
-        from aetv2_tf.program.flag_support import tensorflow_importable
-
         super().__init__(config)
-        tensorflow_importable()  # Keras seeds TensorFlow too where it is there: import it quietly
+        flag_support.tensorflow_importable()  # Keras seeds TensorFlow where it is: import quietly
         self.name = keras.backend.backend()
         self.devices = keras.distribution.list_devices()
         self.replicas = len(self.devices)
         self.accelerator = _accelerator()
-        self.distribution = f"{self.name} " \
-            f"{'DataParallel' if self.replicas > 1 else 'OneDevice'}"
+        self.distribution = f"{self.name} {'DataParallel' if self.replicas > 1 else 'OneDevice'}"
         self.note = " | batch norm: keras" if config.model.batch_norm != "keras" else ""
 
     def prepare_devices(self) -> None:
@@ -105,8 +79,6 @@ class KerasNativeBackend(Backend):
                                          augment=self.config.data.augment and not _files(data))
 
     def checkpoints(self, model, optimizer):
-        from aetv2_tf.program.keras_checkpoints import KerasCheckpoints, restore_checkpoint
-
         directory = os.path.join(self.config.outputs.model_dir, "checkpoints")
         return KerasCheckpoints(directory, self.config.outputs.keep_checkpoints), \
             restore_checkpoint(model, directory)
@@ -122,9 +94,7 @@ class KerasNativeBackend(Backend):
         return export_saved_model(self.config.outputs.model_dir)
 
     def exports(self) -> bool:
-        from aetv2_tf.program.flag_support import tensorflow_importable
-
-        return self.config.outputs.export and tensorflow_importable()
+        return self.config.outputs.export and flag_support.tensorflow_importable()
 
 
 def _files(data: PretextData) -> bool:
@@ -137,22 +107,16 @@ def _files(data: PretextData) -> bool:
 def _accelerator() -> str:
     """"tpu", "gpu" (CUDA, ROCm) or "" (a CPU): the local devices' platform."""
     platforms = {d.split(":")[0].lower() for d in keras.distribution.list_devices()}
-    if "tpu" in platforms:
-        return "tpu"
-    return "gpu" if platforms & {"gpu", "cuda", "rocm"} else ""
+    return "tpu" if "tpu" in platforms else "gpu" if platforms & {"gpu", "cuda", "rocm"} else ""
 
 
 def export_saved_model(model_dir: str) -> dict:
-    """`--export` here: the SavedModel is TensorFlow's, so `python -m aetv2_tf.export` runs on
-    the TensorFlow backend in a child process, from `encoder.weights.h5` (the flag-support
-    table refuses an explicit --export where TensorFlow is not importable; by default the
-    export is then left out, and the summary says so)."""
+    """`--export`: `python -m aetv2_tf.export` on the TensorFlow backend in a child process, from
+    `encoder.weights.h5`; left out (the summary says so) where TensorFlow is not importable."""
     import subprocess
     import sys
 
-    from aetv2_tf.program.flag_support import tensorflow_importable
-
-    if not tensorflow_importable():
+    if not flag_support.tensorflow_importable():
         return {"export": "none (TensorFlow is not importable here)"}
     out = os.path.join(model_dir, "export", "encoder")
     # On the CPU: the accelerator's memory is JAX's.
@@ -178,12 +142,9 @@ def decoder_prediction(model: keras.Model, inputs) -> np.ndarray:
 
 def summary_callbacks(config: RunConfig, step_fn, schedule, sample, mean,
                       std) -> list[keras.callbacks.Callback]:
-    """The logs of `monitoring.PretextSummaries` (interval means, learning rate, pairs/s): rows of
-    train/log.csv always (`monitoring.CsvScalars`); where TensorFlow is importable also
-    TensorBoard, its scalars and (AET) the image pairs of the 4 training images `sample` every
-    `--image_summary_every_steps` (kept on the CPU: it must not take the accelerator's memory),
+    """`monitoring.PretextSummaries` into train/log.csv, and where TensorFlow is importable
+    (kept on the CPU) TensorBoard with (AET) the pairs of the 4 training images `sample`,
     normalised with `mean`, `std`."""
-    from aetv2_tf.program.flag_support import tensorflow_importable
     from aetv2_tf.program.monitoring import CsvScalars, PretextSummaries, TensorBoardLog
 
     outputs, batch = config.outputs, config.train.batch_size
@@ -192,7 +153,7 @@ def summary_callbacks(config: RunConfig, step_fn, schedule, sample, mean,
     logs = [CsvScalars(os.path.join(log_dir, "log.csv"))]
     args = (step_fn, lr_fn, outputs.summary_every_steps)
     try:
-        if not tensorflow_importable():  # (imported there, quietly)
+        if not flag_support.tensorflow_importable():  # (imported there, quietly)
             raise ImportError("TensorFlow is not importable")
         import tensorflow as tf
 
@@ -200,8 +161,7 @@ def summary_callbacks(config: RunConfig, step_fn, schedule, sample, mean,
         logs.append(TensorBoardLog(log_dir))
     except Exception as e:  # noqa: BLE001 - absent, blocked or unusable: the CSV is enough
         logging.info("No TensorBoard summaries (%s); train/log.csv has the scalars.", e)
-        return [PretextSummaries(logs, *args, 0, batch)]
-    if config.pretext == "rotation":
+    if len(logs) == 1 or config.pretext == "rotation":  # no TensorBoard, or no pairs to draw
         return [PretextSummaries(logs, *args, 0, batch)]
     from aetv2_tf.data.preprocessing_layers import HomographyPairs
     from aetv2_tf.program.pair_pictures import draw_pairs

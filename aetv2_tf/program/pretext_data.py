@@ -1,6 +1,5 @@
-"""The pretraining's data, as every backend receives it (`backend.Backend`'s methods): the
-training images read once (`read`) and what the run derives from its configuration alike on
-every backend (`PretextData`)."""
+"""The pretraining's data as every backend receives it: the training images (`read`) and what
+the run derives from its configuration (`PretextData`)."""
 
 from __future__ import annotations
 
@@ -13,13 +12,10 @@ from aetv2_tf.program.config import RunConfig
 
 @dataclasses.dataclass(frozen=True)
 class PretextData:
-    """The pretraining's images: ``images`` (numpy (N, H, W, 3) uint8, a folder's
-    `ImageFiles`, or a tf.data source), their ``labels`` (CIFAR-10's, for the quick KNN; else
-    None) and ``num_examples`` (None: unknown); with what the run derives from its
-    configuration alike on every backend: ``side`` (the backbone's input side), ``rotation``
-    (RotNet), ``images_per_step`` (RotNet: a quarter of the batch, shown in 4 rotations), and
-    ``mean``, ``std``: the dataset's normalisation (`normalization_constants`, the one rule that
-    the probes and the export follow too)."""
+    """``images`` (numpy (N, H, W, 3) uint8, a folder's `ImageFiles`, or a tf.data source),
+    ``labels`` (CIFAR-10's, for the quick KNN; else None), ``num_examples`` (None: unknown),
+    ``side`` (the backbone's input side), ``rotation`` (RotNet), ``images_per_step`` (RotNet: a
+    quarter of the batch) and ``mean``, ``std`` (`normalization_constants`)."""
 
     images: Any
     labels: Any
@@ -41,9 +37,8 @@ class PretextData:
 
 
 def read(config: RunConfig) -> PretextData:
-    """The training images: CIFAR-10 from its python files; a folder's checked file list
-    (`ImageFiles`, of one class folder or more: pretraining reads no label;
-    ``--train_examples`` takes a seeded random subset); else a tf.data source."""
+    """The training images: CIFAR-10's arrays, a folder's checked file list (`ImageFiles`, no
+    labels; ``--train_examples``: a seeded random subset), or a tf.data source."""
     from aetv2_tf.data.image_folders import ImageFiles
     from aetv2_tf.data.sources import load_source
 

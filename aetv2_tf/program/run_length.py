@@ -1,16 +1,7 @@
-"""How long a pretraining run is, and where this invocation of it stops: the step arithmetic of
-the pretext stage (every backend).
-
-* `total_steps`: steps per epoch and the run's total from ``--train_steps`` or ``--epochs``;
-* `budget_steps`: ``--train_seconds``, the steps that fill that many seconds here (measured
-  once, recorded in ``<model_dir>/budget.json`` and reused by a resumed run:
-  `config.recorded_budget`);
-* `stop_step`, `deadline`: where this invocation ends (``--stop_after_steps``,
-  ``--stop_after_seconds``); the schedule is always that of the whole run;
-* `fit_epochs`: ``model.fit``'s epochs for a range of steps, so that no execution straddles the
-  end of the data;
-* `due`: whether an interval of steps (checkpoints, summaries, checks) ended at a batch end;
-* `StepTimes`: the clock of the budget's measurement.
+"""How long a pretraining run is, and where this invocation of it stops (every backend):
+`total_steps` (``--train_steps`` or ``--epochs``), `budget_steps` (``--train_seconds``),
+`stop_step` and `deadline` (``--stop_after_steps``, ``--stop_after_seconds``; the schedule is
+always the whole run's), `fit_epochs` (``model.fit``'s epochs) and `due` (an interval's end).
 """
 
 from __future__ import annotations
@@ -23,6 +14,7 @@ from collections.abc import Callable
 import keras
 
 from aetv2_tf.errors import UsageError
+from aetv2_tf.files.safe_paths import write_atomically
 from aetv2_tf.program import flag_support
 from aetv2_tf.program.config import BUDGET_FILE, RunConfig, recorded_budget
 
@@ -34,11 +26,8 @@ LEARNING_VISIBLE_PAIRS = 25_600
 def total_steps(config: RunConfig, num_examples: int | None, images_per_step: int,
                 train_steps: int = 0) -> tuple[int, int]:
     """(steps per epoch, total steps) from ``train_steps`` (`budget_steps`' count), else
-    ``--train_steps``, else ``--epochs``.
-
-    ``images_per_step`` is the number of distinct training images a step consumes: the batch for
-    AET pairs, a quarter of it for RotNet (each image appears in its 4 rotations).
-    """
+    ``--train_steps``, else ``--epochs``; ``images_per_step``: the distinct training images a
+    step consumes (AET: the batch, RotNet: a quarter of it)."""
     train_steps = train_steps or config.train.train_steps
     if num_examples is None and not train_steps:
         raise UsageError("the dataset size is unknown here: pass --train_steps.")
@@ -69,15 +58,13 @@ def _duration(seconds: float) -> str:
 def budget_steps(config: RunConfig,
                  fit_first_steps: Callable[[int, keras.callbacks.Callback], None],
                  writer: bool = True, executions: int = 5) -> int:
-    """``--train_seconds``: the steps that fill that many seconds of training on this machine.
+    """``--train_seconds``: the steps that fill that many seconds of training here.
 
     On a resume, the count recorded in ``<model_dir>/budget.json``; else measured:
-    ``fit_first_steps(n, timer)`` trains a THROWAWAY model (the caller then re-seeds and builds
-    the real one) for ``executions`` executions of ``--steps_per_execution`` steps, and the rate
-    of all but the first two (which trace or compile and warm up) sets the count. The run is
-    then the run of ``--train_steps=<count>`` (same schedule, data and weights). Prints one
-    line that says how long training will take; ``writer`` (the chief) records the count.
-    """
+    ``fit_first_steps(n, timer)`` trains a throwaway model for ``executions`` executions of
+    ``--steps_per_execution`` steps; the rate of all but the first two (tracing, warm-up) sets
+    the count, which ``writer`` (the chief) records. The run is then that of
+    ``--train_steps=<count>``."""
     train, outputs = config.train, config.outputs
     path = os.path.join(outputs.model_dir, BUDGET_FILE)
     try:
@@ -97,8 +84,6 @@ def budget_steps(config: RunConfig,
                   pairs_per_sec=round(rate * train.batch_size, 1), timed_steps=s1 - s0,
                   measured=time.strftime("%Y-%m-%d %H:%M:%S"))
     if writer:
-        from aetv2_tf.files.safe_paths import write_atomically
-
         write_atomically(path, json.dumps(record, indent=1))
     print(f"Time budget --train_seconds={train.train_seconds:g}: {record['pairs_per_sec']} "
           f"pairs/s measured here -> --train_steps={steps} of {train.batch_size} pairs, about "
@@ -120,8 +105,8 @@ def stop_step(config: RunConfig, start: int, steps: int) -> int:
 
 
 def deadline(config: RunConfig) -> float | None:
-    """``--stop_after_seconds`` as a ``time.monotonic()`` deadline from the program's start
-    (`program.STARTED`); None when off."""
+    """``--stop_after_seconds`` as a ``time.monotonic()`` deadline from `program.STARTED`; None
+    when off."""
     from aetv2_tf.program import STARTED
 
     seconds = config.train.stop_after_seconds
@@ -129,12 +114,9 @@ def deadline(config: RunConfig) -> float | None:
 
 
 def fit_epochs(start: int, stop: int, per_epoch: int, steps_per_execution: int) -> dict:
-    """``model.fit``'s epoch arguments for training steps ``start .. stop - 1`` on data that
-    ends after step ``stop - 1``: Keras epochs of a multiple of ``steps_per_execution`` steps (an
-    execution never straddles two epochs, so none takes a batch of the next), numbered on from
-    ``start``. Only the very last execution can be short: there the data ends, and
-    `run_control.RunControl` (its step capped at ``stop``) counts exactly the batches
-    consumed."""
+    """``model.fit``'s epoch arguments for steps ``start .. stop - 1`` on data that ends there:
+    epochs of a multiple of ``steps_per_execution`` steps (no execution straddles two epochs),
+    numbered on from ``start``; only the last execution can be short."""
     size = -(-min(per_epoch, stop - start) // steps_per_execution) * steps_per_execution
     first = start // size
     return dict(steps_per_epoch=size, initial_epoch=first,
@@ -143,6 +125,5 @@ def fit_epochs(start: int, stop: int, per_epoch: int, steps_per_execution: int) 
 
 def due(step: int, previous: int, every: int) -> bool:
     """True when a multiple of `every` lies in `(previous, step]`: an interval of `every` steps
-    ended since the previous batch end (`step % every == 0` would miss it after a resume that is
-    not aligned to `steps_per_execution`: stops are exact, executions are not)."""
+    ended since the previous batch end (also after a resume not aligned to executions)."""
     return every > 0 and step // every > previous // every

@@ -16,17 +16,12 @@ Agreement = Callable[[int, int], tuple[int, int]]
 
 
 class SignalStop:
-    """Turns SIGTERM/SIGINT into a stop at the end of the current step: `install` puts its
-    handler in place for the length of training, `restore` the previous handlers back (after
-    the final checkpoint: a signal until then is still this handler's). ``received``: the name
-    of the signal that stops the run (None: none).
+    """Turns SIGTERM/SIGINT into a stop at the end of the current step between `install` and
+    `restore`; ``received``: the name of the signal that stops the run (None: none).
 
-    A second signal ends the process at once through the handler that was in place before (an
-    impatient Ctrl-C twice), except while ``writing`` is set (a checkpoint is being written):
-    the run then stops once it is complete. ``agree`` (several workers) sums every worker's
-    received signals after each step, so that all stop after the same step when one is
-    signalled: only the sums decide, never a signal that arrived after this worker's count was
-    sent."""
+    A second signal ends the process at once through the previous handler, except while
+    ``writing`` is set (a checkpoint is being written). ``agree`` (several workers) sums every
+    worker's received signals after each step; only the sums decide, so all stop together."""
 
     def __init__(self, agree: Agreement | None = None,
                  writing: threading.Event | None = None):

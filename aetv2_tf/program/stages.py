@@ -1,11 +1,6 @@
 """The program's one run sequence, on every Keras backend (`aetv2_tf.train` calls `run`):
-
-    the backend (devices, strategy) -> seed -> the run against the machine -> precision ->
-    the stage's data (and a probe's encoder) -> the model_dir -> the start line -> the stage
-
-Bad input fails before the model_dir is touched: the machine's checks, then the data, the
-batch against it and, for a probe, the ``--pretrained`` encoder, and only then
-`rundir.prepare`. What differs between backends is their `backend.Backend`.
+the backend -> seed -> the machine's checks -> precision -> the data (and a probe's encoder) ->
+the model_dir -> the start line -> the stage. Bad input fails before the model_dir is touched.
 """
 
 from __future__ import annotations
@@ -44,9 +39,8 @@ def run(config: RunConfig, backend_type: type[Backend]) -> StageResult:
 
 def start_line(config: RunConfig, backend: Backend, precision: Choice,
                data: PretextData | None = None) -> str:
-    """One line: what runs, on which data (its size where known), the backend's distribution
-    and replicas, the precision (and why), the CPU kernels where the backend names them
-    (e.g. "oneDNN on"), the model_dir, and the backend's note."""
+    """One line: what runs, on which data (its size where known), the distribution and
+    replicas, the precision (and why), the CPU kernels, the model_dir and the backend's note."""
     if config.stage == "pretext":
         what = "RotNet" if config.pretext == "rotation" else \
             {"geodesic": "AETv2 (geodesic loss)",

@@ -1,25 +1,10 @@
-"""The memory a pretext training step needs, estimated from the batch and the image size before
-anything is written, and refused when the machine cannot hold it.
+"""The memory of a pretext training step on the CPU, estimated before anything is written and
+refused when the machine cannot hold it (a batch far over it ended in a segmentation fault).
 
-A batch far over the machine's memory did not fail cleanly: `--batch_size=50000` on CIFAR-10
-(NIN) ended in a segmentation fault (exit 139) at 6.1 GB, its first convolution's buffer
-(100,000 images x 32 x 32 x 192 float32 values, 79 GB) not allocated, without a word. The
-estimate (`step_bytes`):
-
-    images through the encoder a step (AET: 2 x --batch_size, the image and its warped copy;
-    RotNet: --batch_size, the rotated copies)
-    x the encoder's activation values per image at its input size (`ACTIVATIONS`: every layer's
-      output, counted from the built NIN (32 x 32) and AlexNet (224 x 224); a test recounts them)
-    x 4 bytes (float32; mixed precision keeps half of them in 16 bits: a margin)
-    + 1 GiB (the libraries, the data, the model, its optimizer)
-
-Measured on the CPU (peak resident memory of the program, TensorFlow, two steps at two batch
-sizes each): a NIN pair took 12.8 MB more per pair (the estimate: 18.0 MB), an AlexNet pair
-19.0 MB (the estimate: 17.1 MB). It is compared with the machine's memory (physical memory, or
-a cgroup's limit when lower): `--batch_size=512` on CIFAR-10 (NIN, 10.3 GB) and AlexNet's 768
-(`configs/imagenet_alexnet_aetv2.cfg`, 14.2 GB) pass on a 16 GB machine. On a GPU or TPU the
-step's memory is the device's, which is not known before the framework starts: there the check
-is left out and the framework's own out-of-memory error stands.
+`step_bytes`: images through the encoder a step (AET: 2 x --batch_size, RotNet: --batch_size)
+x the encoder's activation values per image (`ACTIVATIONS`) x 4 bytes + 1 GiB, against the
+physical memory or a cgroup's limit. On a GPU or TPU the device's memory is not known before
+the framework starts: not judged there. Measurements: docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -28,8 +13,8 @@ import os
 
 from aetv2_tf.errors import UsageError
 
-#: Activation values per image of each backbone at its input size (every layer's output, as
-#: `build_backbone` builds it: `tests/test_no_crash_and_no_false_success.py` recounts them).
+#: Activation values per image of each backbone at its input size (every layer's output; a
+#: test recounts them).
 ACTIVATIONS = {"nin": 2_252_928, "alexnet": 2_132_272}
 BYTES_PER_VALUE = 4
 BASE_BYTES = 2**30
@@ -61,9 +46,8 @@ def step_bytes(backbone: str, batch_size: int, rotation: bool) -> int:
 
 def check_step_memory(backbone: str, batch_size: int, rotation: bool, accelerator: bool,
                       memory: int | None = None) -> None:
-    """UsageError naming the estimate, how it is computed, the machine's memory and the largest
-    batch that fits, when a step on the CPU (not `accelerator`) needs more than `memory`
-    (default `machine_memory`); nothing when it fits or the memory is unknown."""
+    """UsageError (the estimate, the machine's memory, the largest batch that fits) when a step
+    on the CPU (not `accelerator`) needs more than `memory` (default `machine_memory`)."""
     memory = machine_memory() if memory is None else memory
     needed = step_bytes(backbone, batch_size, rotation)
     if accelerator or memory is None or needed <= memory:

@@ -1,7 +1,4 @@
-"""The TensorFlow program: `TensorFlowBackend`, TensorFlow's part of the program
-(`backend.Backend`: tf.distribute, tf.data, TensorBoard, the SavedModel export).
-`aetv2_tf.train.main` runs the program (`stages.run`) with it when Keras's backend is
-TensorFlow; its sibling `keras_native_backend` serves the other backends."""
+"""`TensorFlowBackend`: the program's part on TensorFlow (`backend.Backend`)."""
 
 from __future__ import annotations
 
@@ -15,9 +12,10 @@ import tensorflow as tf
 
 from aetv2_tf.errors import UsageError
 from aetv2_tf.program import config as run_config
-from aetv2_tf.program import pretext_stage
+from aetv2_tf.program import distribute, pretext_stage
 from aetv2_tf.program.backend import Backend
 from aetv2_tf.program.config import RunConfig
+from aetv2_tf.program.keras_checkpoints import KerasCheckpoints, restore_checkpoint, save_atomically
 from aetv2_tf.program.precision import onednn_state
 from aetv2_tf.program.pretext_data import PretextData
 
@@ -26,8 +24,8 @@ PEER_LOST = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError)
 
 
 def check_data_service(address: str, stage: str, timeout: float = 10.0) -> None:
-    """A `--data_service` dispatcher must answer before the run starts: tf.data's client would
-    otherwise wait for it without a word."""
+    """UsageError unless the `--data_service` dispatcher answers (tf.data's client would wait
+    for it without a word)."""
     import socket
 
     match = re.fullmatch(r"(grpc://)?([^:/]+):(\d+)", address)
@@ -45,21 +43,15 @@ def check_data_service(address: str, stage: str, timeout: float = 10.0) -> None:
 
 
 class TensorFlowBackend(Backend):
-    """TensorFlow's part of the program (`backend.Backend`): the tf.distribute strategy
-    (``--strategy``, made first: a multi-worker strategy needs a fresh context), the pairs (or
-    rotations) made by the tf.data pipelines, the model built in the strategy's scope with
-    ``--batch_norm``, Keras `.weights.h5` checkpoints as on every backend
-    (`keras_checkpoints.KerasCheckpoints`; every worker saves, as reading distributed variables
-    may need collectives, but only the chief into the model_dir; every worker resumes from the
-    chief's checkpoints: a shared filesystem, BUILD.md), TensorBoard summaries with the image
-    pairs (chief), the SavedModel export."""
+    """The ``--strategy`` of tf.distribute, the tf.data pipelines' pairs (or rotations), the
+    model in the strategy's scope, `.weights.h5` checkpoints (every worker saves, as reading
+    distributed variables may need collectives, but only the chief into the model_dir; all
+    resume from the chief's: a shared filesystem), TensorBoard summaries, the SavedModel."""
 
     name = "tensorflow"
     peer_lost = PEER_LOST
 
     def __init__(self, config: RunConfig):
-        from aetv2_tf.program import distribute
-
         super().__init__(config)
         machine = config.machine
         distribute.configure_cpu_devices(machine.cpu_devices)
@@ -97,9 +89,8 @@ class TensorFlowBackend(Backend):
 
     def dataset_from(self, data: PretextData, step: int, batch_size: int | None = None,
                      **kwargs) -> tf.data.Dataset:
-        """The pipeline's batches from step ``step`` on (`pipelines.rotation_dataset` or
-        `pipelines.pretext_dataset`; ``kwargs`` override its options), through the
-        ``--data_service`` where given."""
+        """The pipeline's batches from step ``step`` on (``kwargs`` override its options),
+        through the ``--data_service`` where given."""
         from aetv2_tf.data.pipelines import from_data_service, pretext_dataset, rotation_dataset
 
         options = self.config.data
@@ -113,11 +104,8 @@ class TensorFlowBackend(Backend):
         return from_data_service(ds, options.data_service) if options.data_service else ds
 
     def batches(self, data: PretextData, start: int, stop: int):
-        """Steps `start .. stop - 1`. A file list on several replicas goes through
-        `distribute_datasets_from_function`: each worker decodes only its rows of every global
-        batch (`pipelines.pretext_dataset`'s `shard`), split into its replicas' batches; other
-        sources are split by Keras (`experimental_distribute_dataset`: every worker computes
-        the whole batch and keeps its part, which is cheap for CIFAR-10 arrays)."""
+        """Steps `start .. stop - 1`: a file list on several replicas is sharded (each worker
+        decodes only its rows of every global batch); other sources are split by Keras."""
         from aetv2_tf.data.image_folders import ImageFiles
 
         if not isinstance(data.images, ImageFiles) or self.replicas == 1:
@@ -135,8 +123,6 @@ class TensorFlowBackend(Backend):
             per_replica, drop_remainder=True).take((stop - start) * local)
 
     def build(self, data: PretextData, steps: int):
-        from aetv2_tf.program import distribute
-
         # The fused warp op has no XLA kernel: a TPU compiles the keras.ops warp.
         tpu = isinstance(self.strategy, tf.distribute.TPUStrategy)
         built = pretext_stage.build_model(
@@ -147,8 +133,6 @@ class TensorFlowBackend(Backend):
         return built
 
     def checkpoints(self, model, optimizer):
-        from aetv2_tf.program.keras_checkpoints import KerasCheckpoints, restore_checkpoint
-
         outputs = self.config.outputs
         ckpt_dir = os.path.join(outputs.model_dir, "checkpoints")
         start = restore_checkpoint(model, ckpt_dir, writer=self.chief)
@@ -158,8 +142,6 @@ class TensorFlowBackend(Backend):
         return store, start
 
     def signal_agreement(self):
-        from aetv2_tf.program import distribute
-
         return distribute.signal_agreement(self.strategy)
 
     def summaries(self, data: PretextData, step_fn, schedule):
@@ -183,15 +165,12 @@ class TensorFlowBackend(Backend):
             lambda x, tx, p, q: draw_pairs(x.numpy(), tx.numpy(), p, q, mean, std))]
 
     def _first_pairs(self, data: PretextData, **kwargs):
-        """The first batch of 4 pairs of the pipeline, unaugmented, seeded apart from the
-        training's."""
+        """The pipeline's first 4 pairs, unaugmented, seeded apart from the training's."""
         return next(iter(self.dataset_from(data, 0, batch_size=4, seed=self.config.train.seed + 1,
                                            augment=False, **kwargs)))
 
     def export(self, encoder, model) -> dict:
         from aetv2_tf.files.savedmodel import export_encoder
-        from aetv2_tf.program.keras_checkpoints import save_atomically
-
         model_dir = self.config.outputs.model_dir
         save_atomically(model.save, os.path.join(model_dir, "aet_model.keras"))
         out = os.path.join(model_dir, "export", "encoder")
