@@ -17,7 +17,8 @@ Beside `saved_model.pb` the export writes `aetv2_export.json`, the SHA-256 of ea
 empty); any other directory (a home folder, the working directory, a model_dir) is refused, exit 2,
 nothing touched; so is an `--output` inside the run other than under its `export/`, inside the
 data the run read, or holding either (`aetv2_tf.files.nesting`). The probes load a SavedModel
-only when its manifest matches (or with `--trust_saved_model`).
+only when its manifest matches (or with `--trust_saved_model`). SIGTERM or SIGINT during the
+export stops it, keeping nothing of it (its scratch folder is removed), and exits 128 + N.
 
 This module is the command line (flags, exit codes: the program layer, beside `aetv2_tf.train`
 and `aetv2_tf.report`); the library functions it runs are `aetv2_tf.files.savedmodel`'s
@@ -41,6 +42,7 @@ from aetv2_tf.files.provenance import ExportTargetError, check_export_target
 from aetv2_tf.files.safe_paths import refuse_link
 from aetv2_tf.program import console
 from aetv2_tf.program.run_lock import refuse_training
+from aetv2_tf.program.signal_stop import Interrupted, interrupting
 
 FLAGS = flags.FLAGS
 
@@ -106,9 +108,14 @@ def main(argv) -> None:
     except (OSError, ValueError, tf.errors.OpError) as e:
         _fail(f"the encoder of --model_dir={model_dir} could not be restored ({e}).")
     try:
-        export_encoder(encoder, output, saved["dataset"])
+        with interrupting(f"during the export to {output}: nothing of it was kept; rerun the "
+                          "same command to export"):
+            export_encoder(encoder, output, saved["dataset"])
     except (ExportTargetError, OSError) as e:
         _fail(f"--output={output}: {e}")
+    except Interrupted as stop:
+        print(stop, flush=True)
+        sys.exit(stop.exit_code)
     print(f"Exported the encoder to {output}")
 
 

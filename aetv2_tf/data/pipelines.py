@@ -170,17 +170,21 @@ def classification_dataset(
     mean: Sequence[float] = CIFAR10_MEAN,
     std: Sequence[float] = CIFAR10_STD,
     shuffle_buffer: int | None = None,
+    start_step: int = 0,
 ) -> tf.data.Dataset:
     """Batches ``(x, label)`` for the probes: x (B, S, S, 3) float32 normalised, label (B,) int64.
 
     ``images``/``labels``: numpy (N, S, S, 3) uint8 and (N,) ints, or a ``tf.data.Dataset`` of
     (image, label) with ``labels=None``. Training shuffles (seeded) and, if ``augment``, crops and
     flips (ImageNet: resize 256, random crop 224, flip); evaluation keeps the order and does not
-    augment (ImageNet: resize 256, centre crop 224).
+    augment (ImageNet: resize 256, centre crop 224). ``repeat``: an endless stream from the
+    global batch ``start_step`` on (`batches.enumerated_batches`: of arrays, epoch after epoch
+    of ``ceil(N / B)`` batches without ``drop_remainder``, exact on resume).
     """
     ds = enumerated_batches(images, labels, batch_size, seed, training=training,
                             augment=training and augment, image_size=image_size, repeat=repeat,
-                            drop_remainder=drop_remainder, shuffle_buffer=shuffle_buffer)
+                            drop_remainder=drop_remainder, shuffle_buffer=shuffle_buffer,
+                            start_step=start_step)
     ds = ds.map(tf.autograph.experimental.do_not_convert(
         lambda i, batch: (normalize(batch[0], mean, std), batch[1])), num_parallel_calls=AUTOTUNE)
     return _options(ds.prefetch(AUTOTUNE))

@@ -32,10 +32,15 @@ from typing import Any, NamedTuple
 import keras
 import numpy as np
 
+from aetv2_tf.errors import UsageError
 from aetv2_tf.files import scalar_logs
+from aetv2_tf.files.saving import damage, save_atomically
+from aetv2_tf.files.weights_files import file_attributes, save_weights_file
 from aetv2_tf.method import optimizers
 from aetv2_tf.method.optimizers import STEP_DROPS
 from aetv2_tf.models.displayed_loss import ShowsDataLoss
+
+BEST_WEIGHTS = "best.weights.h5"
 
 # --- optimiser and schedule -------------------------------------------------------------------
 
@@ -153,15 +158,18 @@ def build_probe(
 ) -> FrozenEncoderProbe:
     """`build_probe_model` with a head from ``aetv2_tf.models.heads.build_head(head_kind, ...)``.
 
-    The feature shape (without batch) is found by running the encoder on one zero image;
-    ``head_kwargs`` (``batch_norm``, ``pool``, ``extra_convs``) go to ``build_head``.
+    The feature shape (without batch) is found by running the encoder on one zero image, and
+    the probe is built by running it on one (inference mode); ``head_kwargs`` (``batch_norm``,
+    ``pool``, ``extra_convs``) go to ``build_head``.
     """
     from aetv2_tf.models.heads import build_head
 
     probe = build_probe_model(encoder, feature, keras.layers.Identity())
     feature_shape = tuple(probe.features(np.zeros((1, *input_shape), np.float32)).shape[1:])
     head = build_head(head_kind, feature_shape, num_classes, **head_kwargs)
-    return build_probe_model(encoder, feature, head, preprocess)
+    probe = build_probe_model(encoder, feature, head, preprocess)
+    probe(np.zeros((1, *input_shape), np.float32))  # built: a checkpoint loads into it
+    return probe
 
 
 # --- per-epoch logs ----------------------------------------------------------------------------
@@ -175,10 +183,10 @@ class EpochScalars(keras.callbacks.Callback):
 
     COLUMNS = ("loss", "top1", "val_loss", "val_top1", "learning_rate")
 
-    def __init__(self, log_dir: str):
+    def __init__(self, log_dir: str, fresh: bool = True):
         super().__init__()
         self.csv = scalar_logs.CsvLog(os.path.join(log_dir, "epochs.csv"), self.COLUMNS, "epoch",
-                                    fresh=True)  # probes never resume: one run's epochs
+                                      fresh=fresh)  # anew unless a resumed training goes on
         self.writers = {split: scalar_logs.tensorboard_writer(os.path.join(log_dir, split))
                         for split in ("train", "validation")}
 
@@ -202,14 +210,18 @@ class BestValidationSnapshot(keras.callbacks.Callback):
 
     Ties keep the earliest epoch. Snapshots ``model.head.weights`` when the model has a ``head``
     (the frozen encoder cannot change), otherwise all ``model.weights``. With ``model_dir`` the
-    whole model's best weights are also saved to ``model_dir/best.weights.h5``.
+    whole model's best weights are also saved to ``model_dir/best.weights.h5`` (atomically, with
+    its checksum and epoch). ``history``: the ``val_top1`` of the epochs done before (a resumed
+    training), whose best weights `restore` reads from that file when no later epoch beats them.
     """
 
-    def __init__(self, monitor: str = "val_top1", model_dir: str | None = None):
+    def __init__(self, monitor: str = "val_top1", model_dir: str | None = None,
+                 history: Sequence[float] = ()):
         super().__init__()
-        self.monitor, self.model_dir = monitor, model_dir
-        self.best_value, self.best_epoch, self._weights = -np.inf, None, None
-        self.history: list[float] = []
+        self.monitor, self.model_dir, self._weights = monitor, model_dir, None
+        self.history = [float(v) for v in history]
+        self.best_value = max(self.history, default=-np.inf)
+        self.best_epoch = 1 + int(np.argmax(self.history)) if self.history else None
 
     def _variables(self):
         head = getattr(self.model, "head", None)
@@ -225,13 +237,74 @@ class BestValidationSnapshot(keras.callbacks.Callback):
             self._weights = [np.array(keras.ops.convert_to_numpy(v), copy=True)
                              for v in self._variables()]
             if self.model_dir:
-                self.model.save_weights(os.path.join(self.model_dir, "best.weights.h5"))
+                save_atomically(lambda tmp: save_weights_file(self.model, tmp,
+                                                              {"epoch": epoch + 1}),
+                                os.path.join(self.model_dir, BEST_WEIGHTS))
 
     def restore(self) -> None:
+        if self._weights is None and self.best_epoch is not None and self.model_dir:
+            self._load_best_file()
+            return
         if self._weights is None:
             raise RuntimeError("no epoch finished: nothing to restore")
         for variable, value in zip(self._variables(), self._weights, strict=True):
             variable.assign(value)
+
+    def _load_best_file(self) -> None:
+        """The best epoch's weights from ``best.weights.h5``: refused unless they are whole and
+        of that epoch (UsageError)."""
+        path = os.path.join(self.model_dir, BEST_WEIGHTS)
+        held = file_attributes(path).get("epoch") if os.path.isfile(path) else None
+        reason = damage(path, required=True) if held == self.best_epoch else \
+            f"it holds epoch {held}"
+        if reason:
+            raise UsageError(f"{path} should hold the weights of the selected epoch "
+                             f"{self.best_epoch}, but {reason}; train the probe afresh (the "
+                             "program: --overwrite).")
+        self.model.load_weights(path)
+
+
+def compile_probe(model: keras.Model, optimizer: keras.optimizers.Optimizer) -> None:
+    """Compiles ``model`` for `train_probe`: sparse softmax cross-entropy of its logits, a
+    ``top1`` accuracy (weighted: batches padded to a whole batch for several devices weight the
+    copies 0), ``optimizer``."""
+    model.compile(optimizer=optimizer,
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="top1")])
+
+
+def probe_callbacks(snapshot: BestValidationSnapshot, lr_schedule: Callable[[int], float] | None,
+                    log_dir: str | None, callbacks: Sequence[keras.callbacks.Callback],
+                    fresh: bool = True) -> list[keras.callbacks.Callback]:
+    """`train_probe`'s callbacks in their order: the selection, the rate, the epoch logs
+    (`EpochScalars`, started anew when ``fresh``), then ``callbacks`` (which see the epoch
+    logged)."""
+    found: list[keras.callbacks.Callback] = [snapshot]
+    if lr_schedule is not None:
+        found.append(keras.callbacks.LearningRateScheduler(lr_schedule))
+    if log_dir:
+        found.append(EpochScalars(log_dir, fresh))
+    return [*found, *callbacks]
+
+
+def tested(model: keras.Model, snapshot: BestValidationSnapshot, test_ds: Any,
+           log_dir: str | None, verbose: int, start: float) -> dict[str, Any]:
+    """`train_probe`'s result: the selected epoch's weights restored, ``test_ds`` evaluated
+    once (``start``: `time.perf_counter` at its start)."""
+    snapshot.restore()
+    test = model.evaluate(test_ds, return_dict=True, verbose=verbose)
+    test_top1 = 100.0 * float(test["top1"])
+    if log_dir:
+        write_test_top1(log_dir, test_top1, step=snapshot.best_epoch)
+    return dict(
+        selected_epoch=snapshot.best_epoch,
+        val_top1=100.0 * snapshot.best_value,
+        test_top1=test_top1,
+        test_error=100.0 - test_top1,
+        epochs_run=len(snapshot.history),
+        wall_time_s=time.perf_counter() - start,
+        val_top1_history=[100.0 * v for v in snapshot.history],
+    )
 
 
 def train_probe(
@@ -247,12 +320,14 @@ def train_probe(
     log_dir: str | None = None,
     callbacks: Sequence[keras.callbacks.Callback] = (),
     verbose: int = 0,
+    history: Sequence[float] = (),
+    steps_per_epoch: int | None = None,
 ) -> dict[str, Any]:
     """Train the head, select the epoch on ``val_ds``, evaluate ``test_ds`` once.
 
     Args:
-      model: e.g. `build_probe_model(...)`, images -> logits ``(B, K)``; compiled here with sparse
-        softmax cross-entropy and a ``top1`` accuracy metric.
+      model: e.g. `build_probe_model(...)`, images -> logits ``(B, K)``; compiled here
+        (`compile_probe`).
       train_ds, val_ds, test_ds: batched ``(images, int labels)`` (a ``tf.data.Dataset``, a
         ``keras.utils.PyDataset``: anything ``fit`` takes); train_ds is iterated
         once per epoch (shuffle/augment it inside the pipeline), val_ds once per epoch, test_ds
@@ -264,49 +339,30 @@ def train_probe(
       model_dir: if given, ``best.weights.h5`` (best epoch so far) is saved there.
       log_dir: if given, the per-epoch logs (`EpochScalars`) and the final test top-1
         (`write_test_top1`, at step = selected epoch) go there.
+      callbacks: more callbacks, after the epoch's logs (`probe_callbacks`).
+      history: the ``val_top1`` (fractions) of the epochs done before: the model then comes
+        compiled (`compile_probe`, ``optimizer`` unused) with their state loaded, optimizer
+        included, and trains on from epoch ``len(history) + 1`` (the best one's weights read
+        back from ``model_dir``: `BestValidationSnapshot`); pass ``lr_schedule`` as a callable
+        (the optimizer's rate is a later epoch's).
+      steps_per_epoch: batches of an epoch when ``train_ds`` is an endless stream of epochs.
 
     Returns:
       ``dict(selected_epoch (1-based), val_top1, test_top1, test_error, epochs_run, wall_time_s,
       val_top1_history)``; accuracies and error in percent.
     """
     start = time.perf_counter()
-    optimizer = optimizer if optimizer is not None else probe_optimizer()
-    model.compile(
-        optimizer=optimizer,
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        # weighted: batches padded to a whole batch (several devices) weight the copies 0
-        weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="top1")],
-    )
-    snapshot = BestValidationSnapshot("val_top1", model_dir)
-    all_callbacks: list[keras.callbacks.Callback] = [snapshot, *callbacks]
+    if not history:
+        compile_probe(model, optimizer if optimizer is not None else probe_optimizer())
     if lr_schedule == "step":
-        base_lr = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+        base_lr = float(keras.ops.convert_to_numpy(model.optimizer.learning_rate))
         lr_schedule = step_lr_schedule(epochs, base_lr=base_lr)
-    if lr_schedule is not None:
-        all_callbacks.append(keras.callbacks.LearningRateScheduler(lr_schedule))
-    if log_dir:
-        all_callbacks.append(EpochScalars(log_dir))
-    if model_dir:
-        os.makedirs(model_dir, exist_ok=True)
-
-    history = model.fit(
-        train_ds, validation_data=val_ds, epochs=epochs, callbacks=all_callbacks, verbose=verbose,
-        shuffle=False,  # datasets shuffle themselves; Keras would only warn
-    )
-    snapshot.restore()
-    test = model.evaluate(test_ds, return_dict=True, verbose=verbose)
-    test_top1 = 100.0 * float(test["top1"])
-    if log_dir:
-        write_test_top1(log_dir, test_top1, step=snapshot.best_epoch)
-    return dict(
-        selected_epoch=snapshot.best_epoch,
-        val_top1=100.0 * snapshot.best_value,
-        test_top1=test_top1,
-        test_error=100.0 - test_top1,
-        epochs_run=len(history.history.get("loss", [])),
-        wall_time_s=time.perf_counter() - start,
-        val_top1_history=[100.0 * v for v in snapshot.history],
-    )
+    snapshot = BestValidationSnapshot("val_top1", model_dir, history)
+    model.fit(train_ds, validation_data=val_ds, initial_epoch=len(history), epochs=epochs,
+              steps_per_epoch=steps_per_epoch, verbose=verbose,
+              callbacks=probe_callbacks(snapshot, lr_schedule, log_dir, callbacks, not history),
+              shuffle=False)  # datasets shuffle themselves; Keras would only warn
+    return tested(model, snapshot, test_ds, log_dir, verbose, start)
 
 
 def write_test_top1(log_dir: str, top1: float, step: int) -> None:

@@ -36,6 +36,7 @@ TensorFlow is importable, TensorBoard scalars (``train/``, ``validation/``, ``te
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 from collections.abc import Callable
@@ -46,10 +47,12 @@ import numpy as np
 
 from aetv2_tf.data.constants import normalization_constants
 from aetv2_tf.errors import UsageError
+from aetv2_tf.files.weights_files import file_attributes
 from aetv2_tf.models import BACKBONES, batch_norm_kind, build_head
 from aetv2_tf.probes import frozen_encoder
 from aetv2_tf.probes.classifier import (
     build_probe,
+    compile_probe,
     probe_optimizer,
     step_lr_schedule,
     train_probe,
@@ -58,18 +61,26 @@ from aetv2_tf.probes.classifier import (
 from aetv2_tf.probes.knn import extract_features, knn_accuracy, make_feature_fn, pooled_features
 from aetv2_tf.probes.results import write_results
 from aetv2_tf.probes.splits import ProbeData, load_probe_data
+from aetv2_tf.program.checkpoint_saver import CheckpointSaver
 from aetv2_tf.program.config import RunConfig
+from aetv2_tf.program.keras_checkpoints import (
+    KerasCheckpoints,
+    list_checkpoints,
+    restore_checkpoint,
+)
 from aetv2_tf.program.run_lock import refuse_training
+from aetv2_tf.program.signal_stop import Interrupted, SignalStop
 
 PROBE_LR_SCHEDULES = ("step", "constant")
 
 
 class Inputs(NamedTuple):
-    """The backend's input adapter: ``batches(images, labels, training)`` -> what ``fit`` takes,
-    and ``preprocess()`` -> the first layer of a trained model (a new one each call), or None
-    when the batches come normalised."""
+    """The backend's input adapter: ``batches(images, labels, training, first_epoch=0)`` -> what
+    ``fit`` takes (training: from epoch ``first_epoch`` (0-based) on, as the epochs before
+    left it: CIFAR-10's arrays exactly), and ``preprocess()`` -> the first layer of a trained
+    model (a new one each call), or None when the batches come normalised."""
 
-    batches: Callable[[Any, Any, bool], Any]
+    batches: Callable[..., Any]
     preprocess: Callable[[], keras.layers.Layer | None]
 
 
@@ -90,18 +101,27 @@ def backend_inputs(config: RunConfig, data: ProbeData, mean, std, image_size: in
                              "split every batch evenly: run it on one device (e.g. "
                              "CUDA_VISIBLE_DEVICES=0) or with KERAS_BACKEND=tensorflow.")
 
-        def tf_batches(images, labels, training: bool):
-            return classification_dataset(images, labels, batch, seed,
-                                          training=training, augment=augment,
-                                          image_size=image_size, mean=mean, std=std)
+        def tf_batches(images, labels, training: bool, first_epoch: int = 0):
+            import tensorflow as tf
+
+            endless = training and isinstance(images, np.ndarray)  # epochs by their index
+            ds = classification_dataset(
+                images, labels, batch, seed, training=training, augment=augment,
+                image_size=image_size, mean=mean, std=std, repeat=endless,
+                start_step=first_epoch * -(-len(images) // batch) if endless else 0)
+            return ds.apply(tf.data.experimental.assert_cardinality(
+                tf.data.INFINITE_CARDINALITY)) if endless else ds
 
         return Inputs(tf_batches, lambda: None)
     from aetv2_tf.data.preprocessing_layers import ClassifierInputs
     from aetv2_tf.data.stream import LabelledBatches
 
-    def array_batches(images, labels, training: bool):
-        return LabelledBatches(images, labels, batch, seed, shuffle=training,
-                               full_batches=several)
+    def array_batches(images, labels, training: bool, first_epoch: int = 0):
+        batches = LabelledBatches(images, labels, batch, seed, shuffle=training,
+                                  full_batches=several)
+        for _ in range(first_epoch):  # the order of epoch e: the e-th `on_epoch_begin`'s
+            batches.on_epoch_begin()
+        return batches
 
     return Inputs(array_batches, lambda: ClassifierInputs(seed, augment, mean, std,
                                                           name="inputs"))
@@ -350,17 +370,78 @@ def probe_schedule(config: RunConfig) -> Callable[[int], float] | None:
 
 def fit_head(config: RunConfig, model: keras.Model, data: ProbeData, batches: Callable,
              chief: bool) -> dict:
-    """`train_probe` with the run's settings; returns the selection and test numbers."""
+    """`train_probe` with the run's settings, its epochs kept and resumed (`EpochCheckpoints`);
+    returns the selection and test numbers."""
     spec, model_dir = config.recipe.optimizer, config.outputs.model_dir
     optimizer = probe_optimizer(spec.name, spec.learning_rate, momentum=spec.momentum,
                                 weight_decay=spec.weight_decay)
-    outcome = train_probe(
-        model, batches(data.train, data.train_labels, True),
-        batches(data.val, data.val_labels, False), batches(data.test, data.test_labels, False),
-        epochs=config.train.epochs, optimizer=optimizer, lr_schedule=probe_schedule(config),
-        model_dir=model_dir if chief else None, log_dir=model_dir if chief else None,
-        verbose=config.outputs.verbose)
-    history = [round(float(v), 2) for v in outcome["val_top1_history"]]
+    epochs = EpochCheckpoints(os.path.join(model_dir, "checkpoints"), config.train.epochs, chief)
+    history = epochs.resume(model, optimizer)
+    train = batches(data.train, data.train_labels, True, len(history))
+    endless = int(getattr(train, "cardinality", lambda: 0)()) == -1  # tf.data's INFINITE
+    try:
+        outcome = train_probe(
+            model, train, batches(data.val, data.val_labels, False),
+            batches(data.test, data.test_labels, False), epochs=config.train.epochs,
+            optimizer=optimizer, lr_schedule=probe_schedule(config),
+            model_dir=model_dir if chief else None, log_dir=model_dir if chief else None,
+            callbacks=[epochs], verbose=config.outputs.verbose, history=history,
+            steps_per_epoch=-(-len(data.train) // config.train.batch_size) if endless else None)
+    finally:
+        epochs.signals.restore()
+    rounded = [round(float(v), 2) for v in outcome["val_top1_history"]]
     return dict(selected_epoch=outcome["selected_epoch"], val_top1=outcome["val_top1"],
                 test_top1=outcome["test_top1"], epochs_run=outcome["epochs_run"],
-                val_top1_history=history)
+                val_top1_history=rounded)
+
+
+#: The checkpoint attribute that holds the validation top-1 (fractions) of the epochs done.
+VAL_HISTORY = "val_top1_history"
+
+
+class EpochCheckpoints(keras.callbacks.Callback):
+    """A head's epochs kept and resumed (`train_probe`'s last callback): after each epoch, its
+    checkpoint in ``directory`` (`keras_checkpoints`: the model with its optimizer, the epoch
+    as its step, `VAL_HISTORY`; the newest kept; the ``chief``'s only, every worker resumes
+    from them); then, when SIGTERM or SIGINT came during the epoch (`SignalStop`, caught from
+    `resume` on), `Interrupted`, naming the epoch: the rerun goes on at the next one."""
+
+    def __init__(self, directory: str, epochs: int, chief: bool):
+        super().__init__()
+        self.directory, self.epochs, self.history = directory, epochs, []
+        store = KerasCheckpoints(directory, 1, lambda: {VAL_HISTORY: json.dumps(self.history)})
+        self.saver = CheckpointSaver(store, 1, chief) if chief else None
+        self.signals = SignalStop(writing=self.saver.writing if chief else None)
+
+    def resume(self, model: keras.Model, optimizer: keras.optimizers.Optimizer) -> list[float]:
+        """The validation top-1 of the epochs done: with a checkpoint, ``model`` compiled with
+        ``optimizer`` and the newest one loaded (`restore_checkpoint`); without, none."""
+        self.signals.install()
+        if not list_checkpoints(self.directory):
+            return []
+        compile_probe(model, optimizer)
+        optimizer.build(model.trainable_variables)
+        epoch = restore_checkpoint(model, self.directory, writer=self.saver is not None)
+        path = os.path.join(self.directory, f"ckpt-{epoch}.weights.h5")
+        self.history = json.loads(file_attributes(path)[VAL_HISTORY]) if epoch else []
+        return self.history
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self.history.append(float((logs or {})["val_top1"]))
+        if self.saver is not None:
+            self.saver.save(self.model, epoch + 1)
+        if self.signals.stops():
+            self.signals.restore()
+            raise Interrupted(self.signals.received, f"after epoch {epoch + 1} of {self.epochs}, "
+                              "its checkpoint written: the probe is NOT finished; rerun the "
+                              "same command to go on from there")
+
+
+def interrupted_where(config: RunConfig) -> str:
+    """Where a signal outside a head's epochs (`EpochCheckpoints`) stops the stage, and how to
+    go on (`signal_stop.interrupting`)."""
+    if config.stage == "probe" and config.probe.probe == "knn":
+        return ("during the knn probe: nothing of it was kept; rerun the same command to start "
+                "it again")
+    return (f"during the {config.probe.probe} {config.stage}, outside its epochs: the checkpoint "
+            "of its last finished epoch, if any, is kept; rerun the same command to go on")
