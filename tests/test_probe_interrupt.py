@@ -16,7 +16,7 @@ import time
 import pytest
 
 from aetv2_tf.probes.results import RESULTS_FILENAME
-from aetv2_tf.program import probe_stage, signal_stop
+from aetv2_tf.program import probe_epochs, probe_stage, signal_stop
 from aetv2_tf.program.keras_checkpoints import list_checkpoints
 from tests.cli import finish, start_module
 
@@ -65,7 +65,7 @@ def test_a_head_stopped_after_its_epoch_resumes_there_and_ends_as_uninterrupted(
 
     model_dir = tmp_path / "stopped"
     with monkeypatch.context() as patch:  # SIGTERM during epoch 2's validation
-        signalled_at(patch, probe_stage.EpochCheckpoints, "on_epoch_end",
+        signalled_at(patch, probe_epochs.EpochCheckpoints, "on_epoch_end",
                      when=lambda self, epoch, logs=None: epoch == 1)
         code = program(*common, f"--model_dir={model_dir}")
     out = capsys.readouterr().out

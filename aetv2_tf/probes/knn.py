@@ -259,8 +259,19 @@ def knn_classify(
         raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
     if ties not in TIES:
         raise ValueError(f"ties must be one of {TIES}, got {ties!r}")
-    euclidean = metric == "euclidean"
-    # float32 features; Euclidean distances in float64 (scikit-learn upcasts float32 likewise).
+    train, queries = _checked_features(train_features, query_features, metric == "euclidean")
+    labels, num_classes = _checked_labels(train_labels, len(train), k, num_classes)
+    predictions = [_vote(chunk, train, labels, k, num_classes, metric == "euclidean", ties)
+                   for chunk in np.split(queries, range(query_batch_size, len(queries),
+                                                        query_batch_size))]
+    return np.concatenate(predictions).astype(np.int64) if len(queries) else np.zeros(0, np.int64)
+
+
+def _checked_features(train_features, query_features,
+                      euclidean: bool) -> tuple[np.ndarray, np.ndarray]:
+    """``(N, D)``, ``(Q, D)`` features of `knn_classify`: float64 for Euclidean distances
+    (scikit-learn upcasts float32 likewise), else float32 L2-normalised; rows with NaN or inf
+    refused (UsageError)."""
     dtype = np.float64 if euclidean else np.float32
     train = np.asarray(np.asarray(train_features, np.float32), dtype)
     queries = np.asarray(np.asarray(query_features, np.float32), dtype)
@@ -273,32 +284,41 @@ def knn_classify(
                              "values, which have no neighbours (the accuracy would be a number "
                              "without meaning); the encoder diverged or was given bad images: "
                              "check them, or drop those rows")
-    labels = check_labels(train_labels, train.shape[0], name="train_labels",
-                          what="training features")
-    if not 1 <= k <= train.shape[0]:
-        raise ValueError(f"k={k} must be in [1, {train.shape[0]}]")
+    if euclidean:
+        return train, queries
+    return _l2_normalise(train), _l2_normalise(queries)
+
+
+def _checked_labels(train_labels, n: int, k: int,
+                    num_classes: int | None) -> tuple[np.ndarray, int]:
+    """`knn_classify`'s ``(N,)`` labels, checked with ``k`` against ``n`` training features,
+    and the number of classes (``max + 1`` when None)."""
+    labels = check_labels(train_labels, n, name="train_labels", what="training features")
+    if not 1 <= k <= n:
+        raise ValueError(f"k={k} must be in [1, {n}]")
     if labels.size and labels.min() < 0:
         raise ValueError("labels must be non-negative")
     if num_classes is None:
-        num_classes = int(labels.max()) + 1
-    elif labels.max() >= num_classes:
+        return labels, int(labels.max()) + 1
+    if labels.max() >= num_classes:
         raise ValueError(f"label {labels.max()} >= num_classes={num_classes}")
-    if not euclidean:
-        train, queries = _l2_normalise(train), _l2_normalise(queries)
-    train_sq = np.sum(np.square(train), axis=1)
-    rank_bonus = np.arange(k, 0, -1, dtype=np.int64)  # k - rank
-    predictions = []
-    for start in range(0, queries.shape[0], query_batch_size):
-        chunk = queries[start:start + query_batch_size]
-        sim = chunk @ train.T  # (Q, N)
-        if euclidean:  # -||a - b||^2 = 2 a.b - |a|^2 - |b|^2
-            sim = 2.0 * sim - np.sum(np.square(chunk), axis=1, keepdims=True) - train_sq[None]
-        one_hot = np.eye(num_classes, dtype=np.int64)[labels[_top_k(sim, k)]]  # (Q, k, C)
-        votes = one_hot.sum(axis=1)
-        if ties == "nearest":  # votes * (k + 1) + (k - first_rank): a unique maximum
-            votes = votes * (k + 1) + (one_hot * rank_bonus[None, :, None]).max(axis=1)
-        predictions.append(np.argmax(votes, axis=1))  # the first maximum: the smallest label
-    return np.concatenate(predictions).astype(np.int64) if predictions else np.zeros(0, np.int64)
+    return labels, num_classes
+
+
+def _vote(chunk: np.ndarray, train: np.ndarray, labels: np.ndarray, k: int, num_classes: int,
+          euclidean: bool, ties: str) -> np.ndarray:
+    """The ``(Q,)`` classes of one chunk of queries ``(Q, D)`` by the vote of their ``k``
+    nearest ``train`` features (the tie rules of the module docstring)."""
+    sim = chunk @ train.T  # (Q, N)
+    if euclidean:  # -||a - b||^2 = 2 a.b - |a|^2 - |b|^2
+        sim = 2.0 * sim - np.sum(np.square(chunk), axis=1, keepdims=True) \
+            - np.sum(np.square(train), axis=1)[None]
+    one_hot = np.eye(num_classes, dtype=np.int64)[labels[_top_k(sim, k)]]  # (Q, k, C)
+    votes = one_hot.sum(axis=1)
+    if ties == "nearest":  # votes * (k + 1) + (k - first_rank): a unique maximum
+        rank_bonus = np.arange(k, 0, -1, dtype=np.int64)  # k - rank
+        votes = votes * (k + 1) + (one_hot * rank_bonus[None, :, None]).max(axis=1)
+    return np.argmax(votes, axis=1)  # the first maximum: the smallest label
 
 
 def knn_accuracy(
