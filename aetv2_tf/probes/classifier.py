@@ -2,24 +2,18 @@
 
 Protocol (docs/method.md, section 2, with its one deliberate change):
 
-* The encoder is frozen: ``trainable = False`` (no weight is updated, weight decay included) AND
-  it is called with ``training=False`` (BatchNorm uses and keeps its moving statistics); its
-  output additionally goes through ``stop_gradient``. Only the head learns.
-* The head is trained on the training set minus a seeded validation split (`split_train_val`,
-  5,000 images for CIFAR-10), validated after every epoch; the weights of the epoch with the best
-  validation top-1 are restored at the end (the earliest such epoch on ties), and the TEST set is
-  evaluated exactly once, with those weights. The published AETv1/RotNet CIFAR-10 code keeps the
-  epoch best on test accuracy (their ImageNet and Places configs report the last epoch); this
-  does neither.
-* Optimiser (`probe_optimizer`, `step_lr_schedule`): SGD, momentum 0.9, Nesterov, lr 0.1, weight
-  decay 5e-4 added to the gradient (PyTorch's coupled ``weight_decay``, applied to every trainable
-  variable as in the AETv1 code: `optimizers.SGDL2`), lr x0.2 at 30%, 60% and 80% of the
-  epochs (60/120/160 of 200, the AETv1/RotNet classifier schedule; boundaries scale with the epoch
-  count; `optimizers.Schedule`).
+* The encoder is frozen: ``trainable = False`` AND called with ``training=False`` (BatchNorm
+  keeps its moving statistics), its output through ``stop_gradient``. Only the head learns.
+* The head trains on the training set minus a seeded validation split (`split_train_val`, 5,000
+  images for CIFAR-10); the epoch best on validation top-1 (the earliest on ties) is restored at
+  the end and the TEST set evaluated once, with it. (The AETv1/RotNet CIFAR-10 code keeps the
+  epoch best on test accuracy, their ImageNet and Places configs the last one.)
+* `probe_optimizer`, `step_lr_schedule`: SGD, momentum 0.9, Nesterov, lr 0.1, PyTorch's coupled
+  weight decay 5e-4 (`optimizers.SGDL2`), lr x0.2 at 30%, 60%, 80% of the epochs (60/120/160 of
+  200, the AETv1/RotNet schedule).
 
-All accuracies returned are top-1 in PERCENT. Written in Keras 3 for every backend: the batches
-are any ``fit`` input (a tf.data pipeline under TensorFlow, `data.stream.LabelledBatches`
-elsewhere); per-epoch logs go to ``epochs.csv`` and, where TensorFlow is importable, TensorBoard.
+Accuracies are top-1 in PERCENT. Keras 3, every backend: the batches are any ``fit`` input;
+per-epoch logs go to ``epochs.csv`` and, where TensorFlow is importable, TensorBoard.
 """
 
 from __future__ import annotations
@@ -45,22 +39,14 @@ BEST_WEIGHTS = "best.weights.h5"
 # --- optimiser and schedule -------------------------------------------------------------------
 
 
-def probe_optimizer(
-    kind: str = "sgd",
-    learning_rate: float = 0.1,
-    momentum: float = 0.9,
-    nesterov: bool = True,
-    weight_decay: float = 5e-4,
-) -> keras.optimizers.Optimizer:
-    """The probe-head optimiser: by default SGD, momentum 0.9, Nesterov, lr 0.1, and PyTorch's
-    coupled L2 weight decay 5e-4 (`optimizers.CoupledWeightDecay`, the project's one L2
-    mechanism: ``weight_decay * w`` added to the gradient of every variable it updates, the
-    head's (the encoder is frozen), before the momentum, as ``torch.optim.SGD``; the model
-    shows the penalty apart, `displayed_loss.ShowsDataLoss`). Touches no model.
-
-    ``kind="adam"`` gives Adam (betas 0.9, 0.999) with the same L2. The learning rate is a
-    plain float so that `step_lr_schedule` can set it once per epoch.
-    """
+def probe_optimizer(kind: str = "sgd", learning_rate: float = 0.1, momentum: float = 0.9,
+                    nesterov: bool = True,
+                    weight_decay: float = 5e-4) -> keras.optimizers.Optimizer:
+    """The probe-head optimiser: SGD, momentum 0.9, Nesterov, lr 0.1 and PyTorch's coupled L2
+    weight decay 5e-4 (`optimizers.CoupledWeightDecay`: ``weight_decay * w`` added to the
+    gradient of the head's variables before the momentum, as ``torch.optim.SGD``; the model
+    shows the penalty apart, `displayed_loss.ShowsDataLoss`), or ``kind="adam"`` (betas 0.9,
+    0.999, the same L2). A plain-float rate (`step_lr_schedule` sets it per epoch); no model."""
     if kind == "sgd":
         return optimizers.SGDL2(learning_rate, momentum=momentum, nesterov=nesterov,
                                 l2_decay=weight_decay)
@@ -69,12 +55,8 @@ def probe_optimizer(
     raise ValueError(f"unknown probe optimizer {kind!r}; use 'sgd' or 'adam'")
 
 
-def step_lr_schedule(
-    epochs: int,
-    base_lr: float = 0.1,
-    factor: float = 0.2,
-    drop_epochs: Sequence[int] = (),
-) -> Callable[[int], float]:
+def step_lr_schedule(epochs: int, base_lr: float = 0.1, factor: float = 0.2,
+                     drop_epochs: Sequence[int] = ()) -> Callable[[int], float]:
     """Per-epoch step schedule ``epoch (0-based) -> lr``: `optimizers.Schedule`'s "step" (the
     project's one schedule type) counted in epochs, the rate multiplied by ``factor`` from each
     epoch of ``drop_epochs`` on (``boundaries``); by default at the whole epochs
@@ -97,13 +79,9 @@ def step_lr_schedule(
 
 class FrozenEncoderProbe(ShowsDataLoss, keras.Model):
     """``images (B, H, W, 3) -> [preprocess] -> encoder (frozen) -> features[feature] -> head ->
-    logits (B, K)``.
-
-    ``encoder`` is a Keras model/layer (set to ``trainable=False`` here) or any callable feature
-    function; dict outputs (``build_nin``: ``{"block1".."block4"}``) are indexed by ``feature``.
-    ``preprocess`` (optional, e.g. `data.preprocessing_layers.ClassifierInputs`: uint8 -> augmented
-    and normalised on the device) is called with the ``training`` flag of the call.
-    """
+    logits (B, K)``. ``encoder``: a Keras model/layer (made non-trainable) or a feature
+    function, its dict outputs indexed by ``feature``; ``preprocess`` (e.g.
+    `data.preprocessing_layers.ClassifierInputs`) gets the call's ``training`` flag."""
 
     def __init__(self, encoder: Callable, feature: str | None, head: Callable,
                  preprocess: keras.layers.Layer | None = None, **kwargs):
@@ -135,15 +113,9 @@ def build_probe_model(
     feature_fn_or_encoder: Callable, feature: str | None, head: Callable,
     preprocess: keras.layers.Layer | None = None,
 ) -> FrozenEncoderProbe:
-    """Wrap a frozen encoder (or feature function) and a head into one trainable-head model.
-
-    Args:
-      feature_fn_or_encoder: a Keras encoder (made non-trainable, called with training=False) or a
-        callable ``images -> feature map``.
-      feature: key of the encoder's dict output (``"block2"``, ``"conv4"``...), or None.
-      head: a Keras model/layer mapping the feature map to float32 logits ``(B, K)``.
-      preprocess: an optional first layer (`FrozenEncoderProbe`).
-    """
+    """`FrozenEncoderProbe` of a Keras encoder (made non-trainable) or a callable ``images ->
+    feature map``, its ``feature`` (a dict output's key, or None), a Keras ``head`` (feature
+    map -> float32 logits ``(B, K)``) and an optional first layer ``preprocess``."""
     return FrozenEncoderProbe(feature_fn_or_encoder, feature, head, preprocess, name="probe")
 
 
@@ -176,10 +148,9 @@ def build_probe(
 
 
 class EpochScalars(keras.callbacks.Callback):
-    """Per-epoch logs: rows of ``log_dir/epochs.csv`` always (`scalar_logs.CsvLog`); where
-    TensorFlow is importable also TensorBoard scalars ``epoch_<name>`` in ``log_dir/train`` and
-    ``log_dir/validation`` (``val_`` prefix removed), like Keras' TensorBoard callback. Both with
-    the learning rate."""
+    """Per-epoch logs with the learning rate: ``log_dir/epochs.csv`` (`scalar_logs.CsvLog`) and,
+    where TensorFlow is importable, scalars ``epoch_<name>`` in ``log_dir/train`` and
+    ``log_dir/validation`` (``val_`` removed), as Keras' TensorBoard callback writes them."""
 
     COLUMNS = ("loss", "top1", "val_loss", "val_top1", "learning_rate")
 
@@ -206,14 +177,11 @@ class EpochScalars(keras.callbacks.Callback):
 
 
 class BestValidationSnapshot(keras.callbacks.Callback):
-    """Keeps in memory the head weights of the epoch with the best ``val_top1``; restores them.
-
-    Ties keep the earliest epoch. Snapshots ``model.head.weights`` when the model has a ``head``
-    (the frozen encoder cannot change), otherwise all ``model.weights``. With ``model_dir`` the
-    whole model's best weights are also saved to ``model_dir/best.weights.h5`` (atomically, with
-    its checksum and epoch). ``history``: the ``val_top1`` of the epochs done before (a resumed
-    training), whose best weights `restore` reads from that file when no later epoch beats them.
-    """
+    """Keeps in memory the weights of the epoch with the best ``val_top1`` (the earliest on
+    ties: ``model.head``'s, else all); `restore` puts them back. With ``model_dir`` the whole
+    model's are also saved to ``best.weights.h5`` there (atomically, with its checksum and
+    epoch), which `restore` reads when the best epoch is one of ``history``, the ``val_top1`` of
+    the epochs before a resumed training."""
 
     def __init__(self, monitor: str = "val_top1", model_dir: str | None = None,
                  history: Sequence[float] = ()):
@@ -327,25 +295,17 @@ def train_probe(
 
     Args:
       model: e.g. `build_probe_model(...)`, images -> logits ``(B, K)``; compiled here
-        (`compile_probe`).
-      train_ds, val_ds, test_ds: batched ``(images, int labels)`` (a ``tf.data.Dataset``, a
-        ``keras.utils.PyDataset``: anything ``fit`` takes); train_ds is iterated
-        once per epoch (shuffle/augment it inside the pipeline), val_ds once per epoch, test_ds
-        exactly once at the end.
-      epochs: training epochs.
-      optimizer: default `probe_optimizer()`.
+        (`compile_probe`) with ``optimizer`` (default `probe_optimizer()`).
+      train_ds, val_ds, test_ds: batched ``(images, int labels)``, anything ``fit`` takes;
+        train_ds once per epoch (it shuffles and augments itself; or an endless stream of
+        epochs of ``steps_per_epoch`` batches), val_ds once per epoch, test_ds once at the end.
       lr_schedule: ``"step"`` (`step_lr_schedule(epochs, base_lr=<optimizer lr>)`), a callable
-        ``epoch (0-based) -> lr``, or None to leave the optimiser's learning rate alone.
-      model_dir: if given, ``best.weights.h5`` (best epoch so far) is saved there.
-      log_dir: if given, the per-epoch logs (`EpochScalars`) and the final test top-1
-        (`write_test_top1`, at step = selected epoch) go there.
-      callbacks: more callbacks, after the epoch's logs (`probe_callbacks`).
+        ``epoch (0-based) -> lr``, or None (the optimizer's rate unchanged).
+      model_dir: ``best.weights.h5`` goes there. log_dir: the epoch logs (`EpochScalars`) and
+        the test top-1 (`write_test_top1`, at step = selected epoch). callbacks: after those.
       history: the ``val_top1`` (fractions) of the epochs done before: the model then comes
-        compiled (`compile_probe`, ``optimizer`` unused) with their state loaded, optimizer
-        included, and trains on from epoch ``len(history) + 1`` (the best one's weights read
-        back from ``model_dir``: `BestValidationSnapshot`); pass ``lr_schedule`` as a callable
-        (the optimizer's rate is a later epoch's).
-      steps_per_epoch: batches of an epoch when ``train_ds`` is an endless stream of epochs.
+        compiled with their state loaded, optimizer included (whose rate is then a later
+        epoch's: pass ``lr_schedule`` as a callable), and trains on from the next epoch.
 
     Returns:
       ``dict(selected_epoch (1-based), val_top1, test_top1, test_error, epochs_run, wall_time_s,

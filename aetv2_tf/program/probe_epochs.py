@@ -22,11 +22,10 @@ VAL_HISTORY = "val_top1_history"
 
 
 class EpochCheckpoints(keras.callbacks.Callback):
-    """A head's epochs kept and resumed (`train_probe`'s last callback): after each epoch, its
+    """A head's epochs kept and resumed (`train_probe`'s last callback): after each epoch its
     checkpoint in ``directory`` (`keras_checkpoints`: the model with its optimizer, the epoch
-    as its step, `VAL_HISTORY`; the newest kept; the ``chief``'s only, every worker resumes
-    from them); then, when SIGTERM or SIGINT came during the epoch (`SignalStop`, caught from
-    `resume` on), `Interrupted`, naming the epoch: the rerun goes on at the next one."""
+    as its step, `VAL_HISTORY`; the newest kept; the ``chief``'s, every worker resumes from
+    them); then, after a SIGTERM or SIGINT (`SignalStop`, from `resume` on), `Interrupted`."""
 
     def __init__(self, directory: str, epochs: int, chief: bool):
         super().__init__()

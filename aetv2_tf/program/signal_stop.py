@@ -81,29 +81,24 @@ class SignalStop:
 
 
 class Interrupted(BaseException):
-    """A signal ended a stage ``where`` it says (e.g. "during the export: nothing of it was
-    kept; ..."): its `str` is the program's last line, `exit_code` 128 + N. A BaseException,
-    like KeyboardInterrupt: no ``except Exception`` of the work under way takes it for a
-    failure of its own."""
+    """A signal ended a stage ``where`` it says ("during the export: nothing of it was kept;
+    ..."): `str` is the program's last line, `exit_code` 128 + N. A BaseException, like
+    KeyboardInterrupt: no ``except Exception`` of the work under way takes it for its failure."""
 
     def __init__(self, signal_name: str, where: str):
         super().__init__(signal_name, where)
-        self.signal_name, self.where = signal_name, where
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + signal.Signals[self.signal_name].value
+        self.exit_code = 128 + signal.Signals[signal_name].value
+        self.line = f"Stopped by {signal_name} {where} (exit {self.exit_code})."
 
     def __str__(self) -> str:
-        return f"Stopped by {self.signal_name} {self.where} (exit {self.exit_code})."
+        return self.line
 
 
 @contextlib.contextmanager
 def interrupting(where: str) -> Iterator[None]:
-    """Within, SIGTERM and SIGINT raise `Interrupted` ``where`` at once (the work under way is
-    dropped: the files it writes are whole or absent, `safe_paths.write_atomically`); the
-    handlers in place before are put back after. A `SignalStop` installed inside takes over
-    until it restores this one."""
+    """Within, SIGTERM and SIGINT raise `Interrupted` ``where`` at once, dropping the work under
+    way (its files are whole or absent: `safe_paths.write_atomically`); the handlers before
+    are put back after. A `SignalStop` installed inside takes over until it restores them."""
     def stop(signum, frame) -> None:
         raise Interrupted(signal.Signals(signum).name, where)
 
