@@ -203,11 +203,9 @@ def saved_model_features(path: str, feature: str, image_size: int, mean: Sequenc
 
 def encoder_from_export(path: str, backbone: str, *, batch_norm: str, mean: Sequence[float],
                         std: Sequence[float]) -> keras.Model:
-    """The encoder of a verified project export at ``path``, rebuilt by this project (``backbone``
-    at the recorded input shape) with the values of the export's ``variables/<i>`` read into
-    ``encoder.variables[i]`` as data (a tensor-file reader; the graph is never loaded), each
-    shape checked. UsageError when the record names another backbone or input size, another
-    normalisation than the probe's ``mean`` / ``std``, or variables that do not fit."""
+    """The ``backbone`` of a verified project export at ``path``, its ``variables/<i>`` read into
+    ``encoder.variables[i]`` as data (the graph never loaded); UsageError when the record names
+    another backbone, input size or normalisation (``mean``, ``std``), or variables misfit."""
     import numpy as np
     import tensorflow as tf
 

@@ -138,8 +138,7 @@ def _check_consistency(results: dict[str, Any], source: str) -> None:
 
 
 def nonfinite_values(results: dict[str, Any]) -> list[str]:
-    """The keys of the percentages and wall time that are NaN or infinite (a probe that
-    diverged: an outcome to show, not a broken file)."""
+    """The percentages and wall time that are NaN or infinite (a diverged probe, shown)."""
     return [key for key in (*PERCENT_KEYS, "wall_time_s")
             if _is_number(results[key]) and not math.isfinite(results[key])]
 
