@@ -2,28 +2,22 @@
 
     python -m aetv2_tf.export --model_dir=runs/quickstart [--output=DIR]
 
-The SavedModel's `serving_default` signature takes a batch of uint8 images (B, H, W, 3) (32x32 for
-NIN, 224x224 for AlexNet), normalises them inside, and returns a dict of float32 feature maps
-named `block1`..`block4` (NIN) or `conv1`..`conv5`, `fc6`, `fc7` (AlexNet). A tensor of another
-dtype or size, or one image, is refused; a NumPy array of floats is cast to uint8 by TensorFlow
-before the signature runs (`aetv2_tf.files.savedmodel`: convert [0, 1] floats first):
+Its `serving_default` signature takes uint8 images (B, H, W, 3) (32x32 for NIN, 224x224 for
+AlexNet), normalises them inside and returns a dict of float32 feature maps (`block1`..`block4`;
+`conv1`..`conv5`, `fc6`, `fc7`); another dtype or size, or one image, is refused
+(`aetv2_tf.files.savedmodel`: convert [0, 1] floats first):
 
-    import tensorflow as tf
     encoder = tf.saved_model.load("runs/quickstart/export/encoder")
     features = encoder.signatures["serving_default"](images=uint8_batch)   # dict of tensors
 
-Beside `saved_model.pb` the export writes `aetv2_export.json`, the SHA-256 of each of its files
-(`aetv2_tf.files.provenance`): an existing `--output` is replaced only when it is such an export (or
-empty); any other directory (a home folder, the working directory, a model_dir) is refused, exit 2,
-nothing touched; so is an `--output` inside the run other than under its `export/`, inside the
-data the run read, or holding either (`aetv2_tf.files.nesting`). The probes load a SavedModel
-only when its manifest matches (or with `--trust_saved_model`).
-
-This module is the command line (flags, exit codes: the program layer, beside `aetv2_tf.train`
-and `aetv2_tf.report`); the library functions it runs are `aetv2_tf.files.savedmodel`'s
+Beside it `aetv2_export.json` holds the SHA-256 of each file (`aetv2_tf.files.provenance`): an
+existing `--output` is replaced only when it is such an export (or empty); anything else, or an
+`--output` inside the run (other than under its `export/`) or the data it read, or holding
+either (`aetv2_tf.files.nesting`), is refused, exit 2, nothing touched. SIGTERM or SIGINT during
+the export stops it keeping nothing (its scratch folder removed), exit 128 + N. This module is
+the command line (the program layer); the library functions are `aetv2_tf.files.savedmodel`'s
 `restore_encoder` and `export_encoder` (also importable from here). Its console is as quiet as
-the training program's (`program.console`): TensorFlow's start-up lines and the libraries' INFO
-logs hidden, `--verbosity=0` (or ``AETV2_VERBOSE=1``) brings them back.
+the training program's (`program.console`; `--verbosity=0` or ``AETV2_VERBOSE=1`` for more).
 """
 
 from __future__ import annotations
@@ -40,6 +34,7 @@ from aetv2_tf.files.provenance import ExportTargetError, check_export_target
 from aetv2_tf.files.safe_paths import read_json, refuse_link
 from aetv2_tf.program import console
 from aetv2_tf.program.run_lock import refuse_training
+from aetv2_tf.program.signal_stop import Interrupted, interrupting
 
 FLAGS = flags.FLAGS
 
@@ -104,9 +99,14 @@ def main(argv) -> None:
     except (OSError, ValueError, tf.errors.OpError) as e:
         _fail(f"the encoder of --model_dir={model_dir} could not be restored ({e}).")
     try:
-        export_encoder(encoder, output, saved["dataset"])
+        with interrupting(f"during the export to {output}: nothing of it was kept; rerun the "
+                          "same command to export"):
+            export_encoder(encoder, output, saved["dataset"])
     except (ExportTargetError, OSError) as e:
         _fail(f"--output={output}: {e}")
+    except Interrupted as stop:
+        print(stop, flush=True)
+        sys.exit(stop.exit_code)
     print(f"Exported the encoder to {output}")
 
 

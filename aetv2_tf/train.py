@@ -42,6 +42,7 @@ from aetv2_tf.data.sources import DataError
 from aetv2_tf.errors import UsageError
 from aetv2_tf.program import console
 from aetv2_tf.program.flags import FLAGS, parse_command_line
+from aetv2_tf.program.signal_stop import Interrupted
 
 #: The flags that ``--help`` (and ``--helpshort``) describe, by purpose: the README's.
 KEY_FLAGS = (
@@ -108,6 +109,9 @@ def main(argv) -> None:
     except (UsageError, DataError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(2)
+    except Interrupted as stop:  # a stage's own stop: where, and how to go on
+        print(stop, flush=True)
+        sys.exit(stop.exit_code)
     except backend_type.peer_lost as e:
         print(f"error: a worker of the cluster stopped answering ({type(e).__name__}: "
               f"{str(e).splitlines()[0]}); stop every worker and start the same commands again: "

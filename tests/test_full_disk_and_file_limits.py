@@ -139,7 +139,8 @@ def test_a_checkpoint_past_the_file_size_limit_ends_the_program_with_exit_5(
     err = capsys.readouterr().err
     newest = model_dir / "checkpoints" / "ckpt-2.weights.h5"
     assert code == 5, err[-3000:]
-    assert "reached the file-size limit (ulimit -f)" in err and f"the newest complete checkpoint, {newest}, is intact" in err
+    assert "reached the file-size limit (ulimit -f)" in err
+    assert f"the newest complete checkpoint, {newest}, is intact" in err
     assert sorted(p.name for p in newest.parent.iterdir()) == [
         "ckpt-2.weights.h5", "ckpt-2.weights.h5.sha256"]
     assert program(*args) == 0

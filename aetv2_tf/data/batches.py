@@ -40,14 +40,16 @@ def _shuffle_seed(seed) -> int:
     return (a * 1_000_003 + b * 7919 + 12345) % (2**31 - 1)
 
 
-def _epoch_batches(n: int, batch_size: int, seed, start_step: int) -> tf.data.Dataset:
+def _epoch_batches(n: int, batch_size: int, seed, start_step: int,
+                   drop_remainder: bool = True) -> tf.data.Dataset:
     """Global batch index i -> the (B,) example indices of batch i, from batch `start_step` on.
 
     Epoch ``e = i // (n // B)`` visits a permutation seeded by ``(seed, e)``, drawn once per
     epoch, so batch i is a pure function of (seed, i): a run resumed at step i sees exactly the
-    batches it would have seen (the skip into the first epoch reads no data).
+    batches it would have seen (the skip into the first epoch reads no data). Without
+    ``drop_remainder`` an epoch is ``ceil(n / B)`` batches, its last one short.
     """
-    per_epoch = n // batch_size
+    per_epoch = n // batch_size if drop_remainder else -(-n // batch_size)
     if per_epoch < 1:
         raise ValueError(f"batch_size {batch_size} exceeds the {n} training images")
     shuffle_seed = stream_seed(seed, SALT_SHUFFLE)
@@ -57,6 +59,8 @@ def _epoch_batches(n: int, batch_size: int, seed, start_step: int) -> tf.data.Da
     def epoch(e):
         order = tf.argsort(tf.random.stateless_uniform(
             [n], tf.random.experimental.stateless_fold_in(shuffle_seed, e)))
+        if not drop_remainder:
+            return tf.data.Dataset.from_tensor_slices(order).batch(batch_size)
         return tf.data.Dataset.from_tensor_slices(
             tf.reshape(order[:per_epoch * batch_size], [per_epoch, batch_size]))
 
@@ -165,7 +169,8 @@ def _array_batches(images, labels, batch_size: int, seed, image_size: int,
                    drop_remainder: bool) -> tf.data.Dataset:
     """Batches ``(float32 [0, 1] images (B, S, S, 3), labels (B,) int64)`` of in-memory uint8
     images ``(N, S, S, 3)`` (labels: ``(N,)``, or None: zeros); a repeated training stream
-    visits `_epoch_batches` (exact on resume)."""
+    visits `_epoch_batches` (exact on resume; a short last batch per epoch without
+    ``drop_remainder``)."""
     images = np.asarray(images)
     if images.ndim != 4 or images.shape[1:] != (image_size, image_size, 3):
         raise ValueError(
@@ -178,7 +183,7 @@ def _array_batches(images, labels, batch_size: int, seed, image_size: int,
         raise ValueError(f"labels must be ({n},), got {labels.shape}")
     images_t, labels_t = tf.constant(images), tf.constant(labels)
     if training and repeat:
-        ds = _epoch_batches(n, batch_size, seed, start_step)
+        ds = _epoch_batches(n, batch_size, seed, start_step, drop_remainder)
     else:
         ds = tf.data.Dataset.range(n)
         if training:

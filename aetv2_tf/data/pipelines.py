@@ -124,15 +124,17 @@ def _pairs(seed, batch_size: int, image_size: int, shift: str, shard: tuple[int,
 def classification_dataset(images, labels, batch_size: int, seed, *, training: bool,
                            augment: bool = True, image_size: int = 32, repeat: bool = False,
                            drop_remainder: bool = False, mean: Sequence[float] = CIFAR10_MEAN,
-                           std: Sequence[float] = CIFAR10_STD,
-                           shuffle_buffer: int | None = None) -> tf.data.Dataset:
+                           std: Sequence[float] = CIFAR10_STD, shuffle_buffer: int | None = None,
+                           start_step: int = 0) -> tf.data.Dataset:
     """Batches ``(x, label)`` for the probes: x (B, S, S, 3) float32 normalised, label (B,) int64,
     of numpy (N, S, S, 3) uint8 images and (N,) labels, or of a ``tf.data.Dataset`` of (image,
     label) with ``labels=None``. Training shuffles (seeded) and, if ``augment``, crops and flips;
-    evaluation keeps the order (variable-size images: their centre crop)."""
+    evaluation keeps the order (variable-size images: their centre crop). ``repeat``: an endless
+    stream from the global batch ``start_step`` on (of arrays: exact on resume)."""
     ds = enumerated_batches(images, labels, batch_size, seed, training=training,
                             augment=training and augment, image_size=image_size, repeat=repeat,
-                            drop_remainder=drop_remainder, shuffle_buffer=shuffle_buffer)
+                            drop_remainder=drop_remainder, shuffle_buffer=shuffle_buffer,
+                            start_step=start_step)
     ds = ds.map(tf.autograph.experimental.do_not_convert(
         lambda i, batch: (normalize(batch[0], mean, std), batch[1])), num_parallel_calls=AUTOTUNE)
     return _options(ds.prefetch(AUTOTUNE))

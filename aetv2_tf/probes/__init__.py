@@ -1,17 +1,9 @@
-"""Evaluation of frozen encoders: KNN, classifier heads, and their ``results.json``.
-
-* `knn`: `extract_features`, `knn_classify`, `knn_accuracy` (cosine, k=10, deterministic ties),
-  `pooled_features` (uint8 images -> pooled features); `quick_knn`: `quick_knn` (an encoder beside a
-  random init).
-* `classifier`: `build_probe_model`, `train_probe` (epoch selected on a validation split of the
-  training set, test evaluated once), `split_train_val`, `probe_optimizer`, `step_lr_schedule`.
-* `results`: `write_results` / `read_results` of ``results.json`` (read by `aetv2_tf.report`).
-* `frozen_encoder` (the frozen encoder named by ``--pretrained``) and `splits` (train/val/test
-  splits): what ``--stage=probe`` / ``--stage=supervised`` of ``python -m aetv2_tf.train`` reads
-  (`aetv2_tf.program.probe_stage`, the program layer, which this package never imports).
-
-Names are imported lazily so that ``aetv2_tf.probes.results`` (and the report CLI) does not pull in
-TensorFlow.
+"""Evaluation of frozen encoders: `knn` (`knn_classify`, `knn_accuracy`, `extract_features`,
+`pooled_features`), `quick_knn`, `classifier` (`build_probe_model`, `train_probe`,
+`split_train_val`, `probe_optimizer`, `step_lr_schedule`), `results` (``results.json``), and what
+the program's probe stage reads (`frozen_encoder`, `splits`; `aetv2_tf.program.probe_stage`,
+never imported here). Names are imported lazily: ``aetv2_tf.probes.results`` (and the report
+CLI) does not pull in TensorFlow.
 """
 
 from __future__ import annotations

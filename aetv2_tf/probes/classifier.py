@@ -2,24 +2,18 @@
 
 Protocol (docs/method.md, section 2, with its one deliberate change):
 
-* The encoder is frozen: ``trainable = False`` (no weight is updated, weight decay included) AND
-  it is called with ``training=False`` (BatchNorm uses and keeps its moving statistics); its
-  output additionally goes through ``stop_gradient``. Only the head learns.
-* The head is trained on the training set minus a seeded validation split (`split_train_val`,
-  5,000 images for CIFAR-10), validated after every epoch; the weights of the epoch with the best
-  validation top-1 are restored at the end (the earliest such epoch on ties), and the TEST set is
-  evaluated exactly once, with those weights. The published AETv1/RotNet CIFAR-10 code keeps the
-  epoch best on test accuracy (their ImageNet and Places configs report the last epoch); this
-  does neither.
-* Optimiser (`probe_optimizer`, `step_lr_schedule`): SGD, momentum 0.9, Nesterov, lr 0.1, weight
-  decay 5e-4 added to the gradient (PyTorch's coupled ``weight_decay``, applied to every trainable
-  variable as in the AETv1 code: `optimizers.SGDL2`), lr x0.2 at 30%, 60% and 80% of the
-  epochs (60/120/160 of 200, the AETv1/RotNet classifier schedule; boundaries scale with the epoch
-  count; `optimizers.Schedule`).
+* The encoder is frozen: ``trainable = False`` AND called with ``training=False`` (BatchNorm
+  keeps its moving statistics), its output through ``stop_gradient``. Only the head learns.
+* The head trains on the training set minus a seeded validation split (`split_train_val`, 5,000
+  images for CIFAR-10); the epoch best on validation top-1 (the earliest on ties) is restored at
+  the end and the TEST set evaluated once, with it. (The AETv1/RotNet CIFAR-10 code keeps the
+  epoch best on test accuracy, their ImageNet and Places configs the last one.)
+* `probe_optimizer`, `step_lr_schedule`: SGD, momentum 0.9, Nesterov, lr 0.1, PyTorch's coupled
+  weight decay 5e-4 (`optimizers.SGDL2`), lr x0.2 at 30%, 60%, 80% of the epochs (60/120/160 of
+  200, the AETv1/RotNet schedule).
 
-All accuracies returned are top-1 in PERCENT. Written in Keras 3 for every backend: the batches
-are any ``fit`` input (a tf.data pipeline under TensorFlow, `data.stream.LabelledBatches`
-elsewhere); per-epoch logs go to ``epochs.csv`` and, where TensorFlow is importable, TensorBoard.
+Accuracies are top-1 in PERCENT. Keras 3, every backend: the batches are any ``fit`` input;
+per-epoch logs go to ``epochs.csv`` and, where TensorFlow is importable, TensorBoard.
 """
 
 from __future__ import annotations
@@ -32,30 +26,27 @@ from typing import Any, NamedTuple
 import keras
 import numpy as np
 
+from aetv2_tf.errors import UsageError
 from aetv2_tf.files import scalar_logs
+from aetv2_tf.files.saving import damage, save_atomically
+from aetv2_tf.files.weights_files import file_attributes, save_weights_file
 from aetv2_tf.method import optimizers
 from aetv2_tf.method.optimizers import STEP_DROPS
 from aetv2_tf.models.displayed_loss import ShowsDataLoss
 
+BEST_WEIGHTS = "best.weights.h5"
+
 # --- optimiser and schedule -------------------------------------------------------------------
 
 
-def probe_optimizer(
-    kind: str = "sgd",
-    learning_rate: float = 0.1,
-    momentum: float = 0.9,
-    nesterov: bool = True,
-    weight_decay: float = 5e-4,
-) -> keras.optimizers.Optimizer:
-    """The probe-head optimiser: by default SGD, momentum 0.9, Nesterov, lr 0.1, and PyTorch's
-    coupled L2 weight decay 5e-4 (`optimizers.CoupledWeightDecay`, the project's one L2
-    mechanism: ``weight_decay * w`` added to the gradient of every variable it updates, the
-    head's (the encoder is frozen), before the momentum, as ``torch.optim.SGD``; the model
-    shows the penalty apart, `displayed_loss.ShowsDataLoss`). Touches no model.
-
-    ``kind="adam"`` gives Adam (betas 0.9, 0.999) with the same L2. The learning rate is a
-    plain float so that `step_lr_schedule` can set it once per epoch.
-    """
+def probe_optimizer(kind: str = "sgd", learning_rate: float = 0.1, momentum: float = 0.9,
+                    nesterov: bool = True,
+                    weight_decay: float = 5e-4) -> keras.optimizers.Optimizer:
+    """The probe-head optimiser: SGD, momentum 0.9, Nesterov, lr 0.1 and PyTorch's coupled L2
+    weight decay 5e-4 (`optimizers.CoupledWeightDecay`: ``weight_decay * w`` added to the
+    gradient of the head's variables before the momentum, as ``torch.optim.SGD``; the model
+    shows the penalty apart, `displayed_loss.ShowsDataLoss`), or ``kind="adam"`` (betas 0.9,
+    0.999, the same L2). A plain-float rate (`step_lr_schedule` sets it per epoch); no model."""
     if kind == "sgd":
         return optimizers.SGDL2(learning_rate, momentum=momentum, nesterov=nesterov,
                                 l2_decay=weight_decay)
@@ -64,12 +55,8 @@ def probe_optimizer(
     raise ValueError(f"unknown probe optimizer {kind!r}; use 'sgd' or 'adam'")
 
 
-def step_lr_schedule(
-    epochs: int,
-    base_lr: float = 0.1,
-    factor: float = 0.2,
-    drop_epochs: Sequence[int] = (),
-) -> Callable[[int], float]:
+def step_lr_schedule(epochs: int, base_lr: float = 0.1, factor: float = 0.2,
+                     drop_epochs: Sequence[int] = ()) -> Callable[[int], float]:
     """Per-epoch step schedule ``epoch (0-based) -> lr``: `optimizers.Schedule`'s "step" (the
     project's one schedule type) counted in epochs, the rate multiplied by ``factor`` from each
     epoch of ``drop_epochs`` on (``boundaries``); by default at the whole epochs
@@ -92,13 +79,9 @@ def step_lr_schedule(
 
 class FrozenEncoderProbe(ShowsDataLoss, keras.Model):
     """``images (B, H, W, 3) -> [preprocess] -> encoder (frozen) -> features[feature] -> head ->
-    logits (B, K)``.
-
-    ``encoder`` is a Keras model/layer (set to ``trainable=False`` here) or any callable feature
-    function; dict outputs (``build_nin``: ``{"block1".."block4"}``) are indexed by ``feature``.
-    ``preprocess`` (optional, e.g. `data.preprocessing_layers.ClassifierInputs`: uint8 -> augmented
-    and normalised on the device) is called with the ``training`` flag of the call.
-    """
+    logits (B, K)``. ``encoder``: a Keras model/layer (made non-trainable) or a feature
+    function, its dict outputs indexed by ``feature``; ``preprocess`` (e.g.
+    `data.preprocessing_layers.ClassifierInputs`) gets the call's ``training`` flag."""
 
     def __init__(self, encoder: Callable, feature: str | None, head: Callable,
                  preprocess: keras.layers.Layer | None = None, **kwargs):
@@ -130,15 +113,9 @@ def build_probe_model(
     feature_fn_or_encoder: Callable, feature: str | None, head: Callable,
     preprocess: keras.layers.Layer | None = None,
 ) -> FrozenEncoderProbe:
-    """Wrap a frozen encoder (or feature function) and a head into one trainable-head model.
-
-    Args:
-      feature_fn_or_encoder: a Keras encoder (made non-trainable, called with training=False) or a
-        callable ``images -> feature map``.
-      feature: key of the encoder's dict output (``"block2"``, ``"conv4"``...), or None.
-      head: a Keras model/layer mapping the feature map to float32 logits ``(B, K)``.
-      preprocess: an optional first layer (`FrozenEncoderProbe`).
-    """
+    """`FrozenEncoderProbe` of a Keras encoder (made non-trainable) or a callable ``images ->
+    feature map``, its ``feature`` (a dict output's key, or None), a Keras ``head`` (feature
+    map -> float32 logits ``(B, K)``) and an optional first layer ``preprocess``."""
     return FrozenEncoderProbe(feature_fn_or_encoder, feature, head, preprocess, name="probe")
 
 
@@ -153,32 +130,34 @@ def build_probe(
 ) -> FrozenEncoderProbe:
     """`build_probe_model` with a head from ``aetv2_tf.models.heads.build_head(head_kind, ...)``.
 
-    The feature shape (without batch) is found by running the encoder on one zero image;
-    ``head_kwargs`` (``batch_norm``, ``pool``, ``extra_convs``) go to ``build_head``.
+    The feature shape (without batch) is found by running the encoder on one zero image, and
+    the probe is built by running it on one (inference mode); ``head_kwargs`` (``batch_norm``,
+    ``pool``, ``extra_convs``) go to ``build_head``.
     """
     from aetv2_tf.models.heads import build_head
 
     probe = build_probe_model(encoder, feature, keras.layers.Identity())
     feature_shape = tuple(probe.features(np.zeros((1, *input_shape), np.float32)).shape[1:])
     head = build_head(head_kind, feature_shape, num_classes, **head_kwargs)
-    return build_probe_model(encoder, feature, head, preprocess)
+    probe = build_probe_model(encoder, feature, head, preprocess)
+    probe(np.zeros((1, *input_shape), np.float32))  # built: a checkpoint loads into it
+    return probe
 
 
 # --- per-epoch logs ----------------------------------------------------------------------------
 
 
 class EpochScalars(keras.callbacks.Callback):
-    """Per-epoch logs: rows of ``log_dir/epochs.csv`` always (`scalar_logs.CsvLog`); where
-    TensorFlow is importable also TensorBoard scalars ``epoch_<name>`` in ``log_dir/train`` and
-    ``log_dir/validation`` (``val_`` prefix removed), like Keras' TensorBoard callback. Both with
-    the learning rate."""
+    """Per-epoch logs with the learning rate: ``log_dir/epochs.csv`` (`scalar_logs.CsvLog`) and,
+    where TensorFlow is importable, scalars ``epoch_<name>`` in ``log_dir/train`` and
+    ``log_dir/validation`` (``val_`` removed), as Keras' TensorBoard callback writes them."""
 
     COLUMNS = ("loss", "top1", "val_loss", "val_top1", "learning_rate")
 
-    def __init__(self, log_dir: str):
+    def __init__(self, log_dir: str, fresh: bool = True):
         super().__init__()
         self.csv = scalar_logs.CsvLog(os.path.join(log_dir, "epochs.csv"), self.COLUMNS, "epoch",
-                                    fresh=True)  # probes never resume: one run's epochs
+                                      fresh=fresh)  # anew unless a resumed training goes on
         self.writers = {split: scalar_logs.tensorboard_writer(os.path.join(log_dir, split))
                         for split in ("train", "validation")}
 
@@ -198,18 +177,19 @@ class EpochScalars(keras.callbacks.Callback):
 
 
 class BestValidationSnapshot(keras.callbacks.Callback):
-    """Keeps in memory the head weights of the epoch with the best ``val_top1``; restores them.
+    """Keeps in memory the weights of the epoch with the best ``val_top1`` (the earliest on
+    ties: ``model.head``'s, else all); `restore` puts them back. With ``model_dir`` the whole
+    model's are also saved to ``best.weights.h5`` there (atomically, with its checksum and
+    epoch), which `restore` reads when the best epoch is one of ``history``, the ``val_top1`` of
+    the epochs before a resumed training."""
 
-    Ties keep the earliest epoch. Snapshots ``model.head.weights`` when the model has a ``head``
-    (the frozen encoder cannot change), otherwise all ``model.weights``. With ``model_dir`` the
-    whole model's best weights are also saved to ``model_dir/best.weights.h5``.
-    """
-
-    def __init__(self, monitor: str = "val_top1", model_dir: str | None = None):
+    def __init__(self, monitor: str = "val_top1", model_dir: str | None = None,
+                 history: Sequence[float] = ()):
         super().__init__()
-        self.monitor, self.model_dir = monitor, model_dir
-        self.best_value, self.best_epoch, self._weights = -np.inf, None, None
-        self.history: list[float] = []
+        self.monitor, self.model_dir, self._weights = monitor, model_dir, None
+        self.history = [float(v) for v in history]
+        self.best_value = max(self.history, default=-np.inf)
+        self.best_epoch = 1 + int(np.argmax(self.history)) if self.history else None
 
     def _variables(self):
         head = getattr(self.model, "head", None)
@@ -225,13 +205,74 @@ class BestValidationSnapshot(keras.callbacks.Callback):
             self._weights = [np.array(keras.ops.convert_to_numpy(v), copy=True)
                              for v in self._variables()]
             if self.model_dir:
-                self.model.save_weights(os.path.join(self.model_dir, "best.weights.h5"))
+                save_atomically(lambda tmp: save_weights_file(self.model, tmp,
+                                                              {"epoch": epoch + 1}),
+                                os.path.join(self.model_dir, BEST_WEIGHTS))
 
     def restore(self) -> None:
+        if self._weights is None and self.best_epoch is not None and self.model_dir:
+            self._load_best_file()
+            return
         if self._weights is None:
             raise RuntimeError("no epoch finished: nothing to restore")
         for variable, value in zip(self._variables(), self._weights, strict=True):
             variable.assign(value)
+
+    def _load_best_file(self) -> None:
+        """The best epoch's weights from ``best.weights.h5``: refused unless they are whole and
+        of that epoch (UsageError)."""
+        path = os.path.join(self.model_dir, BEST_WEIGHTS)
+        held = file_attributes(path).get("epoch") if os.path.isfile(path) else None
+        reason = damage(path, required=True) if held == self.best_epoch else \
+            f"it holds epoch {held}"
+        if reason:
+            raise UsageError(f"{path} should hold the weights of the selected epoch "
+                             f"{self.best_epoch}, but {reason}; train the probe afresh (the "
+                             "program: --overwrite).")
+        self.model.load_weights(path)
+
+
+def compile_probe(model: keras.Model, optimizer: keras.optimizers.Optimizer) -> None:
+    """Compiles ``model`` for `train_probe`: sparse softmax cross-entropy of its logits, a
+    ``top1`` accuracy (weighted: batches padded to a whole batch for several devices weight the
+    copies 0), ``optimizer``."""
+    model.compile(optimizer=optimizer,
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="top1")])
+
+
+def probe_callbacks(snapshot: BestValidationSnapshot, lr_schedule: Callable[[int], float] | None,
+                    log_dir: str | None, callbacks: Sequence[keras.callbacks.Callback],
+                    fresh: bool = True) -> list[keras.callbacks.Callback]:
+    """`train_probe`'s callbacks in their order: the selection, the rate, the epoch logs
+    (`EpochScalars`, started anew when ``fresh``), then ``callbacks`` (which see the epoch
+    logged)."""
+    found: list[keras.callbacks.Callback] = [snapshot]
+    if lr_schedule is not None:
+        found.append(keras.callbacks.LearningRateScheduler(lr_schedule))
+    if log_dir:
+        found.append(EpochScalars(log_dir, fresh))
+    return [*found, *callbacks]
+
+
+def tested(model: keras.Model, snapshot: BestValidationSnapshot, test_ds: Any,
+           log_dir: str | None, verbose: int, start: float) -> dict[str, Any]:
+    """`train_probe`'s result: the selected epoch's weights restored, ``test_ds`` evaluated
+    once (``start``: `time.perf_counter` at its start)."""
+    snapshot.restore()
+    test = model.evaluate(test_ds, return_dict=True, verbose=verbose)
+    test_top1 = 100.0 * float(test["top1"])
+    if log_dir:
+        write_test_top1(log_dir, test_top1, step=snapshot.best_epoch)
+    return dict(
+        selected_epoch=snapshot.best_epoch,
+        val_top1=100.0 * snapshot.best_value,
+        test_top1=test_top1,
+        test_error=100.0 - test_top1,
+        epochs_run=len(snapshot.history),
+        wall_time_s=time.perf_counter() - start,
+        val_top1_history=[100.0 * v for v in snapshot.history],
+    )
 
 
 def train_probe(
@@ -247,66 +288,41 @@ def train_probe(
     log_dir: str | None = None,
     callbacks: Sequence[keras.callbacks.Callback] = (),
     verbose: int = 0,
+    history: Sequence[float] = (),
+    steps_per_epoch: int | None = None,
 ) -> dict[str, Any]:
     """Train the head, select the epoch on ``val_ds``, evaluate ``test_ds`` once.
 
     Args:
-      model: e.g. `build_probe_model(...)`, images -> logits ``(B, K)``; compiled here with sparse
-        softmax cross-entropy and a ``top1`` accuracy metric.
-      train_ds, val_ds, test_ds: batched ``(images, int labels)`` (a ``tf.data.Dataset``, a
-        ``keras.utils.PyDataset``: anything ``fit`` takes); train_ds is iterated
-        once per epoch (shuffle/augment it inside the pipeline), val_ds once per epoch, test_ds
-        exactly once at the end.
-      epochs: training epochs.
-      optimizer: default `probe_optimizer()`.
+      model: e.g. `build_probe_model(...)`, images -> logits ``(B, K)``; compiled here
+        (`compile_probe`) with ``optimizer`` (default `probe_optimizer()`).
+      train_ds, val_ds, test_ds: batched ``(images, int labels)``, anything ``fit`` takes;
+        train_ds once per epoch (it shuffles and augments itself; or an endless stream of
+        epochs of ``steps_per_epoch`` batches), val_ds once per epoch, test_ds once at the end.
       lr_schedule: ``"step"`` (`step_lr_schedule(epochs, base_lr=<optimizer lr>)`), a callable
-        ``epoch (0-based) -> lr``, or None to leave the optimiser's learning rate alone.
-      model_dir: if given, ``best.weights.h5`` (best epoch so far) is saved there.
-      log_dir: if given, the per-epoch logs (`EpochScalars`) and the final test top-1
-        (`write_test_top1`, at step = selected epoch) go there.
+        ``epoch (0-based) -> lr``, or None (the optimizer's rate unchanged).
+      model_dir: ``best.weights.h5`` goes there. log_dir: the epoch logs (`EpochScalars`) and
+        the test top-1 (`write_test_top1`, at step = selected epoch). callbacks: after those.
+      history: the ``val_top1`` (fractions) of the epochs done before: the model then comes
+        compiled with their state loaded, optimizer included (whose rate is then a later
+        epoch's: pass ``lr_schedule`` as a callable), and trains on from the next epoch.
 
     Returns:
       ``dict(selected_epoch (1-based), val_top1, test_top1, test_error, epochs_run, wall_time_s,
       val_top1_history)``; accuracies and error in percent.
     """
     start = time.perf_counter()
-    optimizer = optimizer if optimizer is not None else probe_optimizer()
-    model.compile(
-        optimizer=optimizer,
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        # weighted: batches padded to a whole batch (several devices) weight the copies 0
-        weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="top1")],
-    )
-    snapshot = BestValidationSnapshot("val_top1", model_dir)
-    all_callbacks: list[keras.callbacks.Callback] = [snapshot, *callbacks]
+    if not history:
+        compile_probe(model, optimizer if optimizer is not None else probe_optimizer())
     if lr_schedule == "step":
-        base_lr = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+        base_lr = float(keras.ops.convert_to_numpy(model.optimizer.learning_rate))
         lr_schedule = step_lr_schedule(epochs, base_lr=base_lr)
-    if lr_schedule is not None:
-        all_callbacks.append(keras.callbacks.LearningRateScheduler(lr_schedule))
-    if log_dir:
-        all_callbacks.append(EpochScalars(log_dir))
-    if model_dir:
-        os.makedirs(model_dir, exist_ok=True)
-
-    history = model.fit(
-        train_ds, validation_data=val_ds, epochs=epochs, callbacks=all_callbacks, verbose=verbose,
-        shuffle=False,  # datasets shuffle themselves; Keras would only warn
-    )
-    snapshot.restore()
-    test = model.evaluate(test_ds, return_dict=True, verbose=verbose)
-    test_top1 = 100.0 * float(test["top1"])
-    if log_dir:
-        write_test_top1(log_dir, test_top1, step=snapshot.best_epoch)
-    return dict(
-        selected_epoch=snapshot.best_epoch,
-        val_top1=100.0 * snapshot.best_value,
-        test_top1=test_top1,
-        test_error=100.0 - test_top1,
-        epochs_run=len(history.history.get("loss", [])),
-        wall_time_s=time.perf_counter() - start,
-        val_top1_history=[100.0 * v for v in snapshot.history],
-    )
+    snapshot = BestValidationSnapshot("val_top1", model_dir, history)
+    model.fit(train_ds, validation_data=val_ds, initial_epoch=len(history), epochs=epochs,
+              steps_per_epoch=steps_per_epoch, verbose=verbose,
+              callbacks=probe_callbacks(snapshot, lr_schedule, log_dir, callbacks, not history),
+              shuffle=False)  # datasets shuffle themselves; Keras would only warn
+    return tested(model, snapshot, test_ds, log_dir, verbose, start)
 
 
 def write_test_top1(log_dir: str, top1: float, step: int) -> None:

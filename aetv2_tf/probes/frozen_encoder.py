@@ -1,31 +1,22 @@
 """The frozen encoder of a probe: a pretraining run, an exported SavedModel, or a random init.
 
-``--pretrained`` takes three kinds of value (`pretrained_kind`):
+``--pretrained`` (`pretrained_kind`) is:
 
-* a pretraining ``--model_dir`` (it holds ``flags.json``): the encoder is rebuilt and restored from
-  the run's newest checkpoint (`aetv2_tf.files.savedmodel.restore_encoder`); its backbone must be
-  the probe's ``--backbone``.
-* an exported SavedModel (it holds ``saved_model.pb``, e.g. ``<model_dir>/export/encoder``).
-  A SavedModel is a program: loading it runs its graph (initialisers, restore functions, and
-  the signature, which may read and write files). So an export of this project (its files match
-  its ``aetv2_export.json``, whose ``encoder`` record names the backbone:
-  `aetv2_tf.files.provenance`) is NOT run: the backbone is built here and the values of its
-  ``variables/`` are read into it as data (`encoder_from_export`), exactly the weights the export
-  holds. Any other SavedModel runs only with ``--trust_saved_model`` (``trust_saved_model=True``):
-  its ``serving_default`` signature takes uint8 ``images (B, S, S, 3)`` and returns named float32
-  feature maps; the probe pipelines yield normalised batches ``x = (u / 255 - mean) / std``, which
-  `saved_model_features` maps back to the uint8 pixels ``u = round((x * std + mean) * 255)``
-  (exact for CIFAR-10: crops, zero padding and flips only move or zero pixels; in the 224
-  protocol the resized image is rounded to 8 bits, as any caller of the signature gives it). An
-  export given inside a model_dir is loaded as the export asked for (not replaced by the run's
-  ``encoder.weights.h5``): `aetv2_tf.export` may have written it from another checkpoint.
-* ``none``: a randomly initialised backbone, seeded by ``--seed`` (the "random init" rows).
+* a pretraining ``--model_dir`` (it holds ``flags.json``): the encoder restored from the run
+  (`aetv2_tf.files.savedmodel.restore_encoder`), of the probe's ``--backbone``;
+* a SavedModel (``saved_model.pb``, e.g. ``<model_dir>/export/encoder``). Loading one runs its
+  graph, which may read and write files, so an export of this project (files matching its
+  ``aetv2_export.json``, which names the backbone: `aetv2_tf.files.provenance`) is NOT run: the
+  backbone is built here and its ``variables/`` read into it as data (`encoder_from_export`).
+  Any other runs only with ``--trust_saved_model``: its ``serving_default`` signature takes
+  uint8 ``images (B, S, S, 3)``, to which `saved_model_features` maps the normalised batches
+  back (``u = round((x * std + mean) * 255)``, exact for CIFAR-10's crops and flips). An export
+  inside a model_dir is loaded as asked (`aetv2_tf.export` may have used another checkpoint);
+* ``none``: a random-init backbone seeded by ``--seed``.
 
-A Keras encoder is cut to the layers its feature needs (`truncate`): a probe on NIN block 2 does
-not run blocks 3-4, an AlexNet conv probe skips fc6/fc7. Every failure is a `UsageError` naming
-the problem and the fix; `check_pretrained` makes the cheap checks (path, kind, backbone) before
-the run writes anything. TensorFlow is imported only for SavedModels and TensorFlow checkpoints:
-a `--pretrained` run of `program.keras_native_backend` (Keras checkpoints) loads on any backend.
+A Keras encoder is cut to the layers its feature needs (`truncate`). Every failure is a
+`UsageError` with the fix; `check_pretrained` makes the cheap checks before anything is written.
+TensorFlow is imported only for SavedModels and TensorFlow checkpoints.
 """
 
 from __future__ import annotations
@@ -49,11 +40,9 @@ _EXPORT_HINT = ("export an encoder with `python -m aetv2_tf.export --model_dir=<
 
 @dataclasses.dataclass(frozen=True)
 class Encoder:
-    """A frozen feature extractor and where it came from.
-
-    ``model`` maps normalised images ``(B, S, S, 3)`` float32 to a dict of feature maps (e.g.
-    ``{"block2": (B, 8, 8, 192)}``): a Keras model, or a function for a SavedModel.
-    """
+    """A frozen feature extractor and where it came from; ``model`` (a Keras model, or a
+    function for a SavedModel) maps normalised images ``(B, S, S, 3)`` float32 to a dict of
+    feature maps (``{"block2": (B, 8, 8, 192)}``)."""
 
     model: Callable
     feature: str
@@ -167,14 +156,10 @@ def truncate(encoder: keras.Model, feature: str) -> keras.Model:
 
 def saved_model_features(path: str, feature: str, image_size: int, mean: Sequence[float],
                          std: Sequence[float], *, trust_saved_model: bool = False) -> Callable:
-    """A feature function on normalised images, backed by the SavedModel at ``path``.
-
-    Returns ``fn(images (B, S, S, 3) float32, training=None) -> dict`` of the signature's
-    outputs (other shapes, e.g. one image (S, S, 3), raise InvalidArgumentError before the
-    signature runs); the images are mapped back to uint8 exactly (module docstring). Loads only a
-    verified project export unless ``trust_saved_model`` (`check_saved_model_trusted`): the
-    digests are checked right before ``tf.saved_model.load``.
-    """
+    """``fn(images (B, S, S, 3) float32 normalised, training=None) -> dict`` of the outputs of
+    the SavedModel at ``path`` (images mapped back to uint8 exactly; other shapes raise
+    InvalidArgumentError before it runs). Loads only a verified project export unless
+    ``trust_saved_model`` (`check_saved_model_trusted`, right before ``tf.saved_model.load``)."""
     import tensorflow as tf
 
     check_saved_model_trusted(path, trust_saved_model)
@@ -218,11 +203,9 @@ def saved_model_features(path: str, feature: str, image_size: int, mean: Sequenc
 
 def encoder_from_export(path: str, backbone: str, *, batch_norm: str, mean: Sequence[float],
                         std: Sequence[float]) -> keras.Model:
-    """The encoder of a verified project export at ``path``, rebuilt by this project (``backbone``
-    at the recorded input shape) with the values of the export's ``variables/<i>`` read into
-    ``encoder.variables[i]`` as data (a tensor-file reader; the graph is never loaded), each
-    shape checked. UsageError when the record names another backbone or input size, another
-    normalisation than the probe's ``mean`` / ``std``, or variables that do not fit."""
+    """The ``backbone`` of a verified project export at ``path``, its ``variables/<i>`` read into
+    ``encoder.variables[i]`` as data (the graph never loaded); UsageError when the record names
+    another backbone, input size or normalisation (``mean``, ``std``), or variables misfit."""
     import numpy as np
     import tensorflow as tf
 

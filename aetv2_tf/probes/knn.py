@@ -1,43 +1,27 @@
 """K-nearest-neighbour evaluation of frozen features (the paper's "KNN (k=10)" column).
 
-The paper reports a KNN error "on the averaged-pooled features from the second convolutional
-block" of NIN on CIFAR-10. Its text gives no more, but the same lab's published AETv1 code does
-(GitHub maple-research-lab/AET, folder ``cifar/v16_projective_uniform/``, files
-``extract_feat_pooling.py`` and ``knn.py`` / ``knn3.py`` ... ``knn20.py``; read there, not copied).
-Its protocol, the DEFAULT here (``AUTHORS``):
+The paper's "averaged-pooled features from the second convolutional block" of NIN, as the same
+lab's published AETv1 code computes them (maple-research-lab/AET, ``cifar/v16_projective_uniform/``
+``extract_feat_pooling.py`` and ``knn*.py``; read there, not copied), the DEFAULT (``AUTHORS``):
 
-* Features: the block-2 map of the encoder in inference mode, ``(B, 8, 8, 192)``, average-pooled
-  with a 2x2 window and stride 2 (PyTorch ``avg_pool2d(kernel_size=2)``: no padding, odd sides
-  floored) to ``(B, 4, 4, 192)`` and flattened channel-major like a PyTorch ``(B, 192, 4, 4)``
-  tensor: **3,072 values** per image (``pool="avg2x2"``). Images normalised with the dataset's
-  constants, no augmentation.
-* Metric: **Euclidean** distance (scikit-learn ``KNeighborsClassifier``'s default Minkowski p=2),
-  computed in float64 as scikit-learn does for float32 features.
-* Vote: ``weights='uniform'``, a plain majority over the ``k = 10`` nearest training images; among
-  classes with equal votes the SMALLEST label wins (scikit-learn's mode; ``ties="smallest_label"``).
-* Sets: the 50,000 training images against the 10,000 test images.
+* Features: block 2 in inference mode, ``(B, 8, 8, 192)``, average-pooled 2x2 with stride 2
+  (PyTorch ``avg_pool2d(kernel_size=2)``: no padding, odd sides floored) and flattened
+  channel-major like ``(B, 192, 4, 4)``: **3,072 values** (``pool="avg2x2"``); images
+  normalised with the dataset's constants, not augmented.
+* Metric: **Euclidean** (scikit-learn's default), in float64 as scikit-learn computes it.
+* Vote: uniform over the ``k = 10`` nearest; among tied classes the SMALLEST label
+  (``ties="smallest_label"``). Sets: 50,000 training images against 10,000 test images.
 
-The protocol this project used before (``GAP_COSINE``), kept as an option: global average pooling
-to ``(B, 192)`` (``pool="global"``), cosine similarity, and among tied classes the class of the
-nearest neighbour (``ties="nearest"``). Its numbers are not comparable with the paper's.
+``GAP_COSINE``, this project's earlier protocol, is an option (global average pooling,
+``pool="global"``; cosine; ``ties="nearest"``); its numbers are not comparable with the paper's.
 
-Tie rules (deterministic, implemented exactly; `knn_classify`):
-
-1. Neighbours with EQUAL similarity are ranked by training index, the lower index first (what
-   ``tf.math.top_k`` documents; scikit-learn leaves this order unspecified).
-2. Classes with EQUAL vote counts: ``"smallest_label"``, the smallest class index (scikit-learn);
-   or ``"nearest"``, the class whose best-ranked neighbour comes first, implemented as the integer
-   score ``votes * (k + 1) + (k - first_rank)`` (one extra vote, worth ``k + 1``, always beats any
-   rank bonus, at most ``k``; two classes never share a first rank, so the arg-max is unique).
-
-Similarities are computed with batched matrix products, one chunk of queries at a time
-(``query_batch_size`` x ``num_train`` similarities in memory): 50k x 10k x 3,072 in float64 takes
-about a minute on two cores.
-
-One implementation for every Keras backend: the rule is NumPy; features come from a Keras model
-or a feature function, through ``predict`` (`pooled_features`: uint8 images) or over batches of
-any iterable (`extract_features`: e.g. a tf.data pipeline, traced by ``tf.function`` under
-TensorFlow).
+Tie rules (deterministic; `knn_classify`): neighbours of EQUAL similarity rank by training index
+(as ``tf.math.top_k``); classes with EQUAL votes: ``"smallest_label"``, or ``"nearest"``, the
+class whose best-ranked neighbour comes first (the integer score ``votes * (k + 1) + (k -
+first_rank)``: a unique maximum). Similarities are batched matrix products, one chunk of queries
+at a time (50k x 10k x 3,072 in float64: about a minute on two cores). The rule is NumPy, on
+every backend; features come through ``predict`` (`pooled_features`) or over batches of any
+iterable (`extract_features`, traced by ``tf.function`` under TensorFlow).
 """
 
 from __future__ import annotations
@@ -60,16 +44,6 @@ AUTHORS = dict(pool="avg2x2", metric="euclidean", ties="smallest_label", k=10)
 GAP_COSINE = dict(pool="global", metric="cosine", ties="nearest", k=10)
 
 
-def _output_names(encoder) -> list[str] | None:
-    """The names of a functional encoder's dict outputs (``build_nin``: block1..block4), else
-    None (one output, or not known before a call)."""
-    try:
-        outputs = encoder.output
-    except (AttributeError, ValueError):
-        return None
-    return sorted(outputs) if isinstance(outputs, dict) else None
-
-
 def _input_hw(encoder) -> tuple | None:
     """``(H, W)`` of a functional encoder's input (None entries: any size), else None."""
     try:
@@ -87,20 +61,13 @@ def _functional(encoder: Callable) -> bool:
 
 
 def make_feature_fn(encoder: Callable, feature: str | int | None = None) -> Callable:
-    """A feature function ``images (B, H, W, 3) -> feature map`` from a Keras encoder.
-
-    A functional or Sequential encoder (any Keras backbone) follows `models.features`: a dict
-    key, an output's layer name or index, any layer's name (the encoder cut there); ``None``
-    is the PROBE feature, as `models.image_models.feature_extractor`'s (`models.features.
-    classifier_feature`: "block2" for NIN, "conv5" for AlexNet, else the only output of a
-    single-output encoder; not the pretext models' "block4"); an unknown feature is a
-    ValueError listing the outputs. Other callables (a restored SavedModel's signature):
-
-    Calls ``encoder(images, training=False)`` (BatchNorm in inference mode) and, when the encoder
-    returns a dict (``build_nin`` -> ``{"block1".."block4"}``), picks ``feature`` from it. An
-    unknown ``feature`` is a ValueError that lists the available names (here when the encoder is
-    functional, else at the first call).
-    """
+    """A feature function ``images (B, H, W, 3) -> feature map`` of ``encoder`` in inference
+    mode. A functional or Sequential encoder follows `models.features`: a dict key, an output's
+    layer name or index, any layer's name (cut there); ``None``: the PROBE feature
+    (`models.features.classifier_feature`: NIN "block2", AlexNet "conv5", else the only output);
+    an unknown one is a ValueError listing the outputs. Another callable (a SavedModel's
+    signature) is called with ``training=False`` and ``feature`` picked from its dict output
+    (checked at the first call)."""
     if _functional(encoder):  # any Keras backbone: the one rule of `models.features`
         from aetv2_tf.models.features import (
             classifier_feature,
@@ -114,9 +81,6 @@ def make_feature_fn(encoder: Callable, feature: str | int | None = None) -> Call
             return lambda images: select_output(encoder, encoder(images, training=False), feature)
         cut = cut_encoder(encoder, feature)
         return lambda images: cut(images, training=False)
-    names = _output_names(encoder)
-    if names is not None and feature is not None:
-        check_feature(feature, names)
 
     def feature_fn(images):
         outputs = encoder(images, training=False)
@@ -132,22 +96,12 @@ def make_feature_fn(encoder: Callable, feature: str | int | None = None) -> Call
 def extract_features(
     feature_fn: Callable, dataset: Iterable, pool: bool | str = "avg2x2"
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Run ``feature_fn`` over a batched dataset and collect features and labels.
-
-    Args:
-      feature_fn: maps an image batch ``(B, H, W, 3)`` to a feature map ``(B, h, w, C)`` or to
-        flat features ``(B, D)``; under TensorFlow it is wrapped in a ``tf.function`` (traced once
-        per batch shape).
-      dataset: iterable of ``(images, labels)`` batches, e.g. a ``tf.data.Dataset``: images
-        ``(B, H, W, 3)`` NHWC of any dtype ``feature_fn`` takes (uint8, or preprocessed floats;
-        NCHW is refused), labels ``(B,)`` class indices (one-hot is refused, `input_checks`).
-      pool: how rank-4 feature maps become vectors (`pool_feature_map`): ``"avg2x2"`` (the
-        authors' KNN), ``"global"`` (also ``True``) or ``"flatten"`` (also ``False``).
-
-    Returns:
-      ``features`` float32 ``(N, D)`` and ``labels`` ``(N,)`` (dtype of the dataset's labels),
-      in dataset order.
-    """
+    """``(features float32 (N, D), labels (N,))`` of ``feature_fn`` (``(B, H, W, 3)`` -> a map
+    ``(B, h, w, C)`` or ``(B, D)``; a ``tf.function`` under TensorFlow) over ``dataset``, an
+    iterable of ``(images (B, H, W, 3) NHWC of any dtype feature_fn takes, labels (B,) class
+    indices)`` batches (NCHW and one-hot refused, `input_checks`), in its order. ``pool``
+    (`pool_feature_map`): ``"avg2x2"`` (the authors'), ``"global"`` (``True``), ``"flatten"``
+    (``False``)."""
     ops = keras.ops
     pool = {True: "global", False: "flatten"}.get(pool, pool)
     if pool not in POOLS:
@@ -226,41 +180,34 @@ def _top_k(sim: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
-def knn_classify(
-    train_features,
-    train_labels,
-    query_features,
-    k: int = 10,
-    metric: str = "euclidean",
-    num_classes: int | None = None,
-    query_batch_size: int = 256,
-    ties: str = "smallest_label",
-) -> np.ndarray:
-    """Majority-vote KNN classification with the deterministic tie rules of the module docstring.
-
-    Args:
-      train_features: ``(N, D)`` array-like, the labelled reference set.
-      train_labels: ``(N,)`` integer labels in ``[0, num_classes)`` (``(N, 1)`` is taken;
-        one-hot ``(N, C)`` is refused with the fix ``labels.argmax(-1)``,
-      `input_checks.check_labels`). query_features: ``(Q, D)`` array-like.
-      k: number of neighbours, ``1 <= k <= N``.
-      metric: ``"euclidean"`` (default, the authors'; similarity ``-||a - b||^2`` computed in
-        float64) or ``"cosine"`` (similarity of L2-normalised vectors, float32).
-      num_classes: number of classes; defaults to ``max(train_labels) + 1``.
-      query_batch_size: queries per matrix product; memory is about ``16 * query_batch_size * N``
-        bytes (the similarities and the partition's indices).
-      ties: among classes with equal votes, ``"smallest_label"`` (default, scikit-learn's) or
-        ``"nearest"`` (the class of the best-ranked neighbour among them).
-
-    Returns:
-      ``(Q,)`` int64 numpy array of predicted classes.
-    """
+def knn_classify(train_features, train_labels, query_features, k: int = 10,
+                 metric: str = "euclidean", num_classes: int | None = None,
+                 query_batch_size: int = 256, ties: str = "smallest_label") -> np.ndarray:
+    """``(Q,)`` int64 classes of ``query_features (Q, D)`` by the majority vote of their ``k``
+    (``1 <= k <= N``) nearest ``train_features (N, D)``, with the tie rules of the module
+    docstring. ``train_labels``: ``(N,)`` integers in ``[0, num_classes)`` (default ``max +
+    1``; ``(N, 1)`` taken, one-hot refused with the fix, `input_checks.check_labels`).
+    ``metric``: ``"euclidean"`` (the authors'; similarity ``-||a - b||^2`` in float64) or
+    ``"cosine"`` (L2-normalised, float32). ``query_batch_size``: queries per matrix product
+    (memory about ``16 * query_batch_size * N`` bytes). ``ties``: ``"smallest_label"``
+    (scikit-learn's) or ``"nearest"``."""
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
     if ties not in TIES:
         raise ValueError(f"ties must be one of {TIES}, got {ties!r}")
-    euclidean = metric == "euclidean"
-    # float32 features; Euclidean distances in float64 (scikit-learn upcasts float32 likewise).
+    train, queries = _checked_features(train_features, query_features, metric == "euclidean")
+    labels, num_classes = _checked_labels(train_labels, len(train), k, num_classes)
+    predictions = [_vote(chunk, train, labels, k, num_classes, metric == "euclidean", ties)
+                   for chunk in np.split(queries, range(query_batch_size, len(queries),
+                                                        query_batch_size))]
+    return np.concatenate(predictions).astype(np.int64) if len(queries) else np.zeros(0, np.int64)
+
+
+def _checked_features(train_features, query_features,
+                      euclidean: bool) -> tuple[np.ndarray, np.ndarray]:
+    """``(N, D)``, ``(Q, D)`` features of `knn_classify`: float64 for Euclidean distances
+    (scikit-learn upcasts float32 likewise), else float32 L2-normalised; rows with NaN or inf
+    refused (UsageError)."""
     dtype = np.float64 if euclidean else np.float32
     train = np.asarray(np.asarray(train_features, np.float32), dtype)
     queries = np.asarray(np.asarray(query_features, np.float32), dtype)
@@ -273,45 +220,46 @@ def knn_classify(
                              "values, which have no neighbours (the accuracy would be a number "
                              "without meaning); the encoder diverged or was given bad images: "
                              "check them, or drop those rows")
-    labels = check_labels(train_labels, train.shape[0], name="train_labels",
-                          what="training features")
-    if not 1 <= k <= train.shape[0]:
-        raise ValueError(f"k={k} must be in [1, {train.shape[0]}]")
+    if euclidean:
+        return train, queries
+    return _l2_normalise(train), _l2_normalise(queries)
+
+
+def _checked_labels(train_labels, n: int, k: int,
+                    num_classes: int | None) -> tuple[np.ndarray, int]:
+    """`knn_classify`'s ``(N,)`` labels, checked with ``k`` against ``n`` training features,
+    and the number of classes (``max + 1`` when None)."""
+    labels = check_labels(train_labels, n, name="train_labels", what="training features")
+    if not 1 <= k <= n:
+        raise ValueError(f"k={k} must be in [1, {n}]")
     if labels.size and labels.min() < 0:
         raise ValueError("labels must be non-negative")
     if num_classes is None:
-        num_classes = int(labels.max()) + 1
-    elif labels.max() >= num_classes:
+        return labels, int(labels.max()) + 1
+    if labels.max() >= num_classes:
         raise ValueError(f"label {labels.max()} >= num_classes={num_classes}")
-    if not euclidean:
-        train, queries = _l2_normalise(train), _l2_normalise(queries)
-    train_sq = np.sum(np.square(train), axis=1)
-    rank_bonus = np.arange(k, 0, -1, dtype=np.int64)  # k - rank
-    predictions = []
-    for start in range(0, queries.shape[0], query_batch_size):
-        chunk = queries[start:start + query_batch_size]
-        sim = chunk @ train.T  # (Q, N)
-        if euclidean:  # -||a - b||^2 = 2 a.b - |a|^2 - |b|^2
-            sim = 2.0 * sim - np.sum(np.square(chunk), axis=1, keepdims=True) - train_sq[None]
-        one_hot = np.eye(num_classes, dtype=np.int64)[labels[_top_k(sim, k)]]  # (Q, k, C)
-        votes = one_hot.sum(axis=1)
-        if ties == "nearest":  # votes * (k + 1) + (k - first_rank): a unique maximum
-            votes = votes * (k + 1) + (one_hot * rank_bonus[None, :, None]).max(axis=1)
-        predictions.append(np.argmax(votes, axis=1))  # the first maximum: the smallest label
-    return np.concatenate(predictions).astype(np.int64) if predictions else np.zeros(0, np.int64)
+    return labels, num_classes
 
 
-def knn_accuracy(
-    train_features,
-    train_labels,
-    query_features,
-    query_labels,
-    k: int = 10,
-    metric: str = "euclidean",
-    num_classes: int | None = None,
-    query_batch_size: int = 256,
-    ties: str = "smallest_label",
-) -> float:
+def _vote(chunk: np.ndarray, train: np.ndarray, labels: np.ndarray, k: int, num_classes: int,
+          euclidean: bool, ties: str) -> np.ndarray:
+    """The ``(Q,)`` classes of one chunk of queries ``(Q, D)`` by the vote of their ``k``
+    nearest ``train`` features (the tie rules of the module docstring)."""
+    sim = chunk @ train.T  # (Q, N)
+    if euclidean:  # -||a - b||^2 = 2 a.b - |a|^2 - |b|^2
+        sim = 2.0 * sim - np.sum(np.square(chunk), axis=1, keepdims=True) \
+            - np.sum(np.square(train), axis=1)[None]
+    one_hot = np.eye(num_classes, dtype=np.int64)[labels[_top_k(sim, k)]]  # (Q, k, C)
+    votes = one_hot.sum(axis=1)
+    if ties == "nearest":  # votes * (k + 1) + (k - first_rank): a unique maximum
+        rank_bonus = np.arange(k, 0, -1, dtype=np.int64)  # k - rank
+        votes = votes * (k + 1) + (one_hot * rank_bonus[None, :, None]).max(axis=1)
+    return np.argmax(votes, axis=1)  # the first maximum: the smallest label
+
+
+def knn_accuracy(train_features, train_labels, query_features, query_labels, k: int = 10,
+                 metric: str = "euclidean", num_classes: int | None = None,
+                 query_batch_size: int = 256, ties: str = "smallest_label") -> float:
     """Top-1 accuracy in PERCENT of `knn_classify` on labelled queries ``(Q, D)``, ``(Q,)``
     (labels as `knn_classify`'s: class indices, one-hot refused)."""
     query_labels = check_labels(query_labels, len(query_features), name="query_labels",

@@ -1,13 +1,10 @@
 """The quick KNN that ends a pretraining run: how good is the encoder, next to a random init.
 
-The full KNN probe (`--stage=probe --probe=knn`, 50,000 vs 10,000 images) takes minutes on a CPU;
-this one scores a fixed subset, the FIRST `train_examples` training images as the gallery and the
-first `test_examples` test images as queries, with the same rule (the published AETv1 code's KNN,
-`probes.knn.AUTHORS`: k = 10 Euclidean neighbours of the 2x2-pooled block-2 map, 3,072 values;
-cheap at this size), for the trained encoder and for a random-init encoder of the same
-architecture and seed. Both numbers use the same images, so their difference is what the
-pretraining bought; they are not comparable to the paper's full-test-set numbers.
-Any Keras backend: features through `predict`, the KNN rule of `probes.knn`.
+The full KNN probe (50,000 vs 10,000 images) takes minutes on a CPU; this one scores the FIRST
+``train_examples`` training images against the first ``test_examples`` test images with the same
+rule (`probes.knn.AUTHORS`), for the trained encoder and a random-init one of the same
+architecture and seed: their difference is what the pretraining bought (not comparable to the
+paper's full-test-set numbers). Any Keras backend.
 """
 
 from __future__ import annotations
@@ -18,21 +15,11 @@ import keras
 import numpy as np
 
 
-def quick_knn(
-    encoder: keras.Model,
-    random_encoder: keras.Model,
-    train: tuple[np.ndarray, np.ndarray],
-    test: tuple[np.ndarray, np.ndarray],
-    feature: str,
-    mean,
-    std,
-    k: int = 10,
-    batch_size: int = 256,
-) -> dict[str, float]:
-    """KNN top-1 (%) of `encoder` and `random_encoder` on `(images uint8 (N, S, S, 3), labels)`.
-
-    Returns ``{"knn_top1": .., "random_knn_top1": .., "knn_gain": .., "knn_seconds": ..}``.
-    """
+def quick_knn(encoder: keras.Model, random_encoder: keras.Model,
+              train: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray],
+              feature: str, mean, std, k: int = 10, batch_size: int = 256) -> dict[str, float]:
+    """KNN top-1 (%) of `encoder` and `random_encoder` on `(images uint8 (N, S, S, 3), labels)`:
+    ``{"knn_top1", "random_knn_top1", "knn_gain", "knn_seconds"}``."""
     from aetv2_tf.probes.knn import AUTHORS, knn_accuracy, pooled_features
 
     start = time.perf_counter()

@@ -41,24 +41,9 @@ from aetv2_tf.files.safe_paths import read_json, write_atomically
 RESULTS_FILENAME = "results.json"
 RESULTS_FIX = f"pass the {RESULTS_FILENAME} a probe wrote, or remove this one"
 
-REQUIRED_KEYS = (
-    "probe",
-    "feature",
-    "pretrained",
-    "dataset",
-    "train_examples",
-    "val_examples",
-    "test_examples",
-    "selected_epoch",
-    "val_top1",
-    "test_top1",
-    "test_error",
-    "wall_time_s",
-    "flags",
-    "created",
-    "version",
-)
-
+REQUIRED_KEYS = ("probe", "feature", "pretrained", "dataset", "train_examples", "val_examples",
+                 "test_examples", "selected_epoch", "val_top1", "test_top1", "test_error",
+                 "wall_time_s", "flags", "created", "version")
 
 PERCENT_KEYS = ("val_top1", "test_top1", "test_error")
 COUNT_KEYS = ("train_examples", "val_examples", "test_examples", "selected_epoch")
@@ -74,22 +59,10 @@ class ResultsError(ValueError):
     type or range, or numbers that contradict each other."""
 
 
-def _package_version() -> str:
-    try:
-        from aetv2_tf import __version__
-    except ImportError:  # pragma: no cover
-        return "unknown"
-    return __version__
-
-
 def validate_results(results: dict[str, Any], source: str = "results") -> dict[str, Any]:
-    """Check that every key of `REQUIRED_KEYS` is present, ``flags`` is a dict, every value has
-    its type and range (`_check_values`) and the numbers agree (`_check_consistency`).
-
-    Raises:
-      ResultsError: naming ``source``, the first missing key (and listing all missing ones) or
-      the value and what was expected.
-    """
+    """``results``, checked: every key of `REQUIRED_KEYS`, ``flags`` a dict, values of their
+    type and range (`_check_values`), numbers that agree (`_check_consistency`); else a
+    `ResultsError` naming ``source`` and the first problem."""
     if not isinstance(results, dict):
         raise ResultsError(f"{source}: expected a JSON object, got {type(results).__name__}")
     missing = [key for key in REQUIRED_KEYS if key not in results]
@@ -167,24 +140,20 @@ def _check_consistency(results: dict[str, Any], source: str) -> None:
 
 
 def nonfinite_values(results: dict[str, Any]) -> list[str]:
-    """The keys of the percentages and wall time that are NaN or infinite (a probe that
-    diverged: an outcome to show, not a broken file)."""
+    """The percentages and wall time that are NaN or infinite (a diverged probe, shown)."""
     return [key for key in (*PERCENT_KEYS, "wall_time_s")
             if _is_number(results[key]) and not math.isfinite(results[key])]
 
 
 def write_results(directory: str | os.PathLike, results: dict[str, Any]) -> str:
-    """Atomically write ``directory/results.json``; returns its path.
-
-    ``created`` (UTC ISO timestamp) and ``version`` are filled in when absent; every other key of
-    `REQUIRED_KEYS` must be present. Written by `safe_paths.write_atomically`: readers never
-    see a partial file, a symbolic link at ``results.json`` is refused, not replaced.
-    """
+    """Writes ``directory/results.json`` (`safe_paths.write_atomically`: never partial, never
+    through a link), ``created`` (UTC) and ``version`` filled in when absent; returns its path."""
     record = dict(results)
     record.setdefault(
-        "created", datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    )
-    record.setdefault("version", _package_version())
+        "created", datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    from aetv2_tf import __version__
+
+    record.setdefault("version", __version__)
     validate_results(record, source=f"write_results({os.fspath(directory)})")
     text = json.dumps(record, indent=2, sort_keys=True, default=_json_default) + "\n"
 
@@ -193,8 +162,8 @@ def write_results(directory: str | os.PathLike, results: dict[str, Any]) -> str:
 
 
 def read_results(path: str | os.PathLike) -> dict[str, Any]:
-    """Load and validate one ``results.json`` (raises `ResultsError` with the path on problems:
-    not a regular file, not UTF-8, not JSON or nested too deeply, `validate_results`)."""
+    """One ``results.json``, validated (`ResultsError` with the path: not a regular file, not
+    UTF-8 JSON, nested too deeply, `validate_results`)."""
     path = os.fspath(path)
     try:
         results = read_json(path, RESULTS_FIX)

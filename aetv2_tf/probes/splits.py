@@ -1,25 +1,19 @@
 """The probe stages' data: training, validation and test splits of every source.
 
-Model selection never sees the test set: the validation images are held out of the TRAINING set,
-and the test set is the dataset's labelled evaluation split.
+The validation images are held out of the TRAINING set (model selection never sees the test
+set, the dataset's labelled evaluation split):
 
-* ``cifar10``: the training pool is the first ``--train_examples`` of ``train``; the validation
-  images are a seeded random subset of it (`split_train_val`); the test set is ``test``.
-* ``imagenet2012``, ``places365_small`` (tensorflow-datasets): the pool is the first N of
-  ``train``, the validation images its first ``--val_examples`` (tfds stores the examples in a
-  shuffled order), the test set ``validation``; all three are tfds slices.
-* ``folder``: ``ROOT/train/<class>/*`` in a seeded random order (the pool is its first N),
-  a seeded random validation subset of it (`split_train_val` on the paths); the test set is
+* ``cifar10``: the pool is the first ``--train_examples`` of ``train``, the validation images a
+  seeded random subset of it (`split_train_val`), the test set ``test``;
+* ``imagenet2012``, ``places365_small`` (tensorflow-datasets slices): the first N of ``train``,
+  its first ``--val_examples`` (tfds stores them shuffled), the test set ``validation``;
+* ``folder``: ``ROOT/train/<class>/*`` in a seeded order, a seeded validation subset, the test set
   ``ROOT/val/<class>/*``.
 
-``--test_examples`` keeps the first N test images (seeded shuffle for folders, whose listing is
-sorted by class). A KNN passes ``val_examples=0``: it fits the whole training pool.
-
-The splits are made on indices, paths or tfds slices, before any image is decoded: a validation
-pass reads only the validation images. CIFAR-10 is numpy ``(N, 32, 32, 3)`` uint8 + labels; the
-other sources are ``tf.data.Dataset`` s of ``(image uint8 (h, w, 3), label int64)`` that
-`aetv2_tf.data.pipelines.classification_dataset` resizes and crops (224 protocol); TensorFlow is
-imported only for them, so CIFAR-10 loads on every Keras backend.
+``--test_examples`` keeps the first N test images (seeded shuffle for folders). A KNN passes
+``val_examples=0``. Splits are made on indices, paths or slices before any image is decoded.
+CIFAR-10 is numpy ``(N, 32, 32, 3)`` uint8 + labels (every backend); the other sources are
+``tf.data.Dataset`` s of ``(image uint8 (h, w, 3), label int64)``.
 """
 
 from __future__ import annotations
@@ -59,22 +53,12 @@ def _check_val(val_examples: int, pool: int, dataset: str) -> None:
                          "--train_examples).")
 
 
-def load_probe_data(
-    dataset: str,
-    data_dir: str | None,
-    *,
-    val_examples: int,
-    train_examples: int = 0,
-    test_examples: int = 0,
-    seed: int = 0,
-    download: bool = False,
-) -> ProbeData:
-    """The train / validation / test splits of ``dataset`` (table in the module docstring).
-
-    Raises:
-      DataError: the data is missing (with how to prepare it).
-      UsageError: ``val_examples`` does not fit in the training pool.
-    """
+def load_probe_data(dataset: str, data_dir: str | None, *, val_examples: int,
+                    train_examples: int = 0, test_examples: int = 0, seed: int = 0,
+                    download: bool = False) -> ProbeData:
+    """The train / validation / test splits of ``dataset`` (module docstring); DataError when
+    the data is missing (with how to prepare it), UsageError when ``val_examples`` leaves no
+    training image."""
     data_dir = None if data_dir is None else os.path.expanduser(data_dir)
     if dataset == "folder":
         return _folder(data_dir, val_examples, train_examples, test_examples, seed)
@@ -155,13 +139,9 @@ def _folder(root: str | None, val_examples: int, train_examples: int, test_examp
 
 def decode_folder(paths: np.ndarray, labels: np.ndarray,
                   shuffle_seed: int | None = None) -> Any:
-    """Files -> a dataset of (image uint8 (h, w, 3), label int64), decoded lazily.
-
-    With ``shuffle_seed`` the whole path list is reshuffled every epoch (seeded) before decoding:
-    the folder listing is sorted by class, which the pipeline's bounded shuffle buffer could not
-    mix. That buffer holds 1,024 crops (224 x 224 float32: 0.6 GB), not decoded images (1,024
-    12-megapixel photos would take 37 GB): `aetv2_tf.data.pipelines` crops before it shuffles.
-    """
+    """Files -> a dataset of (image uint8 (h, w, 3), label int64), decoded lazily; with
+    ``shuffle_seed`` the whole (class-sorted) path list reshuffled every epoch before decoding,
+    which the pipeline's bounded shuffle buffer of crops could not do."""
     import tensorflow as tf
 
     ds = tf.data.Dataset.from_tensor_slices((paths, labels.astype(np.int64)))

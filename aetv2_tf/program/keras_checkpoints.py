@@ -12,6 +12,7 @@ resumed. The files themselves are the library's (`aetv2_tf.files.saving`, re-exp
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import keras
 from absl import logging
@@ -94,17 +95,18 @@ def _say(message: str, log) -> None:
 
 class KerasCheckpoints(CheckpointStore):
     """`ckpt-<step>.weights.h5` files in `directory`, written atomically; the `keep` newest are
-    kept."""
+    kept; `attributes()`: more root attributes of each file, beside its `STEP`."""
 
-    def __init__(self, directory: str, keep: int):
-        self.directory, self.keep = directory, keep
+    def __init__(self, directory: str, keep: int, attributes: Callable[[], dict] = dict):
+        self.directory, self.keep, self.attributes = directory, keep, attributes
 
     def latest_step(self) -> int | None:
         found = list_checkpoints(self.directory)
         return found[-1][0] if found else None
 
     def save(self, model: keras.Model, step: int) -> str:
-        path = save_atomically(lambda tmp: save_weights_file(model, tmp, {STEP: step}),
+        attributes = {**self.attributes(), STEP: step}
+        path = save_atomically(lambda tmp: save_weights_file(model, tmp, attributes),
                                os.path.join(self.directory, f"ckpt-{step}.weights.h5"))
         for _, old in list_checkpoints(self.directory)[:-self.keep]:
             _remove(old, old + CHECKSUM)

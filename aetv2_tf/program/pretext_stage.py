@@ -37,7 +37,7 @@ from aetv2_tf.program.keras_checkpoints import (
 )
 from aetv2_tf.program.pretext_data import PretextData, read
 from aetv2_tf.program.run_control import Outcome, RunControl, StageResult
-from aetv2_tf.program.signal_stop import SignalStop
+from aetv2_tf.program.signal_stop import SignalStop, interrupting
 
 if TYPE_CHECKING:
     from aetv2_tf.program.backend import Backend
@@ -182,8 +182,11 @@ def export(backend: Backend, encoder: keras.Model, model: keras.Model) -> tuple[
     """``backend.export`` and whether it failed (the program exits 4), its failure turned into
     summary entries: the training is done and its encoder written, so only the export is to
     redo."""
+    encoder_file = os.path.join(backend.config.outputs.model_dir, ENCODER_WEIGHTS)
     try:
-        out = backend.export(encoder, model)
+        with interrupting(f"during the export: nothing of it was kept; the training is finished "
+                          f"(its encoder: {encoder_file}); rerun the same command to export it"):
+            out = backend.export(encoder, model)
     except Exception as e:  # noqa: BLE001 - any failure of the export, reported, not raised
         logging.error("SavedModel export failed: %s: %s", type(e).__name__, e)
         out = {"export": f"FAILED ({type(e).__name__})"}

@@ -1,36 +1,22 @@
 """``--stage=probe`` and ``--stage=supervised`` of ``python -m aetv2_tf.train``.
 
-* ``--stage=probe --probe=knn``: a k-nearest-neighbour classifier (``--knn_k``, ``--knn_metric``,
-  ``--knn_pool``, ``--knn_ties``; by default the published AETv1 code's: 2x2-pooled block 2,
-  Euclidean, scikit-learn's vote) on the frozen ``--feature`` of ``--pretrained``: features of
-  the whole training pool and of the test set are extracted once (no augmentation), then every
-  test image is classified (`aetv2_tf.probes.knn`). There is nothing to select, so no
-  validation split.
-* ``--stage=probe --probe=fc1|fc2|fc3|conv|linear|nonlinear``: a head (`aetv2_tf.models.heads`)
-  trained on the frozen feature for ``--epochs`` with ``--optimizer`` (SGD Nesterov in the
-  configs), ``--learning_rate``, ``--momentum``, ``--weight_decay`` (PyTorch-style coupled L2) and
-  ``--lr_schedule`` (``step``: x``--lr_drop_factor`` at ``--lr_drop_epochs``, by default x0.2 at
-  30/60/80% of the epochs; or ``constant``). The epoch with
-  the best accuracy on ``--val_examples`` images held out of the training set is kept; the test
-  set is evaluated once, at the end (`aetv2_tf.probes.classifier.train_probe`).
-* ``--stage=supervised``: the fully supervised lower bound: NIN blocks 1..2 (up to ``--feature``)
-  and the ``--probe`` head (conv: a third NIN block, GAP, Dense), all trained from scratch with the
-  labels, with the schedule and selection of the probes.
+* ``--probe=knn``: a KNN (`aetv2_tf.probes.knn`; ``--knn_*``, by default the AETv1 code's) on
+  the frozen ``--feature`` of ``--pretrained``, whole training pool against the test set, no
+  augmentation, no validation split.
+* ``--probe=fc1|fc2|fc3|conv|linear|nonlinear``: a head (`aetv2_tf.models.heads`) trained on
+  the frozen feature for ``--epochs`` (the optimizer flags; ``--lr_schedule`` ``step`` or
+  ``constant``), the epoch best on ``--val_examples`` held-out training images kept, the test
+  set evaluated once (`aetv2_tf.probes.classifier.train_probe`); each epoch checkpointed and a
+  rerun going on from the newest (`probe_epochs.EpochCheckpoints`).
+* ``--stage=supervised``: NIN blocks 1..``--feature`` and the ``--probe`` head trained from
+  scratch, with the probes' schedule and selection.
 
-One stage for every Keras backend; the backend's part is the input adapter (`Inputs`): under
-TensorFlow the tf.data pipelines (`data.pipelines.classification_dataset`: crops, flips and
-normalisation in tf.data; every dataset, and the tf.data sources on other backends where
-TensorFlow is importable), elsewhere the NumPy batches of CIFAR-10
-(`data.stream.LabelledBatches`) with the crops, flips and normalisation on the device
-(`data.preprocessing_layers.ClassifierInputs`, the first layer of the trained model). A KNN reads
-arrays through ``predict`` (`probes.knn.pooled_features`) and streams or SavedModels through the
-feature function (`probes.knn.extract_features`).
-
-Output, in ``--model_dir``: ``results.json`` (`aetv2_tf.probes.results`; the method label comes
-from ``--method``, else from the pretrained run's flags), ``epochs.csv`` (heads) and, where
-TensorFlow is importable, TensorBoard scalars (``train/``, ``validation/``, ``test/``),
-``best.weights.h5`` of the selected epoch (heads); the returned summary is printed on one line by
-``train.main``.
+One stage for every Keras backend; the backend's part is the input adapter (`Inputs`: tf.data
+under TensorFlow and for tf.data sources, else `data.stream.LabelledBatches` with the
+augmentation on the device, `data.preprocessing_layers.ClassifierInputs`). Output in
+``--model_dir``: ``results.json`` (`aetv2_tf.probes.results`), ``epochs.csv``,
+``best.weights.h5`` and ``checkpoints/`` (heads), TensorBoard scalars where TensorFlow is
+importable; the summary is printed on one line by ``train.main``.
 """
 
 from __future__ import annotations
@@ -59,25 +45,26 @@ from aetv2_tf.probes.knn import extract_features, knn_accuracy, make_feature_fn,
 from aetv2_tf.probes.results import write_results
 from aetv2_tf.probes.splits import ProbeData, load_probe_data
 from aetv2_tf.program.config import RunConfig
+from aetv2_tf.program.probe_epochs import EpochCheckpoints
 from aetv2_tf.program.run_lock import refuse_training
 
 PROBE_LR_SCHEDULES = ("step", "constant")
 
 
 class Inputs(NamedTuple):
-    """The backend's input adapter: ``batches(images, labels, training)`` -> what ``fit`` takes,
-    and ``preprocess()`` -> the first layer of a trained model (a new one each call), or None
-    when the batches come normalised."""
+    """The backend's input adapter: ``batches(images, labels, training, first_epoch=0)`` -> what
+    ``fit`` takes (training: from epoch ``first_epoch`` (0-based) on, as the epochs before
+    left it: CIFAR-10's arrays exactly), and ``preprocess()`` -> the first layer of a trained
+    model (a new one each call), or None when the batches come normalised."""
 
-    batches: Callable[[Any, Any, bool], Any]
+    batches: Callable[..., Any]
     preprocess: Callable[[], keras.layers.Layer | None]
 
 
 def backend_inputs(config: RunConfig, data: ProbeData, mean, std, image_size: int) -> Inputs:
-    """tf.data under TensorFlow, and for tf.data sources (tensorflow-datasets, image folders) on
-    every backend (Keras's ``fit`` takes a ``tf.data.Dataset`` everywhere; TensorFlow is then
-    importable, the flag-support table checked it); NumPy batches and on-device preprocessing
-    for CIFAR-10's arrays elsewhere."""
+    """tf.data under TensorFlow and for tf.data sources (tensorflow-datasets, image folders) on
+    every backend (TensorFlow is then importable: the flag-support table checked it); NumPy
+    batches and on-device preprocessing for CIFAR-10's arrays elsewhere."""
     batch, seed, augment = config.train.batch_size, config.train.seed, config.data.augment
     several = keras.distribution.distribution() is not None  # devices split every batch evenly
     if keras.backend.backend() == "tensorflow" or not isinstance(data.train, np.ndarray):
@@ -90,18 +77,27 @@ def backend_inputs(config: RunConfig, data: ProbeData, mean, std, image_size: in
                              "split every batch evenly: run it on one device (e.g. "
                              "CUDA_VISIBLE_DEVICES=0) or with KERAS_BACKEND=tensorflow.")
 
-        def tf_batches(images, labels, training: bool):
-            return classification_dataset(images, labels, batch, seed,
-                                          training=training, augment=augment,
-                                          image_size=image_size, mean=mean, std=std)
+        def tf_batches(images, labels, training: bool, first_epoch: int = 0):
+            import tensorflow as tf
+
+            endless = training and isinstance(images, np.ndarray)  # epochs by their index
+            ds = classification_dataset(
+                images, labels, batch, seed, training=training, augment=augment,
+                image_size=image_size, mean=mean, std=std, repeat=endless,
+                start_step=first_epoch * -(-len(images) // batch) if endless else 0)
+            return ds.apply(tf.data.experimental.assert_cardinality(
+                tf.data.INFINITE_CARDINALITY)) if endless else ds
 
         return Inputs(tf_batches, lambda: None)
     from aetv2_tf.data.preprocessing_layers import ClassifierInputs
     from aetv2_tf.data.stream import LabelledBatches
 
-    def array_batches(images, labels, training: bool):
-        return LabelledBatches(images, labels, batch, seed, shuffle=training,
-                               full_batches=several)
+    def array_batches(images, labels, training: bool, first_epoch: int = 0):
+        batches = LabelledBatches(images, labels, batch, seed, shuffle=training,
+                                  full_batches=several)
+        for _ in range(first_epoch):  # the order of epoch e: the e-th `on_epoch_begin`'s
+            batches.on_epoch_begin()
+        return batches
 
     return Inputs(array_batches, lambda: ClassifierInputs(seed, augment, mean, std,
                                                           name="inputs"))
@@ -147,9 +143,8 @@ def check_probe(config: RunConfig) -> None:
 
 
 def restore_preset(pretrained: str | None) -> None:
-    """``--pretrained`` that is a preset's run directory: its weights restored from the git
-    history if absent (`presets.resolve`); a name that is no preset and no path is refused,
-    listing the presets."""
+    """A preset's ``--pretrained`` run directory, its weights restored from the git history if
+    absent (`presets.resolve`); a name that is no preset and no path is refused."""
     from aetv2_tf.files import presets
 
     if not pretrained or pretrained.strip().lower() == "none":
@@ -161,9 +156,8 @@ def restore_preset(pretrained: str | None) -> None:
 
 
 def check_pretrained_is_not_model_dir(pretrained: str | None, model_dir: str | None) -> None:
-    """A probe writes its own run (flags, results, logs) into ``--model_dir``: refused when that
-    is the ``--pretrained`` run itself or holds it (its export), which the probe's records would
-    be mixed with, or which ``--overwrite`` would set aside under the probe's feet."""
+    """UsageError when ``--model_dir``, where the probe writes its own run, is the
+    ``--pretrained`` run or holds it (records mixed with it, or set aside by ``--overwrite``)."""
     if not pretrained or not model_dir or pretrained.strip().lower() == "none":
         return
     source = os.path.realpath(os.path.expanduser(pretrained))
@@ -176,11 +170,9 @@ def check_pretrained_is_not_model_dir(pretrained: str | None, model_dir: str | N
 
 
 def check_probe_labels(data: ProbeData, dataset: str) -> None:
-    """UsageError, before anything is written, when the probe's training labels hold fewer than
-    2 classes: a probe of one class scores the test set's share of that class, a number without
-    meaning. Arrays (CIFAR-10's batches, whose reader refuses a label outside 0..9) are counted
-    here; a folder data set of one class is refused the same way when it is listed, and a
-    tensorflow-datasets split holds its record's classes."""
+    """UsageError, before anything is written, when the training labels of arrays (CIFAR-10)
+    hold fewer than 2 classes (the top-1 would be the test set's share of that class; a folder
+    data set of one class is refused when it is listed)."""
     if data.train_labels is None:
         return
     classes = np.unique(np.asarray(data.train_labels))
@@ -238,12 +230,9 @@ def load(config: RunConfig) -> Loaded:
 
 def run(config: RunConfig, strategy: Any = None, chief: bool = True,
         loaded: Loaded | None = None) -> dict[str, Any]:
-    """Runs the probe or supervised stage; writes results.json; returns the summary.
-
-    ``strategy``: the tf.distribute strategy of the TensorFlow adapter (None elsewhere: the
-    Keras distribution, if any, is already set); ``chief``: this worker writes the outputs;
-    ``loaded``: what `load` read before the model_dir was prepared (read here when None).
-    """
+    """Runs the stage, writes results.json, returns the summary. ``strategy``: the TensorFlow
+    adapter's tf.distribute strategy (None elsewhere); ``chief``: this worker writes the
+    outputs; ``loaded``: what `load` read before the model_dir was prepared (None: read here)."""
     start = time.perf_counter()
     data, inputs, encoder, feature, (mean, std) = loaded or load(config)
     probe = config.probe
@@ -350,17 +339,35 @@ def probe_schedule(config: RunConfig) -> Callable[[int], float] | None:
 
 def fit_head(config: RunConfig, model: keras.Model, data: ProbeData, batches: Callable,
              chief: bool) -> dict:
-    """`train_probe` with the run's settings; returns the selection and test numbers."""
+    """`train_probe` with the run's settings, its epochs kept and resumed (`EpochCheckpoints`);
+    returns the selection and test numbers."""
     spec, model_dir = config.recipe.optimizer, config.outputs.model_dir
     optimizer = probe_optimizer(spec.name, spec.learning_rate, momentum=spec.momentum,
                                 weight_decay=spec.weight_decay)
-    outcome = train_probe(
-        model, batches(data.train, data.train_labels, True),
-        batches(data.val, data.val_labels, False), batches(data.test, data.test_labels, False),
-        epochs=config.train.epochs, optimizer=optimizer, lr_schedule=probe_schedule(config),
-        model_dir=model_dir if chief else None, log_dir=model_dir if chief else None,
-        verbose=config.outputs.verbose)
-    history = [round(float(v), 2) for v in outcome["val_top1_history"]]
-    return dict(selected_epoch=outcome["selected_epoch"], val_top1=outcome["val_top1"],
-                test_top1=outcome["test_top1"], epochs_run=outcome["epochs_run"],
-                val_top1_history=history)
+    epochs = EpochCheckpoints(os.path.join(model_dir, "checkpoints"), config.train.epochs, chief)
+    try:
+        history = epochs.resume(model, optimizer)
+        train = batches(data.train, data.train_labels, True, len(history))
+        endless = int(getattr(train, "cardinality", lambda: 0)()) == -1  # tf.data's INFINITE
+        outcome = train_probe(
+            model, train, batches(data.val, data.val_labels, False),
+            batches(data.test, data.test_labels, False), epochs=config.train.epochs,
+            optimizer=optimizer, lr_schedule=probe_schedule(config),
+            model_dir=model_dir if chief else None, log_dir=model_dir if chief else None,
+            callbacks=[epochs], verbose=config.outputs.verbose, history=history,
+            steps_per_epoch=-(-len(data.train) // config.train.batch_size) if endless else None)
+    finally:
+        epochs.signals.restore()
+    return {**{key: outcome[key] for key in ("selected_epoch", "val_top1", "test_top1",
+                                              "epochs_run")},
+            "val_top1_history": [round(float(v), 2) for v in outcome["val_top1_history"]]}
+
+
+def interrupted_where(config: RunConfig) -> str:
+    """Where a signal outside a head's epochs (`EpochCheckpoints`) stops the stage, and how to
+    go on (`signal_stop.interrupting`)."""
+    if config.stage == "probe" and config.probe.probe == "knn":
+        return ("during the knn probe: nothing of it was kept; rerun the same command to start "
+                "it again")
+    return (f"during the {config.probe.probe} {config.stage}, outside its epochs: the checkpoint "
+            "of its last finished epoch, if any, is kept; rerun the same command to go on")

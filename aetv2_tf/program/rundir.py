@@ -109,11 +109,11 @@ def _effective_flags(model_dir: str, saved: dict) -> dict:
 
 def _trajectory_changes(model_dir: str, saved: dict, run_flags: dict,
                         trajectory: tuple[str, ...]) -> tuple[int, dict]:
-    """`(step, {flag: (value until now, value asked)})` of a resumed pretraining run's
-    `trajectory` flags that differ from the run's (its first record and accepted changes);
-    `(step, {})` when nothing differs or nothing has trained yet."""
+    """`(step, {flag: (value until now, value asked)})` of a resumed run's `trajectory` flags
+    that differ from the run's (its first record and accepted changes); `(step, {})` when
+    nothing differs or nothing has trained yet (a probe's step: its epoch)."""
     step = _trained_step(model_dir)
-    if run_flags.get("stage") != "pretext" or not step:
+    if not step:
         return step, {}
     before = _effective_flags(model_dir, saved)
     return step, {k: (before[k], run_flags.get(k)) for k in trajectory
@@ -124,7 +124,7 @@ def _trajectory_changes(model_dir: str, saved: dict, run_flags: dict,
 RUN_ENTRIES = ("checkpoints", "train", "validation", "test", "probe", "export", ".worker_tmp",
                "aet_model.keras", "aet_model.keras.sha256", "encoder.weights.h5",
                "encoder.weights.h5.sha256", "results.json", "budget.json", "epochs.csv",
-               "best.weights.h5", HISTORY, "flags.json", "flags.cfg")
+               "best.weights.h5", "best.weights.h5.sha256", HISTORY, "flags.json", "flags.cfg")
 #: The names a run writes inside its folders (fnmatch patterns on the file's base name); any
 #: other file there is not the project's (e.g. the images of a folder dataset's train/).
 RUN_FILES = {
@@ -298,10 +298,10 @@ def prepare(model_dir: str, run_flags: dict, flagfile: str, essential: tuple[str
     run folders (train/, test/, checkpoints/, ...) hold files no run writes, e.g. a folder
     dataset's root, is refused, naming them, and so are parts of a run that are symbolic links
     and a run's outputs without flags.json (`check_run_parts`, on every worker, before the
-    record is read or anything written). A
-    pretraining run that has trained resumes only with the values of its `trajectory` flags,
-    unless `--allow_flag_changes` (each accepted change appended to `flags_history.jsonl` with
-    the step from which it applies) or `overwrite`; its first record (`flags.json`) is kept,
+    record is read or anything written). A run that has trained (a pretraining, a probe's
+    head) resumes only with the values of its `trajectory` flags, unless
+    `--allow_flag_changes` (each accepted change appended to `flags_history.jsonl` with the
+    step, or epoch, from which it applies) or `overwrite`; its first record (`flags.json`) is kept,
     `flags.cfg` holds the flags of the latest start. The writing process (`chief`) holds the
     model_dir's lock (`lock`) before it deletes or writes anything: a second process is refused.
     """
@@ -319,7 +319,8 @@ def prepare(model_dir: str, run_flags: dict, flagfile: str, essential: tuple[str
                                       restart=overwrite or not holds_results(model_dir))
         step, changed = _trajectory_changes(model_dir, saved, run_flags, trajectory)
         if changed and not (overwrite or run_flags.get("allow_flag_changes")):
-            raise UsageError(f"--model_dir={model_dir} holds a run trained to step {step} with "
+            unit = "step" if run_flags.get("stage") == "pretext" else "epoch"
+            raise UsageError(f"--model_dir={model_dir} holds a run trained to {unit} {step} with "
                              f"other values of flags that change its course "
                              f"({_changes_text(changed)}). Resume with its flags (--flagfile="
                              f"{os.path.join(model_dir, 'flags.cfg')}), pass --allow_flag_changes "
@@ -369,7 +370,7 @@ def _write_records(model_dir: str, run_flags: dict, flagfile: str, overwrite: bo
     if diff or (overwrite and changed):  # diff: with --overwrite, or nothing trained yet
         _set_aside_run(model_dir, "--overwrite" if overwrite else
                        "Other essential flags where the last start trained nothing")
-    elif step and run_flags.get("stage") == "pretext":
+    elif step:
         first_record = False  # the record of what trained so far stays
         if changed:
             with open_for_writing(os.path.join(model_dir, HISTORY), "a", _PART_FIX) as f:

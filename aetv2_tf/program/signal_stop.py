@@ -1,13 +1,17 @@
-"""SIGTERM and SIGINT as a clean stop of a training run: after the current step, with a final
-checkpoint (`run_control.RunControl` applies it; `distribute.signal_agreement` makes the
-workers of a cluster stop after the same step)."""
+"""SIGTERM and SIGINT as a clean stop: of a training run after the current step, with a final
+checkpoint (`SignalStop`: `run_control.RunControl` applies it, a probe's head after its epoch;
+`distribute.signal_agreement` makes the workers of a cluster stop after the same step); of
+the other work of a stage (a KNN, an export) at once, keeping nothing of it (`interrupting`).
+Either ends in `Interrupted` or an `Outcome`, whose line says where it stopped and how to go on,
+exit 128 + N."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from absl import logging
 
@@ -69,3 +73,33 @@ class SignalStop:
             logging.warning("Another worker received %s: stopping after this step and "
                             "writing a checkpoint.", self.received)
         return True
+
+
+class Interrupted(BaseException):
+    """A signal ended a stage ``where`` it says ("during the export: nothing of it was kept;
+    ..."): `str` is the program's last line, `exit_code` 128 + N. A BaseException, like
+    KeyboardInterrupt: no ``except Exception`` of the work under way takes it for its failure."""
+
+    def __init__(self, signal_name: str, where: str):
+        super().__init__(signal_name, where)
+        self.exit_code = 128 + signal.Signals[signal_name].value
+        self.line = f"Stopped by {signal_name} {where} (exit {self.exit_code})."
+
+    def __str__(self) -> str:
+        return self.line
+
+
+@contextlib.contextmanager
+def interrupting(where: str) -> Iterator[None]:
+    """Within, SIGTERM and SIGINT raise `Interrupted` ``where`` at once, dropping the work under
+    way (its files are whole or absent: `safe_paths.write_atomically`); the handlers before
+    are put back after. A `SignalStop` installed inside takes over until it restores them."""
+    def stop(signum, frame) -> None:
+        raise Interrupted(signal.Signals(signum).name, where)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -14,6 +14,7 @@ from aetv2_tf.program.flags import ESSENTIAL, TRAJECTORY
 from aetv2_tf.program.precision import Choice, choose_precision
 from aetv2_tf.program.pretext_data import PretextData
 from aetv2_tf.program.run_control import StageResult
+from aetv2_tf.program.signal_stop import interrupting
 
 
 def run(config: RunConfig, backend_type: type[Backend]) -> StageResult:
@@ -34,7 +35,8 @@ def run(config: RunConfig, backend_type: type[Backend]) -> StageResult:
     print(start_line(config, backend, precision, data), flush=True)
     if pretext:
         return pretext_stage.train(config, backend, data)
-    return StageResult(probe_stage.run(config, backend.strategy, backend.chief, loaded))
+    with interrupting(probe_stage.interrupted_where(config)):
+        return StageResult(probe_stage.run(config, backend.strategy, backend.chief, loaded))
 
 
 def start_line(config: RunConfig, backend: Backend, precision: Choice,

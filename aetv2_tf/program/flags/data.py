@@ -28,7 +28,7 @@ defined(flags.DEFINE_integer(
 defined(flags.DEFINE_integer(
     "val_examples", 5000,
     "probe heads and supervised: training examples held out for model selection (never the "
-    "test set); KNN uses the whole training set."), minimum=0)
+    "test set); KNN uses the whole training set."), trajectory=True, minimum=0)
 defined(flags.DEFINE_integer("test_examples", 0,
                              "probe: use only the first N test images (0: all)."), minimum=0)
 defined(flags.DEFINE_enum(

@@ -29,9 +29,9 @@ defined(flags.DEFINE_enum(
     "probe", "knn", ["knn", "fc1", "fc2", "fc3", "conv", "linear", "nonlinear"],
     "probe: the classifier on the frozen feature (supervised: the head on the trained blocks, "
     "conv for the paper's row)."), essential=True)
-flags.DEFINE_enum("probe_pool", "avg", ["avg", "max"],
-                  "probe=linear: adaptive pooling of the feature map to about 9,000 values, "
-                  "average or max.")
+defined(flags.DEFINE_enum("probe_pool", "avg", ["avg", "max"],
+                          "probe=linear: adaptive pooling of the feature map to about 9,000 "
+                          "values, average or max."), essential=True)
 flags.DEFINE_string("method", None,
                     "probe/supervised: the method label of results.json and reports (AETv2, "
                     "AETv1, RotNet, random, supervised...). Default: derived from the pretrained "
