@@ -26,7 +26,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from aetv2_tf.data.cifar10_pickles import unpickle_batch
-from aetv2_tf.data.image_folders import ImageFiles, decode_image_file, image_files
+from aetv2_tf.data.image_folders import (
+    IMAGE_EXTENSIONS,
+    ImageFiles,
+    decode_image_file,
+    image_files,
+    named,
+    unread_reason,
+)
 
 if TYPE_CHECKING:  # TensorFlow is imported lazily: the CIFAR-10 reader works without it.
     import tensorflow as tf
@@ -36,7 +43,6 @@ CIFAR10_FILES = {
     "train": tuple(f"data_batch_{i}" for i in range(1, 6)),
     "test": ("test_batch",),
 }
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 _CIFAR10_HELP = (
     "download cifar-10-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html and "
     "extract it (tar xzf) so that DIR/cifar-10-batches-py/data_batch_1 exists, then pass DIR "
@@ -240,16 +246,19 @@ def _kind(folder: pathlib.Path, entry: os.DirEntry) -> str:
                         "link or point it at a real folder or image") from e
 
 
-def _class_folders(folder: pathlib.Path) -> list[str]:
-    """The class sub-directories of ``folder``, sorted. A symbolic link to another directory
+def _class_folders(folder: pathlib.Path) -> tuple[list[str], list[tuple[str, str]]]:
+    """The class sub-directories of ``folder``, sorted, and its other entries, each with why it
+    is not read (``(path, reason)``). A symbolic link to another directory
     (a class kept on another disk, as ImageNet copies often are) is a class like any other, but
     one to ``folder`` itself or to a folder that contains it (``/``, the dataset's root), or one
     that loops (a link to itself), is refused: it is a loop or a mistake, not a class, and would
     list files that are not images of one class."""
     real = folder.resolve()
-    names = []
+    names, unread = [], []
     for entry in _entries(folder):
         if _kind(folder, entry) != "dir":
+            unread.append((shown(entry.path), f"not a class folder: those of {folder} are its "
+                                              "sub-folders"))
             continue
         _check_name(folder, entry.name)
         if entry.is_symlink():
@@ -260,21 +269,23 @@ def _class_folders(folder: pathlib.Path) -> list[str]:
                     f"{target}, which contains the image folder itself; remove the link or "
                     f"point it at the class's own folder")
         names.append(entry.name)
-    return names
+    return names, unread
 
 
 def list_image_folder(root, split: str | None = None, min_classes: int = 2) -> ImageFiles:
     """The checked files of ``root/split/<class>/*``, in sorted (class, file name) order.
 
     Class names are the sorted sub-directory names; label ``i`` is ``class_names[i]``. Files are
-    those with extensions in ``IMAGE_EXTENSIONS`` (case-insensitive); the undecodable ones are
-    left out, named in the log and in ``skipped`` (`aetv2_tf.data.image_folders`). DataError, naming
-    the folder and the fix, for: an unreadable folder, a class folder linked to a folder that
-    contains the split folder (`/`, the root: `_class_folders`), a link that loops, a name that
-    is not UTF-8 (`_check_name`: TensorFlow reads UTF-8 paths only), fewer than
-    ``min_classes`` classes (2 by default: one class would make a probe's top-1 100%; pretraining
-    reads no label and takes images without labels as one folder, ``min_classes=1``), and a
-    class folder with no decodable image (the label space would hold a class without examples).
+    those with extensions in ``IMAGE_EXTENSIONS`` (case-insensitive); the undecodable ones and
+    every other entry (another format, a device, a sub-folder: `image_folders.unread_reason`)
+    are left out, named in the log and in ``skipped`` (`aetv2_tf.data.image_folders`).
+    DataError, naming the folder and the fix, for: an unreadable folder, a class folder linked
+    to a folder that contains the split folder (`/`, the root: `_class_folders`), a link that
+    loops, a name that is not UTF-8 (`_check_name`: TensorFlow reads UTF-8 paths only), fewer
+    than ``min_classes`` classes (2 by default: one class would make a probe's top-1 100%;
+    pretraining reads no label and takes images without labels as one folder,
+    ``min_classes=1``), and a class folder with no decodable image (the label space would hold
+    a class without examples).
     """
     base = pathlib.Path(root).expanduser()
     folder = base / split if split else base
@@ -283,7 +294,7 @@ def list_image_folder(root, split: str | None = None, min_classes: int = 2) -> I
             f"image folder {folder} does not exist; expected ROOT/{split or ''}/<class>/<image> "
             f"with one sub-directory per class"
         )
-    class_names = _class_folders(folder)
+    class_names, unread = _class_folders(folder)
     if len(class_names) < min_classes:
         unlabelled = " (images without labels: one sub-directory holding them all)" \
             if min_classes == 1 else ""
@@ -293,18 +304,22 @@ def list_image_folder(root, split: str | None = None, min_classes: int = 2) -> I
                         f"class{'es' if min_classes > 1 else ''}{unlabelled}")
     paths, labels = [], []
     for label, name in enumerate(class_names):
-        files = [e.path for e in _entries(folder / name)
-                 if os.path.splitext(e.name)[1].lower() in IMAGE_EXTENSIONS and
-                 _kind(folder / name, e) == "file"]
+        entries = [(e.path, unread_reason(e.name, _kind(folder / name, e)))
+                   for e in _entries(folder / name)]
+        files = [path for path, reason in entries if reason is None]
+        others = [(shown(path), reason) for path, reason in entries if reason is not None]
         for path in files:
             _check_name(folder, path)
         if not files:
             raise DataError(f"image folder {folder}: class folder {name} holds no image "
-                            f"{IMAGE_EXTENSIONS}; add its images or remove the folder")
+                            f"{IMAGE_EXTENSIONS}{'; it holds ' if others else ''}"
+                            f"{named(others, 3)}; add its images or remove the folder")
         paths += files
         labels += [label] * len(files)
+        unread += others
     try:
-        files = image_files(paths, np.asarray(labels, np.int64), class_names, os.fspath(folder))
+        files = image_files(paths, np.asarray(labels, np.int64), class_names, os.fspath(folder),
+                            unread)
     except OSError as e:
         raise DataError(f"image folder {folder}: {e.filename or 'a file'} cannot be read "
                         f"({e.strerror or e}); check the disk or the network file system, or "

@@ -268,14 +268,15 @@ def run_control_of(config: RunConfig, backend: Backend, store: CheckpointStore,
                    span: tuple[int, int, int]) -> RunControl:
     """The run's `RunControl` over ``span`` (from step ``start`` to ``stop`` of ``steps``):
     checkpoints every ``--checkpoint_every_steps`` into ``store``, ``--on_nonfinite``,
-    ``--max_loss_growth``, ``--stop_after_seconds`` and the signals (agreed among workers)."""
+    ``--max_loss_growth``, ``--stop_after_seconds``, the signals (agreed among workers) and
+    weights that the steps leave unchanged."""
     train = config.train
     return RunControl(
         *span,
         saver=CheckpointSaver(store, config.outputs.checkpoint_every_steps, backend.chief),
         nonfinite=NonFiniteSteps(train.on_nonfinite == "stop", every=backend.skip_check_every()),
         growth=LossGrowth(train.max_loss_growth), signals=SignalStop(backend.signal_agreement()),
-        deadline=run_length.deadline(config))
+        deadline=run_length.deadline(config), watch_weights=True)
 
 
 def fit(config: RunConfig, model: keras.Model, batches, control: RunControl, summaries: list,

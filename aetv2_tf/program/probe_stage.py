@@ -59,6 +59,7 @@ from aetv2_tf.probes.knn import extract_features, knn_accuracy, make_feature_fn,
 from aetv2_tf.probes.results import write_results
 from aetv2_tf.probes.splits import ProbeData, load_probe_data
 from aetv2_tf.program.config import RunConfig
+from aetv2_tf.program.run_control import UNCHANGED_WEIGHTS, NothingLearned, values_digest
 from aetv2_tf.program.run_lock import refuse_training
 
 PROBE_LR_SCHEDULES = ("step", "constant")
@@ -354,12 +355,16 @@ def fit_head(config: RunConfig, model: keras.Model, data: ProbeData, batches: Ca
     spec, model_dir = config.recipe.optimizer, config.outputs.model_dir
     optimizer = probe_optimizer(spec.name, spec.learning_rate, momentum=spec.momentum,
                                 weight_decay=spec.weight_decay)
+    start = values_digest(model)
     outcome = train_probe(
         model, batches(data.train, data.train_labels, True),
         batches(data.val, data.val_labels, False), batches(data.test, data.test_labels, False),
         epochs=config.train.epochs, optimizer=optimizer, lr_schedule=probe_schedule(config),
         model_dir=model_dir if chief else None, log_dir=model_dir if chief else None,
         verbose=config.outputs.verbose)
+    if values_digest(model) == start:
+        raise NothingLearned(f"the classifier's {outcome['epochs_run']} epoch(s) "
+                             f"{UNCHANGED_WEIGHTS}; no results were written.")
     history = [round(float(v), 2) for v in outcome["val_top1_history"]]
     return dict(selected_epoch=outcome["selected_epoch"], val_top1=outcome["val_top1"],
                 test_top1=outcome["test_top1"], epochs_run=outcome["epochs_run"],
