@@ -87,12 +87,8 @@ def main(argv) -> None:
     from aetv2_tf.program import stages
     from aetv2_tf.program.config import from_flags
     from aetv2_tf.program.run_control import NothingLearned
+    from aetv2_tf.program.rundir import check_apart
 
-    try:  # the flags, read once: nothing reads them after this
-        config = from_flags(FLAGS, sys.argv)
-    except (UsageError, DataError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        sys.exit(2)
     if on_tensorflow:
         from aetv2_tf.program.tensorflow_backend import TensorFlowBackend
 
@@ -102,16 +98,12 @@ def main(argv) -> None:
 
         backend_type = KerasNativeBackend
     try:
-        from aetv2_tf.program.rundir import check_apart  # before any data is read
-
+        config = from_flags(FLAGS, sys.argv)  # the flags, read once: nothing reads them after
         check_apart(config.outputs.model_dir, config.data.data_dir, config.probe.pretrained)
-        result = stages.run(config, backend_type)
-    except (UsageError, DataError, FileNotFoundError) as e:
+        result = stages.run(config, backend_type)  # (check_apart: before any data is read)
+    except (UsageError, DataError, FileNotFoundError, NothingLearned) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
-        sys.exit(2)
-    except NothingLearned as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_NOTHING_LEARNED)
+        sys.exit(EXIT_NOTHING_LEARNED if isinstance(e, NothingLearned) else 2)
     except backend_type.peer_lost as e:
         print(f"error: a worker of the cluster stopped answering ({type(e).__name__}: "
               f"{str(e).splitlines()[0]}); stop every worker and start the same commands again: "

@@ -71,12 +71,6 @@ def check_resumable(model_dir: str) -> None:
         "or choose a new --model_dir. Nothing was changed.")
 
 
-def rotation_objective() -> tuple[keras.losses.Loss, list[keras.metrics.Metric]]:
-    """RotNet's loss and metric: the cross-entropy over the 4 quarter turns, its accuracy."""
-    return (keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            [keras.metrics.SparseCategoricalAccuracy(name="rotation_accuracy")])
-
-
 def build_model(config: RunConfig, steps: int, *, inputs: str, mean, std, augment: bool,
                 scope: Any = None, fused_warp: bool | None = None, one_pass: bool | None = None,
                 **compile_kwargs: Any) -> tuple[keras.Model, keras.Model, Any, Any]:
@@ -103,8 +97,10 @@ def build_model(config: RunConfig, steps: int, *, inputs: str, mean, std, augmen
             model = build_rotations_model(encoder, seed, augment=augment, mean=mean, std=std) \
                 if inputs == "images" else build_rotation_classifier(encoder)
             schedule, optimizer = config.recipe.build_optimizer(steps)
-            loss, metrics = rotation_objective()
-            model.compile(optimizer=optimizer, loss=loss, metrics=metrics, **compile_kwargs)
+            model.compile(  # the cross-entropy over the 4 quarter turns, its accuracy
+                optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(True),
+                metrics=[keras.metrics.SparseCategoricalAccuracy("rotation_accuracy")],
+                **compile_kwargs)
         else:
             model = config.recipe.build_model(
                 encoder, seed, inputs=inputs, shift=config.data.shift,
