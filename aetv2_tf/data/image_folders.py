@@ -44,8 +44,6 @@ from absl import logging
 
 from aetv2_tf.data.headers import MAX_IMAGE_PIXELS, header_problem  # noqa: F401
 
-#: The file name extensions (in any case) of the images a folder's listing reads.
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 _HEAD, _TAIL = 64, 1024
 _SIGNATURES = {b"\xff\xd8\xff": "jpeg", b"\x89PNG\r\n\x1a\n": "png", b"GIF87a": "gif",
                b"GIF89a": "gif", b"BM": "bmp"}
@@ -95,20 +93,6 @@ def check_image_files(paths: Sequence[str], threads: int = 4) -> list[tuple[str,
     with ThreadPoolExecutor(max_workers=threads) as pool:
         reasons = list(pool.map(check_image_file, paths, chunksize=256))
     return [(p, r) for p, r in zip(paths, reasons, strict=True) if r is not None]
-
-
-def unread_reason(name: str, kind: str) -> str | None:
-    """Why the entry ``name`` of a class folder, of ``kind`` ("file", "dir" or "other": links
-    followed), is not read as an image; None for a file of `IMAGE_EXTENSIONS`."""
-    extension = os.path.splitext(name)[1].lower()
-    if kind == "dir":
-        return "a folder: the images of a class are the files of its folder"
-    if kind != "file":
-        return "not a regular file (a device, a pipe, a socket, or a link to one)"
-    if extension not in IMAGE_EXTENSIONS:
-        return (f"unsupported format {extension or '(no extension)'}; supported: "
-                f"{' '.join(IMAGE_EXTENSIONS)}")
-    return None
 
 
 def image_files(paths: Sequence[str], labels: np.ndarray, class_names: list[str], where: str,

@@ -26,14 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from aetv2_tf.data.cifar10_pickles import unpickle_batch
-from aetv2_tf.data.image_folders import (
-    IMAGE_EXTENSIONS,
-    ImageFiles,
-    decode_image_file,
-    image_files,
-    named,
-    unread_reason,
-)
+from aetv2_tf.data.image_folders import ImageFiles, decode_image_file, image_files, named
 
 if TYPE_CHECKING:  # TensorFlow is imported lazily: the CIFAR-10 reader works without it.
     import tensorflow as tf
@@ -43,6 +36,7 @@ CIFAR10_FILES = {
     "train": tuple(f"data_batch_{i}" for i in range(1, 6)),
     "test": ("test_batch",),
 }
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 _CIFAR10_HELP = (
     "download cifar-10-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html and "
     "extract it (tar xzf) so that DIR/cifar-10-batches-py/data_batch_1 exists, then pass DIR "
@@ -246,6 +240,20 @@ def _kind(folder: pathlib.Path, entry: os.DirEntry) -> str:
                         "link or point it at a real folder or image") from e
 
 
+def _unread_reason(name: str, kind: str) -> str | None:
+    """Why the entry ``name`` of a class folder, of `_kind` ``kind``, is not read as an image;
+    None for a file of `IMAGE_EXTENSIONS`."""
+    extension = os.path.splitext(name)[1].lower()
+    if kind == "dir":
+        return "a folder: the images of a class are the files of its folder"
+    if kind != "file":
+        return "not a regular file (a device, a pipe, a socket, or a link to one)"
+    if extension not in IMAGE_EXTENSIONS:
+        return (f"unsupported format {extension or '(no extension)'}; supported: "
+                f"{' '.join(IMAGE_EXTENSIONS)}")
+    return None
+
+
 def _class_folders(folder: pathlib.Path) -> tuple[list[str], list[tuple[str, str]]]:
     """The class sub-directories of ``folder``, sorted, and its other entries, each with why it
     is not read (``(path, reason)``). A symbolic link to another directory
@@ -277,15 +285,12 @@ def list_image_folder(root, split: str | None = None, min_classes: int = 2) -> I
 
     Class names are the sorted sub-directory names; label ``i`` is ``class_names[i]``. Files are
     those with extensions in ``IMAGE_EXTENSIONS`` (case-insensitive); the undecodable ones and
-    every other entry (another format, a device, a sub-folder: `image_folders.unread_reason`)
-    are left out, named in the log and in ``skipped`` (`aetv2_tf.data.image_folders`).
+    every other entry (`_unread_reason`) are left out, named in the log and in ``skipped``.
     DataError, naming the folder and the fix, for: an unreadable folder, a class folder linked
     to a folder that contains the split folder (`/`, the root: `_class_folders`), a link that
     loops, a name that is not UTF-8 (`_check_name`: TensorFlow reads UTF-8 paths only), fewer
     than ``min_classes`` classes (2 by default: one class would make a probe's top-1 100%;
-    pretraining reads no label and takes images without labels as one folder,
-    ``min_classes=1``), and a class folder with no decodable image (the label space would hold
-    a class without examples).
+    pretraining reads no label: ``min_classes=1``), and a class folder with no decodable image.
     """
     base = pathlib.Path(root).expanduser()
     folder = base / split if split else base
@@ -304,7 +309,7 @@ def list_image_folder(root, split: str | None = None, min_classes: int = 2) -> I
                         f"class{'es' if min_classes > 1 else ''}{unlabelled}")
     paths, labels = [], []
     for label, name in enumerate(class_names):
-        entries = [(e.path, unread_reason(e.name, _kind(folder / name, e)))
+        entries = [(e.path, _unread_reason(e.name, _kind(folder / name, e)))
                    for e in _entries(folder / name)]
         files = [path for path, reason in entries if reason is None]
         others = [(shown(path), reason) for path, reason in entries if reason is not None]

@@ -52,7 +52,7 @@ def values_digest(model: keras.Model) -> str:
 
 
 class NothingLearned(Exception):
-    """A classifier head whose epochs `UNCHANGED_WEIGHTS` (exit 8, as `Ending.NOTHING_LEARNED`)."""
+    """A classifier's epochs changed no trainable weight (exit 8, as `Ending.NOTHING_LEARNED`)."""
 
 
 class Ending(enum.Enum):
@@ -161,8 +161,7 @@ class RunControl(keras.callbacks.Callback):
             deadline=self.deadline_reached)
 
     def on_train_begin(self, logs=None):
-        if self.watch_weights:
-            self._start_digest = values_digest(self.model)
+        self._start_digest = values_digest(self.model) if self.watch_weights else None
         if self.nonfinite is not None:
             self.nonfinite.begin(self.step, self._skipped())
         if self.signals is not None:
