@@ -120,8 +120,9 @@ def main(argv) -> None:
 
 def report(config: RunConfig, result: StageResult) -> str:
     """The stage's last line(s) before `exit_code`'s: ``Done (stage): k=v, .... Outputs in
-    DIR`` for a stage that ran to its end; ``Stopped (stage) at step S of M: k=v, ...`` for a
-    pretraining that ended before (a signal, a stop flag, a failure: the next line says which),
+    DIR`` for a stage that ran to its end (`Outcome.finished`); ``Stopped (stage) at step S of
+    M: k=v, ...`` for any other pretraining (a signal, a stop flag, a failure: the next line says
+    which),
     with, after ``--stop_after_steps`` / ``--stop_after_seconds``, the line that says the run
     goes on when rerun; for a run that had finished before (`pretext_stage.completed`), that it
     is complete and where its outputs are."""
