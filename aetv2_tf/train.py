@@ -87,12 +87,9 @@ def main(argv) -> None:
     console.configure_logging(FLAGS["verbosity"].present, tensorflow=on_tensorflow)
     from aetv2_tf.program import stages
     from aetv2_tf.program.config import from_flags
+    from aetv2_tf.program.run_control import NothingLearned
+    from aetv2_tf.program.rundir import check_apart
 
-    try:  # the flags, read once: nothing reads them after this
-        config = from_flags(FLAGS, sys.argv)
-    except (UsageError, DataError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        sys.exit(2)
     if on_tensorflow:
         from aetv2_tf.program.tensorflow_backend import TensorFlowBackend
 
@@ -102,13 +99,12 @@ def main(argv) -> None:
 
         backend_type = KerasNativeBackend
     try:
-        from aetv2_tf.program.rundir import check_apart  # before any data is read
-
+        config = from_flags(FLAGS, sys.argv)  # the flags, read once: nothing reads them after
         check_apart(config.outputs.model_dir, config.data.data_dir, config.probe.pretrained)
-        result = stages.run(config, backend_type)
-    except (UsageError, DataError, FileNotFoundError) as e:
+        result = stages.run(config, backend_type)  # (check_apart: before any data is read)
+    except (UsageError, DataError, FileNotFoundError, NothingLearned) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
-        sys.exit(2)
+        sys.exit(EXIT_NOTHING_LEARNED if isinstance(e, NothingLearned) else 2)
     except Interrupted as stop:  # a stage's own stop: where, and how to go on
         print(stop, flush=True)
         sys.exit(stop.exit_code)
@@ -128,8 +124,9 @@ def main(argv) -> None:
 
 def report(config: RunConfig, result: StageResult) -> str:
     """The stage's last line(s) before `exit_code`'s: ``Done (stage): k=v, .... Outputs in
-    DIR`` for a stage that ran to its end; ``Stopped (stage) at step S of M: k=v, ...`` for a
-    pretraining that ended before (a signal, a stop flag, a failure: the next line says which),
+    DIR`` for a stage that ran to its end (`Outcome.finished`); ``Stopped (stage) at step S of
+    M: k=v, ...`` for any other pretraining (a signal, a stop flag, a failure: the next line says
+    which),
     with, after ``--stop_after_steps`` / ``--stop_after_seconds``, the line that says the run
     goes on when rerun; for a run that had finished before (`pretext_stage.completed`), that it
     is complete and where its outputs are."""
@@ -145,7 +142,7 @@ def report(config: RunConfig, result: StageResult) -> str:
                 f"--pretrained={model_dir} --model_dir=<a new folder>.")
     line = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                      for k, v in summary.items())
-    if outcome is None or outcome.step >= outcome.steps:
+    if outcome is None or outcome.finished:
         return f"Done ({config.stage}): {line}. Outputs in {model_dir}"
     step, total = outcome.step, outcome.steps
     text = f"Stopped ({config.stage}) at step {step} of {total}: {line}. Outputs in {model_dir}"
@@ -160,13 +157,15 @@ def report(config: RunConfig, result: StageResult) -> str:
 
 #: Exit codes (docs/reliability.md): 0 done, 1 absl flag errors, 2 refused input, 3 non-finite
 #: training, 4 export failed, 5 disk full (or a file over the file-size limit), 6 a lost worker,
-#: 7 the loss grew past --max_loss_growth times its first value (a finite divergence), 128 + N
-#: stopped by signal N (SIGTERM 143, SIGINT 130) after a final checkpoint.
+#: 7 the loss grew past --max_loss_growth times its first value (a finite divergence), 8 steps
+#: ran but changed no trainable weight, 128 + N stopped by signal N (SIGTERM 143, SIGINT 130)
+#: after a final checkpoint.
 EXIT_NONFINITE = 3
 EXIT_EXPORT = 4
 EXIT_DISK_FULL = 5
 EXIT_PEER_LOST = 6
 EXIT_LOSS_GREW = 7
+EXIT_NOTHING_LEARNED = 8
 #: The errors of a write that found no room: a full disk, a full quota, the file-size limit.
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
@@ -199,7 +198,7 @@ def exit_code(result: StageResult, model_dir: str = "", max_loss_growth: float =
     """The exit status of a stage's ``result`` (its outcome's `run_control.Ending`, a failed
     export), with the last line a script needs to act on (``model_dir``: the run's, whose
     newest checkpoint it names; ``max_loss_growth``: the factor the loss grew past)."""
-    from aetv2_tf.program.run_control import Ending
+    from aetv2_tf.program.run_control import UNCHANGED_WEIGHTS, Ending
 
     outcome = result.outcome
     ending = outcome.ending if outcome is not None else Ending.COMPLETED
@@ -226,6 +225,10 @@ def exit_code(result: StageResult, model_dir: str = "", max_loss_growth: float =
         Ending.NONFINITE_STEP: (
             EXIT_NONFINITE, f"--on_nonfinite=stop ended training at a non-finite step; {kept}. "
             "Lower --learning_rate, add --warmup_steps, or pass --on_nonfinite=skip."),
+        Ending.NOTHING_LEARNED: (
+            EXIT_NOTHING_LEARNED, f"training to step {outcome.step if outcome else None} "
+            f"{UNCHANGED_WEIGHTS}; nothing was exported; {kept}. Fix the cause, then rerun "
+            "(--allow_flag_changes for a changed flag)."),
     }
     if ending in failures:
         code, message = failures[ending]

@@ -8,6 +8,7 @@ linked-outside, empty and single class folders; the shuffle buffer of variable-s
 crops, not decoded images. No test allocates more than a few MB.
 """
 
+import logging
 import os
 import pathlib
 import pickle
@@ -416,6 +417,35 @@ def test_an_unreadable_class_folder_is_named(tmp_path, monkeypatch):
     with pytest.raises(DataError, match=r"image folder .*/f/b cannot be read \(Permission "
                                         r"denied\); give this user read"):
         list_image_folder(root)
+
+
+SUPPORTED = "supported: .jpg .jpeg .png .bmp .gif"
+
+
+@pytest.mark.parametrize("where, name, make, reason", [
+    ("a", "photo.webp", lambda p: p.write_bytes(b"RIFF\0\0\0\0WEBPVP8 "),
+     f"unsupported format .webp; {SUPPORTED}"),
+    ("a", "scan.tiff", lambda p: p.write_bytes(b"II*\0"), f"unsupported format .tiff; {SUPPORTED}"),
+    ("a", "zero.jpg", lambda p: p.symlink_to("/dev/zero"), "not a regular file"),
+    ("a", "pipe.png", os.mkfifo, "not a regular file"),
+    ("a", "more", lambda p: p.mkdir(), "a folder"),
+    ("", "README.txt", lambda p: p.write_text("classes"), "not a class folder"),
+])
+def test_what_an_image_folder_does_not_read_is_named(tmp_path, caplog, where, name, make,
+                                                     reason):
+    """Every entry of an image folder that is not read as an image (another format, a device,
+    a pipe, a link to one, a sub-folder of a class, a file beside the class folders) is left
+    out and named in the log with why (before: left out without a word); the same list on
+    every backend (`pretext_data.read` lists the folder for both)."""
+    root = _folder(tmp_path / "f")
+    make(root / where / name)
+    with caplog.at_level(logging.WARNING):
+        files = list_image_folder(root)
+    path = str(root / where / name)
+    assert len(files.paths) == 2 and path not in files.paths
+    assert [r for p, r in files.skipped if p == path][0].startswith(reason), files.skipped
+    assert f"Left out 1 file(s) of {root} that are not read as images: {path} ({reason}" in \
+        caplog.text, caplog.text
 
 
 def test_a_class_folder_linked_to_a_folder_holding_the_root_is_refused(tmp_path):

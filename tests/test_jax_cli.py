@@ -338,18 +338,24 @@ def test_alexnet_under_jax(runs):
 
 
 def test_alexnet_pretraining_on_a_folder_without_tensorflow(tmp_path, cifar10_dir):
-    """ImageNet-style class folders (with bad files) under JAX, TensorFlow blocked: the files
-    checked and decoded by Pillow threads (`data.stream.FileBatches`), AlexNet at 224, the
-    pairs warped on the device; the encoder is written."""
+    """ImageNet-style class folders (with bad files, and files it does not read, named) under
+    JAX, TensorFlow blocked: the files checked and decoded by Pillow threads
+    (`data.stream.FileBatches`), AlexNet at 224, the pairs warped on the device; the encoder
+    is written."""
     from benchmarks.make_folder import write_cifar10_folder
 
     folder = write_cifar10_folder(tmp_path / "folder", cifar10_dir, train_per_class=1,
                                   val_per_class=0, size=64, corrupt=True)
+    unread = sorted((folder / "train").iterdir())[0]
+    (unread / "photo.webp").write_bytes(b"RIFF")
+    (unread / "zero.jpg").symlink_to("/dev/zero")
     proc = start_jax(RUN_TRAIN, "--flagfile=configs/imagenet_alexnet_aetv2.cfg", "--dataset=folder",
                  f"--data_dir={folder}", f"--model_dir={tmp_path / 'run'}", "--batch_size=4",
                  "--train_steps=2", "--export=false", "--verbose=0", "--keep_checkpoints=1",
                  log=tmp_path / "log")
     out = finish_jax(proc)
     assert "Skipped 3 undecodable image(s)" in out and "jax OneDevice" in out
+    assert "Left out 2 file(s)" in out and "photo.webp (unsupported format .webp" in out
+    assert "zero.jpg (not a regular file" in out  # as under TensorFlow: test_no_crash_and_...
     assert re.search(r"Done \(pretext\): steps=2,.*loss=\d", out), out[-2000:]
     assert (tmp_path / "run" / "encoder.weights.h5").is_file()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import importlib.metadata
 import io
+import logging
 import math
 import os
 import pathlib
@@ -128,6 +129,55 @@ def test_a_loss_that_grows_past_the_factor_stops_with_exit_7_keeping_the_last_go
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
         "ckpt-1.weights.h5", "ckpt-1.weights.h5.sha256", "ckpt-2.weights.h5",
         "ckpt-2.weights.h5.sha256", "ckpt-3.weights.h5.bad", "ckpt-3.weights.h5.bad.sha256"]
+
+
+# -------------------------------------------------------------------- a run that changed nothing
+@pytest.mark.parametrize("stage", ["pretext", "supervised"])
+def test_a_stage_whose_steps_change_no_weight_is_not_done(stage, tmp_path, cifar10_dir,
+                                                          program, capsys, monkeypatch):
+    """An optimizer whose steps change no trainable weight (as under --learning_rate=1e-300 or
+    --adam_beta2=1.0: here its update made a no-op): the pretraining's steps and the
+    supervised stage's epochs run, then exit 8 naming the likely causes and their fixes, never
+    `Done`."""
+    from aetv2_tf.method.optimizers import CoupledWeightDecay
+
+    monkeypatch.setattr(CoupledWeightDecay, "update_step", lambda self, *args: None)
+    data = (f"--data_dir={cifar10_dir}", "--batch_size=16", f"--model_dir={tmp_path / 'run'}")
+    args = _quick(*data, "--train_examples=64", "--train_steps=2") if stage == "pretext" else \
+        (f"--flagfile={REPO / 'configs' / 'cifar10_supervised.cfg'}", *data, "--epochs=1",
+         "--train_examples=64", "--val_examples=16", "--test_examples=16")
+    code = program(*args)
+    out, err = capsys.readouterr()
+    assert code == 8 and "Done" not in out, (out, err)
+    assert "changed no trainable weight" in err and "--learning_rate" in err, err
+    assert "--adam_beta2" in err and "frozen" in err, err
+
+
+# -------------------------------------------------------------------- a folder of one image
+def test_a_folder_of_one_image_trains_with_its_image_summaries(tmp_path, program, capsys,
+                                                                caplog):
+    """One image and --batch_size=1: the pretraining runs, its image summaries drawing the one
+    image (before: a ValueError traceback, "batch_size 4 exceeds the 1 training images");
+    --batch_size=2 is refused with both numbers and the fix. The files beside it that it does
+    not read are named, as under JAX (test_jax_cli.py, the folder pretraining)."""
+    images = tmp_path / "images" / "train" / "a"
+    images.mkdir(parents=True)
+    (images / "1.png").write_bytes(_grey_png())
+    (images / "photo.webp").write_bytes(b"RIFF")
+    (images / "zero.jpg").symlink_to("/dev/zero")
+    args = _quick("--dataset=folder", "--backbone=nin", f"--data_dir={tmp_path / 'images'}",
+                  "--train_steps=1")
+    code = program(*args, "--batch_size=2", f"--model_dir={tmp_path / 'run2'}")
+    err = capsys.readouterr().err
+    assert code == 2 and "--batch_size=2: a step takes 2 training images" in err, err
+    assert "the data has only 1" in err and "lower --batch_size" in err, err
+    with caplog.at_level(logging.WARNING):
+        code = program(*args, "--batch_size=1", f"--model_dir={tmp_path / 'run'}")
+    out, err = capsys.readouterr()
+    assert code == 0 and "Done (pretext): steps=1" in out, (out, err)
+    assert "Traceback" not in err
+    assert "Left out 2 file(s)" in caplog.text and "photo.webp (unsupported format .webp" in \
+        caplog.text and "zero.jpg (not a regular file" in caplog.text, caplog.text
 
 
 # ----------------------------------------------------------------------- what the package needs

@@ -146,6 +146,34 @@ def test_the_last_step_and_the_deadline_stop_with_a_final_checkpoint():
     assert saver.store.saved == [2, 4] and control.outcome().finished
 
 
+def test_steps_that_change_no_trainable_weight_stop_without_a_checkpoint():
+    """``watch_weights``: at the first checkpoint due after steps that left the trainable
+    weights bitwise as they started, training stops, nothing is saved (nor at the end) and it
+    ends as NOTHING_LEARNED; weights that changed are saved and not read again."""
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    for change in (False, True):
+        saver = CheckpointSaver(ListStore(), every=2)
+        control = RunControl(0, 4, 4, saver=saver, watch_weights=True)
+        model.stop_training = False
+        control.set_model(model)
+        control.on_train_begin()
+        control.on_epoch_begin(0)
+        for batch in range(4):
+            if change:
+                model.layers[0].bias.assign_add([1.0])
+            control.on_train_batch_end(batch)
+            if model.stop_training:
+                break
+        control.on_train_end()
+        outcome = control.outcome()
+        if change:
+            assert saver.store.saved == [2, 4] and outcome.finished
+        else:
+            assert control.step == 2 and saver.store.saved == [] and outcome.unchanged
+            assert outcome.ending is Ending.NOTHING_LEARNED
+            assert outcome.entries() == {"unchanged_weights": True}
+
+
 def test_an_outcome_ends_by_the_first_cause_and_shows_every_one():
     both = Outcome(5, 10, signal="SIGTERM", nonfinite_weights=True)
     assert both.ending is Ending.SIGNAL and not both.finished
@@ -160,12 +188,13 @@ def test_an_outcome_ends_by_the_first_cause_and_shows_every_one():
                                            ({"diverged": True}, 3),
                                            ({"nonfinite_step": True}, 3),
                                            ({"nonfinite_weights": True}, 3),
-                                           ({"loss_grew": "7.2e+13 at step 8"}, 7)])
+                                           ({"loss_grew": "7.2e+13 at step 8"}, 7),
+                                           ({"unchanged": True}, 8)])
 def test_exit_codes(outcome, code, capsys):
     from aetv2_tf.train import exit_code
 
     assert exit_code(StageResult({}, Outcome(7, 10, **outcome))) == code
-    if code in (3, 7):  # what is kept, named: never "step None"
+    if code in (3, 7, 8):  # what is kept, named: never "step None"
         err = capsys.readouterr().err
         assert "no checkpoint was written" in err and "None" not in err, err
 

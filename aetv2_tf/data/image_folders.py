@@ -95,20 +95,29 @@ def check_image_files(paths: Sequence[str], threads: int = 4) -> list[tuple[str,
     return [(p, r) for p, r in zip(paths, reasons, strict=True) if r is not None]
 
 
-def image_files(paths: Sequence[str], labels: np.ndarray, class_names: list[str],
-                where: str) -> ImageFiles:
-    """Checks ``paths`` and leaves out the bad files, logging their count and names."""
+def image_files(paths: Sequence[str], labels: np.ndarray, class_names: list[str], where: str,
+                unread: Sequence[tuple[str, str]] = ()) -> ImageFiles:
+    """Checks ``paths`` and leaves out the bad files; logs them, and the entries of the folder
+    ``where`` that are not read as images (``unread``, ``(path, reason)``), counted and named;
+    ``skipped`` holds both."""
     skipped = check_image_files(paths)
     if skipped:
         bad = {p for p, _ in skipped}
         keep = np.asarray([p not in bad for p in paths], bool)
         paths, labels = np.asarray(paths)[keep], np.asarray(labels)[keep]
-        shown = "; ".join(f"{p} ({r})" for p, r in skipped[:100])
-        more = f"; and {len(skipped) - 100} more" if len(skipped) > 100 else ""
-        logging.warning("Skipped %d undecodable image(s) of %d in %s: %s%s", len(skipped),
-                        len(keep), where, shown, more)
+        logging.warning("Skipped %d undecodable image(s) of %d in %s: %s", len(skipped),
+                        len(keep), where, named(skipped))
+    if unread:
+        logging.warning("Left out %d file(s) of %s that are not read as images: %s",
+                        len(unread), where, named(unread))
     return ImageFiles(np.asarray(paths, dtype=str), np.asarray(labels, np.int64), class_names,
-                      skipped)
+                      skipped + list(unread))
+
+
+def named(entries: Sequence[tuple[str, str]], most: int = 100) -> str:
+    """``path (reason); ...`` of the first ``most`` ``entries``, then how many more."""
+    more = f"; and {len(entries) - most} more" if len(entries) > most else ""
+    return "; ".join(f"{p} ({r})" for p, r in entries[:most]) + more
 
 
 def decode_image_file(path, label):

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from aetv2_tf.data.cifar10_pickles import unpickle_batch
-from aetv2_tf.data.image_folders import ImageFiles, decode_image_file, image_files
+from aetv2_tf.data.image_folders import ImageFiles, decode_image_file, image_files, named
 
 if TYPE_CHECKING:  # TensorFlow is imported lazily: the CIFAR-10 reader works without it.
     import tensorflow as tf
@@ -212,14 +212,31 @@ def _kind(folder: pathlib.Path, entry: os.DirEntry) -> str:
                         "link or point it at a real folder or image") from e
 
 
-def _class_folders(folder: pathlib.Path) -> list[str]:
-    """The class sub-directories of ``folder``, sorted. A symbolic link to another directory is
-    a class like any other; one to ``folder`` or a folder containing it (``/``, the dataset's
-    root), or one that loops, is refused (DataError)."""
+def _unread_reason(name: str, kind: str) -> str | None:
+    """Why the entry ``name`` of a class folder, of `_kind` ``kind``, is not read as an image;
+    None for a file of `IMAGE_EXTENSIONS`."""
+    extension = os.path.splitext(name)[1].lower()
+    if kind == "dir":
+        return "a folder: the images of a class are the files of its folder"
+    if kind != "file":
+        return "not a regular file (a device, a pipe, a socket, or a link to one)"
+    if extension not in IMAGE_EXTENSIONS:
+        return (f"unsupported format {extension or '(no extension)'}; supported: "
+                f"{' '.join(IMAGE_EXTENSIONS)}")
+    return None
+
+
+def _class_folders(folder: pathlib.Path) -> tuple[list[str], list[tuple[str, str]]]:
+    """The class sub-directories of ``folder``, sorted, and its other entries with why they are
+    not read (``(path, reason)``). A symbolic link to another directory is a class like any
+    other; one to ``folder`` or a folder containing it (``/``, the dataset's root), or one that
+    loops, is refused (DataError)."""
     real = folder.resolve()
-    names = []
+    names, unread = [], []
     for entry in _entries(folder):
         if _kind(folder, entry) != "dir":
+            unread.append((shown(entry.path), f"not a class folder: those of {folder} are its "
+                                              "sub-folders"))
             continue
         _check_name(folder, entry.name)
         if entry.is_symlink():
@@ -230,16 +247,17 @@ def _class_folders(folder: pathlib.Path) -> list[str]:
                     f"{target}, which contains the image folder itself; remove the link or "
                     f"point it at the class's own folder")
         names.append(entry.name)
-    return names
+    return names, unread
 
 
 def list_image_folder(root, split: str | None = None, min_classes: int = 2) -> ImageFiles:
     """The checked files of ``root/split/<class>/*`` with ``IMAGE_EXTENSIONS`` (any case), in
     sorted (class, file name) order; label ``i`` is ``class_names[i]`` (sorted sub-directory
-    names); undecodable files left out, named in the log and in ``skipped``. DataError, naming
-    the folder and the fix, for an unreadable folder, a bad link, a name that is not UTF-8,
-    fewer than ``min_classes`` classes (one class would make a probe's top-1 100%; unlabelled
-    images are one folder, ``min_classes=1``), or a class folder with no decodable image.
+    names); undecodable files and every other entry (`_unread_reason`) left out, named in the
+    log and in ``skipped``. DataError, naming the folder and the fix, for an unreadable folder,
+    a bad link, a name that is not UTF-8, fewer than ``min_classes`` classes (one class would
+    make a probe's top-1 100%; unlabelled images are one folder, ``min_classes=1``), or a class
+    folder with no decodable image.
     """
     base = pathlib.Path(root).expanduser()
     folder = base / split if split else base
@@ -248,7 +266,7 @@ def list_image_folder(root, split: str | None = None, min_classes: int = 2) -> I
             f"image folder {folder} does not exist; expected ROOT/{split or ''}/<class>/<image> "
             f"with one sub-directory per class"
         )
-    class_names = _class_folders(folder)
+    class_names, unread = _class_folders(folder)
     if len(class_names) < min_classes:
         unlabelled = " (images without labels: one sub-directory holding them all)" \
             if min_classes == 1 else ""
@@ -258,18 +276,22 @@ def list_image_folder(root, split: str | None = None, min_classes: int = 2) -> I
                         f"class{'es' if min_classes > 1 else ''}{unlabelled}")
     paths, labels = [], []
     for label, name in enumerate(class_names):
-        files = [e.path for e in _entries(folder / name)
-                 if os.path.splitext(e.name)[1].lower() in IMAGE_EXTENSIONS and
-                 _kind(folder / name, e) == "file"]
+        entries = [(e.path, _unread_reason(e.name, _kind(folder / name, e)))
+                   for e in _entries(folder / name)]
+        files = [path for path, reason in entries if reason is None]
+        others = [(shown(path), reason) for path, reason in entries if reason is not None]
         for path in files:
             _check_name(folder, path)
         if not files:
             raise DataError(f"image folder {folder}: class folder {name} holds no image "
-                            f"{IMAGE_EXTENSIONS}; add its images or remove the folder")
+                            f"{IMAGE_EXTENSIONS}{'; it holds ' if others else ''}"
+                            f"{named(others, 3)}; add its images or remove the folder")
         paths += files
         labels += [label] * len(files)
+        unread += others
     try:
-        files = image_files(paths, np.asarray(labels, np.int64), class_names, os.fspath(folder))
+        files = image_files(paths, np.asarray(labels, np.int64), class_names, os.fspath(folder),
+                            unread)
     except OSError as e:
         raise DataError(f"image folder {folder}: {e.filename or 'a file'} cannot be read "
                         f"({e.strerror or e}); check the disk or the network file system, or "

@@ -67,12 +67,6 @@ def check_resumable(model_dir: str) -> None:
         "or choose a new --model_dir. Nothing was changed.")
 
 
-def rotation_objective() -> tuple[keras.losses.Loss, list[keras.metrics.Metric]]:
-    """RotNet's loss and metric: the cross-entropy over the 4 quarter turns, its accuracy."""
-    return (keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            [keras.metrics.SparseCategoricalAccuracy(name="rotation_accuracy")])
-
-
 def build_model(config: RunConfig, steps: int, *, inputs: str, mean, std, augment: bool,
                 scope: Any = None, fused_warp: bool | None = None, one_pass: bool | None = None,
                 **compile_kwargs: Any) -> tuple[keras.Model, keras.Model, Any, Any]:
@@ -99,8 +93,10 @@ def build_model(config: RunConfig, steps: int, *, inputs: str, mean, std, augmen
             model = build_rotations_model(encoder, seed, augment=augment, mean=mean, std=std) \
                 if inputs == "images" else build_rotation_classifier(encoder)
             schedule, optimizer = config.recipe.build_optimizer(steps)
-            loss, metrics = rotation_objective()
-            model.compile(optimizer=optimizer, loss=loss, metrics=metrics, **compile_kwargs)
+            model.compile(  # the cross-entropy over the 4 quarter turns, its accuracy
+                optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(True),
+                metrics=[keras.metrics.SparseCategoricalAccuracy("rotation_accuracy")],
+                **compile_kwargs)
         else:
             model = config.recipe.build_model(
                 encoder, seed, inputs=inputs, shift=config.data.shift,
@@ -267,14 +263,15 @@ def run_control_of(config: RunConfig, backend: Backend, store: CheckpointStore,
                    span: tuple[int, int, int]) -> RunControl:
     """The run's `RunControl` over ``span`` (from step ``start`` to ``stop`` of ``steps``):
     checkpoints every ``--checkpoint_every_steps`` into ``store``, ``--on_nonfinite``,
-    ``--max_loss_growth``, ``--stop_after_seconds`` and the signals (agreed among workers)."""
+    ``--max_loss_growth``, ``--stop_after_seconds``, the signals (agreed among workers) and
+    weights that the steps leave unchanged."""
     train = config.train
     return RunControl(
         *span,
         saver=CheckpointSaver(store, config.outputs.checkpoint_every_steps, backend.chief),
         nonfinite=NonFiniteSteps(train.on_nonfinite == "stop", every=backend.skip_check_every()),
         growth=LossGrowth(train.max_loss_growth), signals=SignalStop(backend.signal_agreement()),
-        deadline=run_length.deadline(config))
+        deadline=run_length.deadline(config), watch_weights=True)
 
 
 def fit(config: RunConfig, model: keras.Model, batches, control: RunControl, summaries: list,

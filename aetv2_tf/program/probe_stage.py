@@ -46,6 +46,7 @@ from aetv2_tf.probes.results import write_results
 from aetv2_tf.probes.splits import ProbeData, load_probe_data
 from aetv2_tf.program.config import RunConfig
 from aetv2_tf.program.probe_epochs import EpochCheckpoints
+from aetv2_tf.program.run_control import UNCHANGED_WEIGHTS, NothingLearned, values_digest
 from aetv2_tf.program.run_lock import refuse_training
 
 PROBE_LR_SCHEDULES = ("step", "constant")
@@ -347,6 +348,7 @@ def fit_head(config: RunConfig, model: keras.Model, data: ProbeData, batches: Ca
     epochs = EpochCheckpoints(os.path.join(model_dir, "checkpoints"), config.train.epochs, chief)
     try:
         history = epochs.resume(model, optimizer)
+        start = values_digest(model)
         train = batches(data.train, data.train_labels, True, len(history))
         endless = int(getattr(train, "cardinality", lambda: 0)()) == -1  # tf.data's INFINITE
         outcome = train_probe(
@@ -358,6 +360,9 @@ def fit_head(config: RunConfig, model: keras.Model, data: ProbeData, batches: Ca
             steps_per_epoch=-(-len(data.train) // config.train.batch_size) if endless else None)
     finally:
         epochs.signals.restore()
+    if len(history) < config.train.epochs and values_digest(model) == start:
+        raise NothingLearned(f"the classifier's {outcome['epochs_run'] - len(history)} epoch(s) "
+                             f"{UNCHANGED_WEIGHTS}; no results were written.")
     return {**{key: outcome[key] for key in ("selected_epoch", "val_top1", "test_top1",
                                               "epochs_run")},
             "val_top1_history": [round(float(v), 2) for v in outcome["val_top1_history"]]}

@@ -10,12 +10,14 @@ counts the steps and stops and saves: after every batch end, in this order, it
 4. checks the loss growth (`divergence.LossGrowth`), before any save: the weights whose loss
    grew are never saved, and the checkpoint that gave that loss is set aside;
 5. saves a checkpoint when due (`checkpoint_saver.CheckpointSaver`; non-finite weights stop
-   the run instead);
+   the run instead, and so do trainable weights that still hold the values of this
+   invocation's start, ``watch_weights``: nothing was learned, nothing is saved from then on);
 6. stops on a signal (`signal_stop.SignalStop`, agreed among workers).
 
-When training ends it saves the final checkpoint, then puts the signal handlers back (a second
-signal during that save waits for it). `outcome` is how it ended: an `Outcome`, whose `Ending`
-the program turns into its last lines and exit code (`aetv2_tf.train`).
+When training ends it saves the final checkpoint (the weights checked again), then puts the
+signal handlers back (a second signal during that save waits for it). `outcome` is how it
+ended: an `Outcome`, whose `Ending` the program turns into its last lines and exit code
+(`aetv2_tf.train`).
 """
 
 from __future__ import annotations
@@ -29,10 +31,28 @@ from typing import Any, NamedTuple
 import keras
 from absl import logging
 
+from aetv2_tf.files.digests import weights_digest
 from aetv2_tf.program.checkpoint_saver import CheckpointSaver
 from aetv2_tf.program.divergence import LossGrowth, NonFiniteSteps, skipped_steps
 from aetv2_tf.program.run_length import due
 from aetv2_tf.program.signal_stop import SignalStop
+
+#: Why steps leave every trainable weight as it was, with the fixes (exit 8).
+UNCHANGED_WEIGHTS = (
+    "changed no trainable weight: a learning rate that rounds to 0 against the weights (raise "
+    "--learning_rate), an Adam --adam_beta2 of 1 (its steps are then 0: use 0.999), frozen "
+    "layers (no trainable weight that the loss reaches), or every step skipped as non-finite "
+    "(check the data)")
+
+
+def values_digest(model: keras.Model) -> str:
+    """`weights_digest` of ``model``'s trainable weights as values: -0.0 as 0.0 (a step of 0
+    turns a 0.0 into -0.0, a change of bits, not of value)."""
+    return weights_digest(w + 0 for w in model.trainable_weights)
+
+
+class NothingLearned(Exception):
+    """A classifier's epochs changed no trainable weight (exit 8, as `Ending.NOTHING_LEARNED`)."""
 
 
 class Ending(enum.Enum):
@@ -43,6 +63,7 @@ class Ending(enum.Enum):
     NONFINITE_WEIGHTS = "non-finite weights"               # exit 3
     LOSS_GREW = "the loss grew past --max_loss_growth"     # exit 7
     NONFINITE_STEP = "a non-finite step, --on_nonfinite=stop"  # exit 3
+    NOTHING_LEARNED = "steps ran, no trainable weight changed"  # exit 8
     STOP_AFTER_SECONDS = "--stop_after_seconds"            # exit 0, the run goes on when rerun
     STOP_AFTER_STEPS = "--stop_after_steps"                # exit 0, the run goes on when rerun
     COMPLETED = "every step of the run"                    # exit 0
@@ -54,7 +75,8 @@ class Outcome:
     ``steps``, and what happened on the way: the ``signal`` received (its name), steps
     non-finite in a row (``diverged``), a non-finite step under ``--on_nonfinite=stop``
     (``nonfinite_step``), a checkpoint refused for ``nonfinite_weights``, the loss growth
-    (``loss_grew``: where and by how much), the ``deadline`` reached."""
+    (``loss_grew``: where and by how much), the trainable weights ``unchanged`` by the steps
+    that ran, the ``deadline`` reached."""
 
     step: int
     steps: int
@@ -63,6 +85,7 @@ class Outcome:
     nonfinite_step: bool = False
     nonfinite_weights: bool = False
     loss_grew: str | None = None
+    unchanged: bool = False
     deadline: bool = False
 
     @property
@@ -70,7 +93,8 @@ class Outcome:
         for ending, happened in ((Ending.SIGNAL, self.signal), (Ending.DIVERGED, self.diverged),
                                  (Ending.NONFINITE_WEIGHTS, self.nonfinite_weights),
                                  (Ending.LOSS_GREW, self.loss_grew),
-                                 (Ending.NONFINITE_STEP, self.nonfinite_step)):
+                                 (Ending.NONFINITE_STEP, self.nonfinite_step),
+                                 (Ending.NOTHING_LEARNED, self.unchanged)):
             if happened:
                 return ending
         if self.step >= self.steps:
@@ -87,7 +111,8 @@ class Outcome:
         shown = dict(stopped_at_deadline=self.deadline,
                      interrupted_by=self.signal, diverged=self.diverged,
                      stopped_nonfinite=self.nonfinite_step,
-                     nonfinite_weights=self.nonfinite_weights, loss_grew=self.loss_grew)
+                     nonfinite_weights=self.nonfinite_weights, loss_grew=self.loss_grew,
+                     unchanged_weights=self.unchanged)
         return {key: value for key, value in shown.items() if value}
 
 
@@ -109,18 +134,20 @@ class RunControl(keras.callbacks.Callback):
     can be short) of a run of ``steps``. ``step``: the batches consumed so far, counted in
     Python (reading a device counter every step would wait for the device); a skipped step
     counts, as its batch was consumed. Fit with `run_length.fit_epochs`. The parts a test
-    leaves out (None) are not watched."""
+    leaves out (None, False) are not watched."""
 
     def __init__(self, start: int, stop: int, steps: int, *,
                  saver: CheckpointSaver | None = None, nonfinite: NonFiniteSteps | None = None,
                  growth: LossGrowth | None = None, signals: SignalStop | None = None,
-                 deadline: float | None = None, clock: Callable[[], float] = time.monotonic):
+                 deadline: float | None = None, clock: Callable[[], float] = time.monotonic,
+                 watch_weights: bool = False):
         super().__init__()
-        self.step = self._epoch_start = int(start)
+        self.step = self._epoch_start = self.start = int(start)
         self.stop, self.steps = int(stop), int(steps)
         self.saver, self.nonfinite, self.growth = saver, nonfinite, growth
         self.signals, self.deadline, self.clock = signals, deadline, clock
-        self.deadline_reached = False
+        self.deadline_reached = self.unchanged = False
+        self.watch_weights, self._start_digest = watch_weights, None
         if saver is not None and signals is not None:
             signals.writing = saver.writing  # a second signal waits for a checkpoint
 
@@ -130,9 +157,11 @@ class RunControl(keras.callbacks.Callback):
             diverged=bool(self.nonfinite and self.nonfinite.diverged),
             nonfinite_step=bool(self.nonfinite and self.nonfinite.stopped),
             nonfinite_weights=bool(self.saver and self.saver.refused),
-            loss_grew=self.growth and self.growth.grew, deadline=self.deadline_reached)
+            loss_grew=self.growth and self.growth.grew, unchanged=self.unchanged,
+            deadline=self.deadline_reached)
 
     def on_train_begin(self, logs=None):
+        self._start_digest = values_digest(self.model) if self.watch_weights else None
         if self.nonfinite is not None:
             self.nonfinite.begin(self.step, self._skipped())
         if self.signals is not None:
@@ -154,6 +183,7 @@ class RunControl(keras.callbacks.Callback):
             self._hold_checkpoints(previous)
             stop = True
         if self.saver is not None and due(self.step, previous, self.saver.every):
+            stop |= self._learned_nothing()
             self.saver.save(self.model, self.step)
             stop |= self.saver.refused
         if self.signals is not None:
@@ -163,6 +193,7 @@ class RunControl(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         try:
+            self._learned_nothing()
             if self.saver is not None:
                 self.saver.save(self.model, self.step)
         finally:
@@ -172,6 +203,20 @@ class RunControl(keras.callbacks.Callback):
         """Puts the signal handlers back (once training has ended, however it ended)."""
         if self.signals is not None:
             self.signals.restore()
+
+    def _learned_nothing(self) -> bool:
+        """Whether steps ran and the trainable weights still hold the values of the start
+        (then no checkpoint is written from now on: a rerun starts from the same weights);
+        once they changed, they are not read again."""
+        if self._start_digest is None or self.step == self.start:
+            return False
+        if values_digest(self.model) != self._start_digest:
+            self._start_digest = None
+            return False
+        self.unchanged = True
+        if self.saver is not None:
+            self.saver.hold()
+        return True
 
     def _skipped(self) -> int | None:
         return skipped_steps(self.model.optimizer)  # `model` syncs a JAX model's state

@@ -165,9 +165,11 @@ class TensorFlowBackend(Backend):
             lambda x, tx, p, q: draw_pairs(x.numpy(), tx.numpy(), p, q, mean, std))]
 
     def _first_pairs(self, data: PretextData, **kwargs):
-        """The pipeline's first 4 pairs, unaugmented, seeded apart from the training's."""
-        return next(iter(self.dataset_from(data, 0, batch_size=4, seed=self.config.train.seed + 1,
-                                           augment=False, **kwargs)))
+        """The first batch of 4 pairs of the pipeline (fewer where the data has fewer images),
+        unaugmented, seeded apart from the training's."""
+        return next(iter(self.dataset_from(data, 0, batch_size=min(4, data.num_examples or 4),
+                                           seed=self.config.train.seed + 1, augment=False,
+                                           **kwargs)))
 
     def export(self, encoder, model) -> dict:
         from aetv2_tf.files.savedmodel import export_encoder
