@@ -162,6 +162,19 @@ def hold_lock(run: pathlib.Path) -> subprocess.Popen:
     return proc
 
 
+def test_the_run_that_holds_the_lock_exports_itself_through_a_child(tmp_path, saved_encoder_dir):
+    """The export a run starts in a child process (Keras on JAX exports through TensorFlow
+    there) reads the run its parent holds: its exit 0, the SavedModel written."""
+    run = copied_run(saved_encoder_dir, tmp_path / "run")
+    code = ("import subprocess, sys; from aetv2_tf.program import rundir; rundir.lock(sys.argv[1]);"
+            " sys.exit(subprocess.run([sys.executable, '-m', 'aetv2_tf.export', "
+            "'--model_dir=' + sys.argv[1]]).returncode)")
+    proc = subprocess.run([sys.executable, "-c", code, str(run)], cwd=REPO, text=True,
+                          capture_output=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (run / "export" / "encoder" / "saved_model.pb").is_file()
+
+
 def test_a_run_that_is_training_is_named_as_such_by_the_export_and_the_probe(
         tmp_path, saved_encoder_dir, program, cifar10_dir, capsys):
     """The export or a probe of a run that is training now (its checkpoints change under a

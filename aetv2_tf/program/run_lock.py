@@ -60,9 +60,11 @@ def lock(model_dir: str) -> None:
 def refuse_training(model_dir: str, what: str) -> None:
     """UsageError when another live process holds `model_dir`'s lock (`lock`): a run that is
     training now, whose checkpoints change under a reader (`what`: how the reader names it, e.g.
-    ``--pretrained=runs/x``). The lock is read, never created or written: a shared `flock`
-    tried and released at once."""
+    ``--pretrained=runs/x``). The run's own process and its children (the export a run starts
+    in a child process once it has trained) read it. The lock is read, never created or
+    written: a shared `flock` tried and released at once."""
     import fcntl
+    import socket
 
     path = os.path.join(model_dir, LOCK_NAME)
     if os.path.realpath(model_dir) in _LOCKS or os.path.islink(path) or \
@@ -73,6 +75,8 @@ def refuse_training(model_dir: str, what: str) -> None:
             fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = handle.read(1000).strip() or "another process"  # one line
+            if holder.startswith(f"pid {os.getppid()} on host {socket.gethostname()},"):
+                return  # the run that started this process
             raise UsageError(f"{what} is a run that is training now ({holder}): its checkpoints "
                              "change while it trains; wait for it to end (or stop it: a run "
                              "stopped by a signal resumes from its checkpoint), then run this "
