@@ -257,3 +257,50 @@ def test_the_feature_extractor_and_classifier_entries(extractor, images, entry):
         assert (got is not None) == valid
         if got is not None:
             assert tuple(got.shape) == (images.shape[0], 3072)
+
+
+def _image_bytes(fmt: str) -> bytes:
+    """A small seeded RGB image encoded as ``fmt`` by Pillow."""
+    import io
+
+    from PIL import Image
+
+    rgb = np.random.default_rng(0).integers(0, 256, (8, 12, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(rgb).save(out, format=fmt)
+    return out.getvalue()
+
+
+IMAGES = st.sampled_from(["PNG", "JPEG", "BMP", "GIF"]).flatmap(
+    lambda fmt: mutated(_image_bytes(fmt)))
+
+
+@FUZZ
+@given(IMAGES)
+def test_image_files(contents):
+    """A mutated image file is either named as bad by the folder reader's check
+    (`check_image_file`: the reason is a message) or, once it passes, a PNG, BMP or GIF decodes
+    on both backends' decoders (TensorFlow's `decode_rgb`, Pillow's `rgb_image`) into uint8 RGB
+    of one shape: such a file never ends a run with a decoder's error. A JPEG damaged inside
+    its entropy-coded data passes the check, which decodes nothing (docs/reliability.md)."""
+    import tensorflow as tf
+    from PIL import Image
+
+    from aetv2_tf.data.augment import decode_rgb
+    from aetv2_tf.data.image_folders import check_image_file
+    from aetv2_tf.data.stream import rgb_image
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "image")
+        pathlib.Path(path).write_bytes(contents)
+        reason = check_image_file(path)
+        if reason is not None:
+            assert isinstance(reason, str) and reason.strip()
+            return
+        if contents.startswith(b"\xff\xd8"):
+            return
+        by_tensorflow = decode_rgb(tf.constant(contents)).numpy()
+        with Image.open(path) as image:
+            by_pillow = np.asarray(rgb_image(image))
+    assert by_tensorflow.dtype == by_pillow.dtype == np.uint8
+    assert by_tensorflow.shape == by_pillow.shape and by_tensorflow.shape[2] == 3

@@ -41,6 +41,7 @@ import os
 import re
 import struct
 import warnings
+import zlib
 from typing import BinaryIO
 
 from PIL import BmpImagePlugin, GifImagePlugin, Image, JpegImagePlugin, PngImagePlugin
@@ -102,10 +103,32 @@ def header_problem(f: BinaryIO, kind: str, head: bytes) -> str | None:
     if kind == "jpeg":
         return _jpeg_problem(f, image)
     if kind == "gif":
-        return _gif_problem(f, head)
+        return _gif_problem(f, head) or _gif_colour_problem(image, head)
     if kind == "bmp":
         return _bmp_problem(f, head, image)
-    return None
+    return _png_problem(f)
+
+
+def _png_problem(f: BinaryIO) -> str | None:
+    """A PNG whose chunks fail their CRC or whose image data (IDAT) is no whole zlib stream:
+    TensorFlow's decoder fails on it mid-run ("Invalid PNG data"). Reads the file once, in
+    chunks; the data is inflated 1 MiB at a time and dropped."""
+    f.seek(8)
+    inflate = zlib.decompressobj()
+    while len(header := f.read(8)) == 8:
+        length, kind = struct.unpack(">I4s", header)
+        data, crc = f.read(length), f.read(4)
+        if len(crc) < 4 or zlib.crc32(kind + data) != struct.unpack(">I", crc)[0]:
+            return f"damaged PNG (its {kind!r} chunk fails its CRC): re-save or remove it"
+        while kind == b"IDAT" and data and not inflate.eof:
+            try:
+                inflate.decompress(data, 2**20)
+            except zlib.error as e:
+                return f"damaged PNG (its image data does not inflate: {e}): re-save or remove it"
+            data = inflate.unconsumed_tail
+        if kind == b"IEND":
+            return None if inflate.eof else "damaged PNG (its image data ends early)"
+    return "truncated PNG (no IEND chunk)"
 
 
 def _jpeg_problem(f: BinaryIO, image: JpegImagePlugin.JpegImageFile) -> str | None:
@@ -170,6 +193,31 @@ def _gif_problem(f: BinaryIO, head: bytes) -> str | None:
             f"after {frames} frame(s)); download or copy it again")
 
 
+def _gif_colour_problem(image: GifImagePlugin.GifImageFile, head: bytes) -> str | None:
+    """A first frame whose pixels index past its colour table (giflib refuses them; Pillow
+    does not): its indices decoded by Pillow (within the pixel limits checked before)."""
+    import numpy as np
+
+    image.seek(0)
+    f = image.fp
+    f.seek(13 + (3 << ((head[10] & 7) + 1) if head[10] & 0x80 else 0))
+    colours = 2 << (head[10] & 7) if head[10] & 0x80 else 0
+    while (block := f.read(1)) == b"\x21":  # extensions before the first frame
+        f.read(1)
+        _skip_sub_blocks(f)
+    flags = f.read(9)[8]
+    colours = 2 << (flags & 7) if flags & 0x80 else colours
+    try:
+        image.seek(0)
+        indices = np.asarray(image.convert("P") if image.mode != "P" else image)
+    except (OSError, ValueError, SyntaxError) as e:
+        return f"damaged GIF (its first frame does not decode: {e}); re-save it as a PNG"
+    if block == b"\x2c" and indices.size and int(indices.max()) >= colours:
+        return (f"damaged GIF (its first frame uses colour {int(indices.max())} of a table of "
+                f"{colours}); re-save it as a PNG")
+    return None
+
+
 def _skip_sub_blocks(f: BinaryIO) -> bool:
     """Skips data sub-blocks (a length byte, then that many bytes) to the 0-length one; False
     if the file ends first."""
@@ -206,5 +254,9 @@ def _bmp_problem(f: BinaryIO, head: bytes, image: BmpImagePlugin.BmpImageFile) -
         return (f"truncated BMP ({size:,} bytes; its header declares {needed:,}: pixels from "
                 f"byte {image.tile[0].offset:,}, {image.size[1]} rows of {image.size[0]} "
                 "pixels); download or copy it again")
+    if size > needed:
+        return (f"BMP with {size - needed:,} bytes after its pixels ({size:,} bytes; its header "
+                f"declares {needed:,}), which TensorFlow's decoder refuses; re-save it or "
+                "convert it to a PNG")
     return None
 
