@@ -39,23 +39,11 @@ TINY = flag_support.FLOAT32_TINY
 
 
 @pytest.fixture
-def read():
+def read(configured):
     """``read(*args)``: the flags parsed (with a --model_dir under a folder that does not
-    exist) and read into a `RunConfig` as `aetv2_tf.train` does; absl's and the program's
-    refusals raise. The flags are restored afterwards."""
-    saved, was_parsed = flagsaver.save_flag_values(FLAGS), FLAGS.is_parsed()
-
-    def run(*args: str) -> run_config.RunConfig:
-        argv = ["train", "--model_dir=/nonexistent/run", "--train_steps=4", *args]
-        FLAGS.unparse_flags()
-        FLAGS(argv)
-        return run_config.from_flags(FLAGS, argv)
-
-    yield run
-    FLAGS.unparse_flags()
-    flagsaver.restore_flag_values(saved, FLAGS)
-    if was_parsed:
-        FLAGS.mark_as_parsed()
+    exist) and read into a `RunConfig` as `aetv2_tf.train` does (conftest's `configured`);
+    absl's and the program's refusals raise."""
+    return lambda *args: configured("--model_dir=/nonexistent/run", "--train_steps=4", *args)
 
 
 # ----------------------------------------------------------------- the issue's command lines
