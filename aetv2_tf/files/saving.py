@@ -149,20 +149,15 @@ def load_encoder(name_or_directory: str | os.PathLike,
                                 "save_encoder, a pretraining run's model_dir, or a preset "
                                 f"name {sorted(presets.PRESETS)}")
     saved = load_saved_flags(directory)
-    if saved.get("custom_encoder"):
-        return normalised_encoder(load_custom_encoder(directory, saved))
-    return normalised_encoder(load_encoder_weights(directory, saved, batch_norm))
-
-
-def load_custom_encoder(directory: str, saved: dict) -> keras.Model:
-    """The custom encoder `save_encoder` wrote whole in ``directory`` (`load_model`)."""
+    if not saved.get("custom_encoder"):
+        return normalised_encoder(load_encoder_weights(directory, saved, batch_norm))
     path = os.path.join(directory, os.path.basename(saved.get("encoder_file") or ENCODER_FILE))
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path} not found: {directory}'s flags.json records a custom "
                                 "encoder saved by aetv2_tf.save_encoder; save it again")
     encoder = load_model(path, compile=False)
     logging.info("Loaded the encoder from %s.", path)
-    return encoder
+    return normalised_encoder(encoder)
 
 
 def load_model(path: str | os.PathLike, **kwargs: Any) -> keras.Model:

@@ -351,19 +351,10 @@ def check_run_version(model_dir: str) -> None:
             "--model_dir.")
 
 
-def check_model_dir(config: RunConfig) -> None:
-    """Refuses, unless ``--overwrite``, a pretraining ``--model_dir`` of version 0.1 or of
-    another ``--train_seconds``; nothing is written."""
-    if config.stage != "pretext" or config.outputs.overwrite:
-        return
-    check_run_version(config.outputs.model_dir)
-    if config.train.train_seconds:
-        recorded_budget(config)
-
-
 def check_machine(config: RunConfig, num_replicas: int, backend: str, accelerator: bool) -> None:
-    """The checks that need the machine (replicas, accelerator, backend, ``--model_dir``),
-    before anything is written."""
+    """The checks that need the machine (replicas, accelerator, backend) and, unless
+    ``--overwrite``, a pretraining ``--model_dir`` of version 0.1 or of another
+    ``--train_seconds``; before anything is written."""
     if config.train.batch_size % num_replicas:
         raise UsageError(f"--batch_size={config.train.batch_size} is not divisible by the "
                          f"{num_replicas} replicas of --strategy={config.machine.strategy}; use "
@@ -372,4 +363,7 @@ def check_machine(config: RunConfig, num_replicas: int, backend: str, accelerato
         raise UsageError("--mixed_precision=mixed_float16 needs a GPU; on a CPU use "
                          "mixed_bfloat16 (fast with AMX) or none.")
     flag_support.check(backend, config.values, config.given)
-    check_model_dir(config)
+    if config.stage == "pretext" and not config.outputs.overwrite:
+        check_run_version(config.outputs.model_dir)
+        if config.train.train_seconds:
+            recorded_budget(config)

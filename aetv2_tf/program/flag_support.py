@@ -176,8 +176,7 @@ def refusals(backend: str, values: Mapping[str, Any], given: Collection[str]) ->
 
 def check(backend: str, values: Mapping[str, Any], given: Collection[str]) -> None:
     """Raises `UsageError` with the first refusal of `refusals`."""
-    found = refusals(backend, values, given)
-    if found:
+    if found := refusals(backend, values, given):
         raise UsageError(found[0])
 
 
