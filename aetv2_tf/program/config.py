@@ -221,12 +221,8 @@ def _drop_epochs(values: Mapping[str, Any]) -> tuple[int, ...]:
 
 def _last_given(argv: Sequence[str], names: Sequence[str]) -> str | None:
     """Of ``names``, the flag given last on the command line, flagfiles expanded in place."""
-    expanded = flagfiles.expand(argv[1:])
-    last = {}
-    for i, arg in enumerate(expanded):
-        for name in names:
-            if arg == f"--{name}" or arg.startswith(f"--{name}="):
-                last[name] = i
+    last = {name: i for i, arg in enumerate(flagfiles.expand(argv[1:])) for name in names
+            if arg == f"--{name}" or arg.startswith(f"--{name}=")}
     return max(last, key=last.get) if len(last) == len(names) else None
 
 

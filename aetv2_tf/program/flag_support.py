@@ -32,12 +32,10 @@ def defined(holder: flags.FlagHolder, *, essential: bool = False, trajectory: bo
     Validators, in order: ``finite``, ``float32`` (0 or `in_float32`), ``minimum`` (None
     passes these three), then each ``(test, message)`` of ``valid``."""
     name = holder.name
-    if essential:
-        _ESSENTIAL.append(name)
-    if trajectory:
-        _TRAJECTORY.append(name)
-    if aet_only:
-        _AET_ONLY.append(name)
+    for marked, names in ((essential, _ESSENTIAL), (trajectory, _TRAJECTORY),
+                          (aet_only, _AET_ONLY)):
+        if marked:
+            names.append(name)
     if finite:
         flags.register_validator(name, lambda v: v is None or math.isfinite(v),
                                  message=f"--{name} must be a finite number, not inf or nan.")
