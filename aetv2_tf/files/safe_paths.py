@@ -1,30 +1,9 @@
 """Where the project writes: never through a symbolic link it did not create (library code).
 
-Every file the project writes, truncates, appends to or replaces in a run folder, an export's
-parent or a report's `--output` goes through this module:
-
-* `refuse_link`: a UsageError naming the path, where it points and the fix, when the path is a
-  symbolic link (or, with ``regular=True``, exists and is not a regular file: a FIFO would block
-  the writer, a device would take the bytes). Called before a path is written or moved into;
-* `open_for_writing`: the file opened with ``O_NOFOLLOW`` (``w``: truncated, ``a``: appended,
-  ``a+``: read and written, neither truncated): a link planted after the check still fails
-  (``ELOOP``) instead of being followed;
-* `write_atomically`: THE writer of whole files (text, bytes, or what a saver such as Keras's
-  ``save_weights`` writes): a temporary beside the file, created by the call itself, flushed to
-  the disk, renamed into place, the folder flushed too: a reader never sees a partial file, a
-  link at the path is refused, not replaced, and a failed write (a full disk) leaves the old
-  file as it was, the temporary removed, the error (its errno) raised as it came;
-* `process_alive`: whether the process whose pid names a temporary still runs (a killed
-  process's temporaries are removed by the next writer, a live one's never).
-
-What the project reads back whole (a flagfile, flags.json, budget.json, results.json, a
-manifest, a checksum) goes through `read_regular_file`: a FIFO (which blocks its reader) or a
-device (``/dev/zero``: no end) is refused before it is read, a file over a limit unread.
-
-The folder given by the user (``--model_dir``, the folders above it) may be or contain links
-(a run on another disk): what is refused is a link INSIDE what the project writes, e.g.
-``<model_dir>/.lock``, ``checkpoints/`` or ``results.json``, which would make it write into a
-file it did not create. Nothing here imports TensorFlow or Keras.
+Every file the project writes goes through `refuse_link`, `open_for_writing` or
+`write_atomically` (THE writer of whole files); what it reads back whole goes through
+`read_regular_file` (a FIFO or device refused, a file over a limit unread). The user's folder
+(``--model_dir`` and above) may be a link; a link INSIDE what the project writes is refused.
 """
 
 from __future__ import annotations
@@ -62,8 +41,8 @@ def refuse_link(path: str | os.PathLike, fix: str = LINK_FIX, *, regular: bool =
 
 
 def open_for_writing(path: str | os.PathLike, mode: str = "w", fix: str = LINK_FIX) -> IO[str]:
-    """`path` opened as text for writing (`mode` "w", "a" or "a+"), never through a symbolic
-    link: `refuse_link` first, then ``O_NOFOLLOW``, so a link appearing in between fails too."""
+    """`path` opened as text for writing (`mode` "w", "a" or "a+": read and written, not
+    truncated), never through a symbolic link: `refuse_link`, then ``O_NOFOLLOW``."""
     path = os.fspath(path)
     refuse_link(path, fix, regular=True)
     try:
@@ -81,16 +60,11 @@ def write_atomically(path: str | os.PathLike, content: str | bytes | Callable[[s
                      before_replace: Callable[[str], object] | None = None) -> str:
     """Writes the file ``path`` whole or not at all, and returns ``path``.
 
-    ``content``: text (UTF-8), bytes, or a saver ``content(tmp)`` that writes the file at
-    ``tmp`` (Keras's ``save_weights``, ``model.save``). It goes to the temporary
-    ``.tmp<pid>-<name>`` beside ``path`` (its name ends as ``path``'s: Keras checks suffixes),
-    created by this call (``O_EXCL | O_NOFOLLOW``: nothing planted there is followed), flushed
-    to the disk (fsync); then ``before_replace(tmp)`` if given (`saving.save_atomically`
-    writes the checksum there), ``os.replace`` into place and an fsync of the folder, so that
-    the rename survives a crash. A symbolic link (or a FIFO, a folder) at ``path`` or at the
-    temporary's name is refused (`refuse_link`). On any error (``ENOSPC`` or ``EFBIG`` of a full
-    disk, a saver's failure, an interrupt) the temporary is removed, ``path`` is left as it was,
-    and the error is raised as it came (an OSError keeps its errno)."""
+    ``content``: text (UTF-8), bytes, or a saver ``content(tmp)`` (Keras's ``save_weights``).
+    It goes to the temporary ``.tmp<pid>-<name>`` beside ``path`` (``O_EXCL | O_NOFOLLOW``),
+    fsynced; then ``before_replace(tmp)`` if given, ``os.replace`` and an fsync of the folder.
+    A link, FIFO or folder at either name is refused (`refuse_link`). On any error the
+    temporary is removed, ``path`` left as it was, and the error raised as it came."""
     path = os.fspath(path)
     directory, name = os.path.split(path)
     tmp = os.path.join(directory, f".tmp{os.getpid()}-{name}")
@@ -118,8 +92,7 @@ def write_atomically(path: str | os.PathLike, content: str | bytes | Callable[[s
 
 
 def _fsync(path: str) -> None:
-    """Flushes the file or folder at ``path`` to the disk (a file system that cannot flush a
-    folder, EINVAL, is left to its own ordering)."""
+    """Flushes the file or folder at ``path`` to the disk (a folder's EINVAL is ignored)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -131,8 +104,7 @@ def _fsync(path: str) -> None:
 
 
 def process_alive(pid: int) -> bool:
-    """Whether process `pid` runs on this host (this process counts as dead: its own earlier
-    temporaries are leftovers)."""
+    """Whether process `pid` runs on this host (this process counts as dead)."""
     if pid == os.getpid():
         return False
     try:
@@ -144,8 +116,7 @@ def process_alive(pid: int) -> bool:
     return True
 
 
-#: The most bytes of a file read whole (`read_regular_file`): flagfiles, flags.json, budget.json,
-#: results.json and manifests hold a few KB.
+#: The most bytes of a file read whole (`read_regular_file`); the records hold a few KB.
 MAX_RECORD_BYTES = 2**20
 READ_FIX = "pass the file this project wrote (or a text file of your own), not this one"
 
@@ -161,10 +132,9 @@ def _refuse_unless_regular(path: str, mode: int, fix: str) -> None:
 
 def read_regular_file(path: str | os.PathLike, fix: str = READ_FIX,
                       max_bytes: int = MAX_RECORD_BYTES) -> bytes:
-    """The bytes of the regular file `path` (links followed) of at most `max_bytes`; else a
-    UsageError naming `path`, what it is and `fix`. Checked by
-    ``stat``, then opened ``O_NONBLOCK`` and checked again by ``fstat`` (a FIFO swapped in
-    opens at once and is refused); an OSError (missing, no permission) is the caller's."""
+    """The bytes of the regular file `path` (links followed) of at most `max_bytes`, else a
+    UsageError naming it, what it is and `fix`; checked by ``stat`` and, opened ``O_NONBLOCK``,
+    by ``fstat``. An OSError (missing, no permission) is the caller's."""
     path = os.fspath(path)
     _refuse_unless_regular(path, os.stat(path).st_mode, fix)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
@@ -177,8 +147,8 @@ def read_regular_file(path: str | os.PathLike, fix: str = READ_FIX,
 
 
 def read_json(path: str | os.PathLike, fix: str = READ_FIX) -> Any:
-    """The JSON value of the UTF-8 file `path` (`read_regular_file`); a ValueError for what is
-    not one (a UsageError: not a regular file, too large, nested too deeply for Python)."""
+    """The JSON value of the UTF-8 file `path` (`read_regular_file`); ValueError for what is
+    not JSON, UsageError for a deep nesting."""
     try:
         return json.loads(read_regular_file(path, fix).decode("utf-8"))
     except RecursionError:

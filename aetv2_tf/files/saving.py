@@ -6,22 +6,12 @@
     mean_std = aetv2_tf.preprocessing("runs/my_encoder")        # {"mean": ..., "std": ...}
     python -m aetv2_tf.train --flagfile=configs/cifar10_probe_conv.cfg --pretrained=runs/my_encoder
 
-For the package's backbones (`build_backbone`: "nin", "alexnet") the directory is what a
-pretraining run of the command line leaves for its readers: ``encoder.weights.h5`` (the
-Keras-BatchNorm layout that every backend reads) and ``flags.json``, a record of what the
-encoder is (``stage``, ``pretext``, ``loss``, ``backbone``, ``dataset``), so that
-``--pretrained``, ``python -m aetv2_tf.export`` and the report treat it as the encoder of a
-pretraining run. Any other Keras encoder (a Sequential CNN, a `keras.applications` model) is
-written whole as ``encoder.keras`` (`keras.saving.load_model` reads it on every backend), its
-record saying ``"custom_encoder": true``, ``"backbone": "custom"``, its ``features`` (output
-names, `models.features`) and ``input_shape``; the command line does not read those. Every file
-is written atomically, with its checksum.
-
-Below them, the files of a run directory that the library reads and writes and the program's
-checkpoints (`program.keras_checkpoints`) are made of: `save_atomically` (a temporary, fsync,
-its SHA-256 beside it, `os.replace`), `damage` (the checksum check), `list_checkpoints`, and the
-encoder's weights (`save_encoder_weights`, `encoder_source`, `load_encoder_weights`: from
-`encoder.weights.h5`, else from the run's newest checkpoint, on any backend).
+For the package's backbones the directory is what a pretraining run leaves for its readers:
+``encoder.weights.h5`` (the Keras-BatchNorm layout every backend reads) and ``flags.json`` (what
+the encoder is). Any other Keras encoder is written whole as ``encoder.keras``, its record
+saying ``"custom_encoder": true``; the command line does not read those. Below: the files of a
+run directory (`save_atomically` with its SHA-256 beside it, `damage`, `list_checkpoints`, the
+encoder's weights).
 """
 
 from __future__ import annotations
@@ -59,22 +49,12 @@ def save_encoder(encoder: keras.Model, directory: str, *, recipe: Recipe | str |
                  pretext: str = "aet", dataset: str = "cifar10", overwrite: bool = False) -> str:
     """Writes ``encoder`` to ``directory`` (module docstring) and returns ``directory``.
 
-    ``encoder``: a `build_backbone` model ("nin", "alexnet": the run layout, weights only) or
-    any functional / Sequential Keras model (written whole as ``encoder.keras``).
-    ``recipe``: how it was trained, a `Recipe` or its name (``"aetv2"``, `recipes.as_recipe`);
-    its ``loss`` names the method (geodesic = AETv2, mse = AETv1; None: left unknown);
-    ``pretext``: "aet" or "rotation" (RotNet); ``dataset``: the training data's name, which
-    fixes the normalisation the probes, the export and `preprocessing` apply ("cifar10":
-    CIFAR-10's mean and std; anything else: ImageNet's). The record's ``image_size`` is the
-    side of the encoder's input, ``null`` for an encoder of any size (``keras.Input(shape=(None,
-    None, 3))``; `models.backbones.input_side`: square images only). Everything is checked
-    before ``directory`` is made.
-
-    ``directory`` must be new or empty; an encoder that `save_encoder` wrote there before is
-    replaced only with ``overwrite=True``; anything else (a training run's folder, whose
-    ``encoder.weights.h5`` holds trained weights; a folder with other files) is refused,
-    `errors.UsageError` (`write_targets.check_encoder_target`): nothing is written over a file
-    this function did not write.
+    ``encoder``: a `build_backbone` model (weights only) or any functional / Sequential model
+    (whole). ``recipe``: a `Recipe` or its name (None: the method left unknown); ``pretext``:
+    "aet" or "rotation"; ``dataset``: fixes the normalisation ("cifar10": CIFAR-10's, else
+    ImageNet's). The record's ``image_size`` is the input's side (``null``: any size).
+    ``directory`` must be new, empty, or (with ``overwrite=True``) an earlier `save_encoder`'s;
+    else `errors.UsageError`, nothing written. Everything is checked before it is made.
     """
     from aetv2_tf.models.backbones import input_side
 
@@ -89,7 +69,6 @@ def save_encoder(encoder: keras.Model, directory: str, *, recipe: Recipe | str |
         from aetv2_tf.models.features import output_names
 
         features = output_names(encoder)  # a clear error for a model without symbolic outputs
-    # Everything is validated before the directory is made (no empty directory on an error).
     record = {"stage": "pretext", "pretext": pretext, "backbone": encoder.name,
               "dataset": dataset, "batch_norm": "keras", "backend": keras.backend.backend(),
               "loss": recipe.loss.kind if recipe else None, "saved_by": SAVED_BY,
@@ -118,8 +97,7 @@ SAVED_ENCODER_FILES = frozenset({"flags.json", ENCODER_WEIGHTS, ENCODER_WEIGHTS 
 
 
 def _package_twin(encoder: keras.Model) -> keras.Model | None:
-    """A keras-BN `build_backbone` twin of ``encoder`` when it IS such a backbone (its name,
-    outputs and variable shapes match), else None: it is a custom encoder."""
+    """A keras-BN `build_backbone` twin of ``encoder`` when it is such a backbone, else None."""
     from aetv2_tf.models import BACKBONES, build_backbone
 
     if encoder.name not in BACKBONES or not isinstance(getattr(encoder, "output", None), dict):
@@ -159,16 +137,10 @@ def load_saved_flags(model_dir: str) -> dict:
 
 def load_encoder(name_or_directory: str | os.PathLike,
                  batch_norm: str = "keras") -> keras.Model:
-    """The encoder in a directory, on the current Keras backend: one written by `save_encoder`,
-    a pretraining run's ``--model_dir`` (its ``encoder.weights.h5``, else its newest
-    checkpoint), or a preset's (a name of `presets.PRESETS`, e.g. "aetv1_cifar10").
-    ``batch_norm``: "keras", or "fused" (TensorFlow's kernel, same weights) for the package's
-    backbones; a custom encoder loads as it was saved (``encoder.keras``).
-
-    The encoder takes NORMALISED images, ``(u / 255 - mean) / std`` (`preprocessing`), as a
-    `models.image_models.NormalisedEncoder`: its ``predict`` (and ``fit``, ``evaluate``, calls on
-    NumPy arrays) refuses raw pixels, uint8 or [0, 1] floats, with the fix (give uint8 images
-    to `feature_extractor` / `build_classifier`, which normalise them)."""
+    """The encoder in a directory (`save_encoder`'s, a pretraining run's ``--model_dir``, or a
+    preset's name), on the current Keras backend; ``batch_norm``: "keras" or "fused" for the
+    package's backbones. It takes NORMALISED images, ``(u / 255 - mean) / std``
+    (`preprocessing`), and refuses raw pixels (`models.image_models.NormalisedEncoder`)."""
     from aetv2_tf.models.image_models import normalised_encoder
 
     directory = presets.resolve(name_or_directory)
@@ -177,31 +149,20 @@ def load_encoder(name_or_directory: str | os.PathLike,
                                 "save_encoder, a pretraining run's model_dir, or a preset "
                                 f"name {sorted(presets.PRESETS)}")
     saved = load_saved_flags(directory)
-    if saved.get("custom_encoder"):
-        return normalised_encoder(load_custom_encoder(directory, saved))
-    return normalised_encoder(load_encoder_weights(directory, saved, batch_norm))
-
-
-def load_custom_encoder(directory: str, saved: dict) -> keras.Model:
-    """The custom encoder that `save_encoder` wrote whole in ``directory`` (``saved``: its
-    flags.json): `load_model` (safe mode, not compiled, after its checksum check) of
-    ``encoder.keras``."""
+    if not saved.get("custom_encoder"):
+        return normalised_encoder(load_encoder_weights(directory, saved, batch_norm))
     path = os.path.join(directory, os.path.basename(saved.get("encoder_file") or ENCODER_FILE))
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path} not found: {directory}'s flags.json records a custom "
                                 "encoder saved by aetv2_tf.save_encoder; save it again")
     encoder = load_model(path, compile=False)
     logging.info("Loaded the encoder from %s.", path)
-    return encoder
+    return normalised_encoder(encoder)
 
 
 def load_model(path: str | os.PathLike, **kwargs: Any) -> keras.Model:
-    """`keras.saving.load_model(path, **kwargs)` (safe mode unless told) of a `.keras` file this
-    project wrote (a run's ``aet_model.keras``, a custom encoder's ``encoder.keras``: each with
-    its SHA-256 beside it, `save_atomically`), after the digest check: a file whose SHA-256
-    differs, or without its ``.sha256``, raises ValueError naming it and the fix, unloaded
-    (Keras itself loads a changed file without a word). A `.keras` file of your own, without
-    a digest, is `keras.saving.load_model`'s."""
+    """`keras.saving.load_model(path, **kwargs)` of a `.keras` file this project wrote, after
+    its digest check: ValueError naming it and the fix for a differing or missing SHA-256."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path} not found")
@@ -215,10 +176,8 @@ def load_model(path: str | os.PathLike, **kwargs: Any) -> keras.Model:
 
 def preprocessing(name_or_directory: str | os.PathLike) -> dict[str, tuple[float, ...]]:
     """``{"mean": (3,), "std": (3,)}``: the normalisation ``(u / 255 - mean) / std`` that the
-    encoder in a directory (or a preset) expects, from its record's ``dataset`` (CIFAR-10's for
-    "cifar10", ImageNet's otherwise, as the probes and the export apply). Made for keywords:
-    ``build_classifier(load_encoder(p), 10, **preprocessing(p))``,
-    ``pooled_features(encoder, "block2", images, **preprocessing(p))``."""
+    encoder in a directory (or a preset) expects, e.g.
+    ``build_classifier(load_encoder(p), 10, **preprocessing(p))``."""
     directory = presets.resolve(name_or_directory)
     saved = load_saved_flags(directory)
     mean, std = normalization_constants(saved.get("dataset", "cifar10"))
@@ -235,11 +194,9 @@ def list_checkpoints(directory: str) -> list[tuple[int, str]]:
 
 
 def save_atomically(saver, path: str) -> str:
-    """`saver(tmp)` into `path` by `safe_paths.write_atomically` (a temporary beside it, fsync,
-    ``os.replace``; a link refused; the old file intact on any error), the file's SHA-256
-    written beside it (`CHECKSUM`) before the rename. Temporaries of `path` or of a checkpoint
-    (``.tmp<pid>-<name>``) that a killed process left are removed first, never those of a live
-    process."""
+    """`saver(tmp)` into `path` by `safe_paths.write_atomically`, its SHA-256 written beside it
+    (`CHECKSUM`) before the rename; dead processes' temporaries of `path` or a checkpoint are
+    removed first."""
     directory, name = os.path.split(path)
     os.makedirs(directory or ".", exist_ok=True)
     for other in os.listdir(directory or "."):  # `.tmp<pid>-<name or a checkpoint's name>`
@@ -256,10 +213,8 @@ def save_atomically(saver, path: str) -> str:
 
 
 def damage(path: str, required: bool = False) -> str | None:
-    """Why the file at `path` cannot be trusted (its SHA-256 is not the one written with it;
-    with `required`, also a missing `.sha256`: the project writes one beside every checkpoint
-    and `.keras` file, so without it a changed file cannot be told from the one written), or
-    None: intact (or, unless `required`, a file without a `.sha256`)."""
+    """Why the file at `path` cannot be trusted (its SHA-256 differs; with `required`, also a
+    missing `.sha256`), or None."""
     sidecar = path + CHECKSUM
     if not os.path.exists(sidecar):
         if required:
@@ -277,9 +232,8 @@ def damage(path: str, required: bool = False) -> str | None:
 
 
 def save_encoder_weights(encoder: keras.Model, backbone: str, model_dir: str) -> str:
-    """Writes `<model_dir>/encoder.weights.h5` atomically in the keras-BN layout that every
-    backend reads (`load_encoder_weights`): the weights go through a keras-BN twin (the fused
-    and the Keras BN layer have the same variables in the same order)."""
+    """Writes `<model_dir>/encoder.weights.h5` atomically through a keras-BN twin (the layout
+    every backend reads)."""
     from aetv2_tf.models import build_backbone
 
     twin = build_backbone(backbone, tuple(encoder.input_shape[1:]), batch_norm="keras")
@@ -290,9 +244,7 @@ def save_encoder_weights(encoder: keras.Model, backbone: str, model_dir: str) ->
 
 def encoder_source(model_dir: str) -> str | None:
     """Where `load_encoder_weights` reads: `encoder.weights.h5`, else the newest checkpoint;
-    a file whose checksum does not match, or a checkpoint without one, is skipped with a
-    warning (readers do not rename). An `encoder.weights.h5` without a checksum is read: only
-    a checksum that differs refuses it."""
+    a damaged file (`damage`; a checkpoint needs its checksum) is skipped with a warning."""
     candidates = [os.path.join(model_dir, ENCODER_WEIGHTS)] + [
         path for _, path in reversed(list_checkpoints(os.path.join(model_dir, "checkpoints")))]
     for path in candidates:
@@ -306,13 +258,8 @@ def encoder_source(model_dir: str) -> str | None:
 
 
 def load_encoder_weights(model_dir: str, saved: dict, batch_norm: str) -> keras.Model:
-    """The encoder of a run (`saved`: its flags.json), with `batch_norm`.
-
-    Reads `model_dir/encoder.weights.h5`, else the newest `checkpoints/ckpt-*.weights.h5`: the
-    run's whole pretext model is rebuilt to read it (the pairs/rotations model of
-    `program.keras_native_backend`, the AET/rotation model of the TensorFlow program, with the
-    run's batch norm). FileNotFoundError when neither exists.
-    """
+    """The encoder of a run (`saved`: its flags.json), with `batch_norm`, from `encoder_source`
+    (a checkpoint through the run's rebuilt pretext model); FileNotFoundError for none."""
     from aetv2_tf.models import (
         BACKBONES,
         build_aet_model,
@@ -365,8 +312,7 @@ def load_encoder_weights(model_dir: str, saved: dict, batch_norm: str) -> keras.
 
 
 def load_model_part(model: keras.Model, path: str) -> None:
-    """`model.load_weights(path)` for a checkpoint that also holds optimizer variables, which
-    an uncompiled model has no place for (Keras then warns; the layers load all the same)."""
+    """`model.load_weights(path)`, Keras's warning about optimizer variables silenced."""
     import warnings
 
     with warnings.catch_warnings():
@@ -375,10 +321,8 @@ def load_model_part(model: keras.Model, path: str) -> None:
 
 
 def tensorflow_run_unreadable(model_dir: str, saved: dict) -> str | None:
-    """Why a run of the TensorFlow program cannot be read on this (non-TensorFlow) backend, or
-    None: its checkpoints hold TensorFlow's layers (fused batch norm) or are
-    `tf.train.Checkpoint` files; its `encoder.weights.h5` (finished runs) is read everywhere;
-    a custom encoder's ``encoder.keras`` too."""
+    """Why an unfinished run of the TensorFlow program (no `encoder.weights.h5`) cannot be read
+    on this non-TensorFlow backend, or None."""
     if saved.get("custom_encoder") or saved.get("backend", "tensorflow") != "tensorflow" or \
             keras.backend.backend() == "tensorflow" or \
             os.path.isfile(os.path.join(model_dir, ENCODER_WEIGHTS)):

@@ -3,18 +3,8 @@
     config = from_flags(FLAGS, sys.argv)        # every check that needs no machine; exit 2 else
     check_machine(config, replicas, backend, accelerator)   # the rest, once the adapter knows
 
-`from_flags` is a function of the flag values and the command line alone (the flagfiles it
-names are read again, for which flag came last): no file of a run is opened, no preset
-restored, the global FLAGS never changed, and nothing reads the flags again. It decides the run
-length (`--train_steps` or `--train_seconds`, whichever comes last), the recipe (`recipe_of`)
-and the backbone's facts (`models.backbones`). What ``--model_dir`` holds of an earlier start
-is checked by `check_machine`, before anything is written; a preset's weights are restored
-where the probe's encoder is read (`program.probe_stage`).
-
-Each flags module names its group (`GROUP`), whose fields are its flags' names: `recipe`
-(`recipe_of`), `model`, `data`, `train`, `machine`, `outputs` and `probe`; ``stage`` and
-``pretext`` are the run's own. ``values``: every flag as the run records it (flags.json,
-flags.cfg, results.json: `RunConfig.flag_record`).
+`from_flags` reads only the flag values and the command line (no file of a run, FLAGS left
+unchanged). Each flags module names its `GROUP`, whose fields are its flags' names.
 """
 
 from __future__ import annotations
@@ -38,10 +28,7 @@ from aetv2_tf.program import flags as program_flags
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """The encoder and the pretext model: ``backbone`` (its facts, `models.backbones`),
-    ``batch_norm`` (as asked: "fused" or "keras"; `Backbone.batch_norm_kind` says what is
-    built), the decoder's ``decoder_scale`` (None: the loss's default), ``decoder_init_rotation``
-    and ``siamese_batch_norm``."""
+    """The encoder and the pretext model; ``decoder_scale`` None: the loss's default."""
 
     backbone: Backbone
     batch_norm: str
@@ -52,10 +39,7 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    """The images: ``dataset``, ``data_dir`` (``~`` expanded; None: the dataset's default
-    place), ``download``, ``train_examples`` / ``val_examples`` / ``test_examples`` (0: all),
-    the sampler's ``shift``, ``augment``, where the TensorFlow program warps (``warp``), a
-    tf.data ``data_service``, and the ``dataset_name`` results are labelled with."""
+    """The images; ``data_dir`` None: the dataset's default place; ``*_examples`` 0: all."""
 
     dataset: str
     data_dir: str | None
@@ -72,11 +56,7 @@ class DataConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """How long and how a stage trains: ``batch_size`` (global), ``epochs`` / ``train_steps``
-    (the one that sizes the run; ``train_seconds`` already turned into neither: see
-    `from_flags`), ``train_seconds``, where this invocation stops early (``stop_after_steps``,
-    ``stop_after_seconds``), ``steps_per_execution``, ``seed``, ``on_nonfinite`` and
-    ``max_loss_growth``."""
+    """How long and how a stage trains (``batch_size``: global)."""
 
     batch_size: int
     epochs: int
@@ -92,8 +72,7 @@ class TrainConfig:
 
 @dataclasses.dataclass(frozen=True)
 class MachineConfig:
-    """Where it runs: the tf.distribute ``strategy`` (``tpu``, ``collective_timeout_seconds``,
-    ``cpu_devices``), ``deterministic`` ops and ``mixed_precision``."""
+    """Where it runs: the tf.distribute strategy, determinism, precision."""
 
     strategy: str
     tpu: str | None
@@ -105,10 +84,7 @@ class MachineConfig:
 
 @dataclasses.dataclass(frozen=True)
 class OutputsConfig:
-    """What the run writes: ``model_dir`` (``~`` expanded), ``overwrite``,
-    ``allow_flag_changes``, checkpoints (``checkpoint_every_steps``, ``keep_checkpoints``), logs
-    (``summary_every_steps``, ``image_summary_every_steps``, ``verbose``), ``export`` and the
-    quick KNN at the end (``quick_knn_train``, ``quick_knn_test``)."""
+    """What the run writes (``model_dir``: ``~`` expanded)."""
 
     model_dir: str
     overwrite: bool
@@ -125,12 +101,8 @@ class OutputsConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ProbeConfig:
-    """The probe stages: ``probe``, the frozen ``feature`` (the backbone's probe feature when
-    not given), ``pretrained`` (a preset's name as its run directory, `presets.directory_of`;
-    its weights are restored where the encoder is read), whether an untrusted SavedModel may
-    run (``trust_saved_model``), ``probe_pool``, the ``method`` label (None: from the
-    pretrained run), and the KNN's ``knn_k``, ``knn_metric``, ``knn_pool``, ``knn_ties``. The
-    heads' learning-rate drops are the recipe's (``recipe.optimizer.lr_drop_epochs``)."""
+    """The probe stages: ``feature`` defaults to the backbone's probe feature, ``pretrained``
+    is a run directory (a preset's name resolved), ``method`` None: from the pretrained run."""
 
     probe: str
     feature: str
@@ -144,8 +116,7 @@ class ProbeConfig:
     knn_ties: str
 
 
-#: The groups of `RunConfig` that are filled by name, by the `GROUP` their flags' modules name
-#: ("recipe" is `recipe_of`'s, "run" the run's own fields).
+#: The groups of `RunConfig` filled by name from the `GROUP` of their flags' modules.
 GROUP_TYPES: Mapping[str, type] = types.MappingProxyType({
     "model": ModelConfig, "data": DataConfig, "train": TrainConfig, "machine": MachineConfig,
     "outputs": OutputsConfig, "probe": ProbeConfig})
@@ -153,10 +124,8 @@ GROUP_TYPES: Mapping[str, type] = types.MappingProxyType({
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-    """A run of ``python -m aetv2_tf.train`` (module docstring). ``values``: every flag's
-    value as the run records it, read-only (lists as tuples; `flag_record` gives them as
-    flags.json holds them); ``given``: the flags named on the command line (or in a flagfile),
-    which the backends' table reads."""
+    """A run of ``python -m aetv2_tf.train``. ``values``: every flag's value as recorded
+    (lists as tuples); ``given``: the flags named on the command line or in a flagfile."""
 
     stage: str
     pretext: str
@@ -181,9 +150,7 @@ class RunConfig:
                 for name, value in self.values.items()}
 
     def recorded(self, precision: Mapping[str, Any], backend: str | None = None) -> dict:
-        """What ``<model_dir>/flags.json`` records of the run: its flag values, the package's
-        version, the precision chosen (and the Keras backend, where it is not TensorFlow's
-        program)."""
+        """``<model_dir>/flags.json``: the flag values, version, precision (and backend)."""
         from aetv2_tf import __version__
 
         record = dict(self.flag_record(), version=__version__, precision=dict(precision))
@@ -215,10 +182,8 @@ SPEC_FIELDS = types.MappingProxyType({"loss": "kind", "loss_frame": "frame",
 
 
 def recipe_of(values: Mapping[str, Any]) -> Recipe:
-    """The recipe of flag values: each flag of the "recipe" group onto the field of its name
-    (`SPEC_FIELDS` for the four named otherwise) of `LossSpec` or `OptimizerSpec`, and
-    ``--lr_drop_epochs`` as whole epochs of ``--epochs``; a UsageError naming the flags for a
-    combination the specs refuse."""
+    """The recipe of flag values: each "recipe" flag onto its field (`SPEC_FIELDS`) of
+    `LossSpec` or `OptimizerSpec`; UsageError for a combination the specs refuse."""
     loss_fields = {field.name for field in dataclasses.fields(LossSpec)}
     loss, optimizer = {}, {}
     for flag in program_flags.flags_of_group("recipe"):
@@ -233,8 +198,7 @@ def recipe_of(values: Mapping[str, Any]) -> Recipe:
 
 
 def _drop_epochs(values: Mapping[str, Any]) -> tuple[int, ...]:
-    """`--lr_drop_epochs` as whole epochs of `--epochs` (drops at or past its end never
-    happen); () when empty (the schedule's 30/60/80%)."""
+    """`--lr_drop_epochs` as whole epochs; () when empty (the schedule's 30/60/80%)."""
     raw = values["lr_drop_epochs"] or ()
     if not raw:
         return ()
@@ -257,19 +221,14 @@ def _drop_epochs(values: Mapping[str, Any]) -> tuple[int, ...]:
 
 def _last_given(argv: Sequence[str], names: Sequence[str]) -> str | None:
     """Of ``names``, the flag given last on the command line, flagfiles expanded in place."""
-    expanded = flagfiles.expand(argv[1:])
-    last = {}
-    for i, arg in enumerate(expanded):
-        for name in names:
-            if arg == f"--{name}" or arg.startswith(f"--{name}="):
-                last[name] = i
+    last = {name: i for i, arg in enumerate(flagfiles.expand(argv[1:])) for name in names
+            if arg == f"--{name}" or arg.startswith(f"--{name}=")}
     return max(last, key=last.get) if len(last) == len(names) else None
 
 
 def _run_length(values: Mapping[str, Any], argv: Sequence[str]) -> dict[str, int]:
-    """--train_steps and --train_seconds both > 0: the one given LAST wins, the other is 0
-    (``--flagfile=configs/quickstart.cfg --train_steps=20`` trains 20 steps); the flag set to
-    0, or nothing."""
+    """Of --train_steps and --train_seconds both > 0, the one given last wins: the other's
+    ``{name: 0}``, else ``{}``."""
     if not (values["train_steps"] > 0 and values["train_seconds"] > 0):
         return {}
     winner = _last_given(argv, ("train_steps", "train_seconds"))
@@ -311,9 +270,8 @@ def _check_values(v: Mapping[str, Any]) -> None:
 
 
 def _recorded_values(flag_values: Any, argv: Sequence[str]) -> dict[str, Any]:
-    """Every flag's value as the run records it: lists as tuples, the run length decided
-    (`_run_length`), paths with ``~`` expanded (`flag_support.PathParser`), a preset's name as
-    its run directory (`presets.directory_of`: nothing read)."""
+    """Every flag's value as recorded: lists as tuples, the run length decided, a preset's
+    name as its run directory."""
     from aetv2_tf.files import presets
 
     values = {flag.name: tuple(flag.value) if isinstance(flag.value, list) else flag.value
@@ -325,9 +283,8 @@ def _recorded_values(flag_values: Any, argv: Sequence[str]) -> dict[str, Any]:
 
 
 def from_flags(flag_values: Any, argv: Sequence[str]) -> RunConfig:
-    """The `RunConfig` of parsed flags (module docstring); UsageError naming the flag and the
-    fix for what no machine is needed to refuse. ``argv``: the command line (flagfiles
-    unexpanded), for which of two flags came last."""
+    """The `RunConfig` of parsed flags; UsageError naming the flag and the fix. ``argv``: the
+    command line (flagfiles unexpanded), for which of two flags came last."""
     values = _recorded_values(flag_values, argv)
     given = frozenset(f.name for f in program_flags.program_flags(flag_values) if f.present)
     _check_values(values)
@@ -348,8 +305,7 @@ BUDGET_FILE = "budget.json"
 
 
 def recorded_budget(config: RunConfig) -> dict | None:
-    """The ``--train_seconds`` record of ``--model_dir`` (None: none); refuses another
-    budget."""
+    """The ``--train_seconds`` record of ``--model_dir`` (None: none); refuses another."""
     path = os.path.join(config.outputs.model_dir, BUDGET_FILE)
     if config.stage != "pretext" or not os.path.lexists(path):
         return None
@@ -369,15 +325,13 @@ def recorded_budget(config: RunConfig) -> dict | None:
     return recorded
 
 
-#: The last commit of version 0.1.0 on the main line: it resumes the runs of 0.1 as they trained
-#: (their flags.json holds no "version"; its defaults of --siamese_batch_norm and of the AETv2
-#: loss are not this version's).
+#: The last commit of version 0.1.0, which resumes the runs of 0.1 (no "version" recorded).
 RESUMES_VERSION_0_1 = "75f7d0f"
 
 
 def check_run_version(model_dir: str) -> None:
-    """Refuses a ``model_dir`` whose flags.json was written by version 0.1 (no "version"),
-    naming the version that resumes it; a missing or unreadable record is left to `rundir`."""
+    """Refuses a ``model_dir`` whose flags.json records no "version" (0.1); a missing or
+    unreadable record is left to `rundir`."""
     path = os.path.join(model_dir, "flags.json")
     try:
         saved = read_json(path)
@@ -393,22 +347,10 @@ def check_run_version(model_dir: str) -> None:
             "--model_dir.")
 
 
-def check_model_dir(config: RunConfig) -> None:
-    """What a pretraining run's ``--model_dir`` holds of an earlier start, read (never written)
-    before anything is written: a run of version 0.1 (`check_run_version`) and a
-    ``--train_seconds`` other than the one that sized the run (`recorded_budget`) are refused,
-    unless ``--overwrite``."""
-    if config.stage != "pretext" or config.outputs.overwrite:
-        return
-    check_run_version(config.outputs.model_dir)
-    if config.train.train_seconds:
-        recorded_budget(config)
-
-
 def check_machine(config: RunConfig, num_replicas: int, backend: str, accelerator: bool) -> None:
-    """The checks that need the machine: the batch against the replicas, mixed_float16 against
-    an accelerator, the backend's flag table (`flag_support`) and what ``--model_dir`` holds
-    (`check_model_dir`); before anything is written."""
+    """The checks that need the machine (replicas, accelerator, backend) and, unless
+    ``--overwrite``, a pretraining ``--model_dir`` of version 0.1 or of another
+    ``--train_seconds``; before anything is written."""
     if config.train.batch_size % num_replicas:
         raise UsageError(f"--batch_size={config.train.batch_size} is not divisible by the "
                          f"{num_replicas} replicas of --strategy={config.machine.strategy}; use "
@@ -417,4 +359,7 @@ def check_machine(config: RunConfig, num_replicas: int, backend: str, accelerato
         raise UsageError("--mixed_precision=mixed_float16 needs a GPU; on a CPU use "
                          "mixed_bfloat16 (fast with AMX) or none.")
     flag_support.check(backend, config.values, config.given)
-    check_model_dir(config)
+    if config.stage == "pretext" and not config.outputs.overwrite:
+        check_run_version(config.outputs.model_dir)
+        if config.train.train_seconds:
+            recorded_budget(config)

@@ -1,16 +1,6 @@
-"""What the program knows of each flag beside its value, written where the flag is defined.
-
-`defined` records, in the flag's own module of `aetv2_tf.program.flags`, whether a resumed run
-must keep the flag (`essential`), whether it changes a pretraining run's course (`trajectory`)
-and the checks absl runs while parsing (exit 1 with a message that names the flag and the fix).
-
-`TABLE`: which flag values each Keras backend runs, checked before anything is written. A row
-is a `Rule`: the values that the backends other than TensorFlow refuse, with what the flag
-needs there and the fix; a flag without a row runs everywhere, and TensorFlow runs every flag.
-A refusal is a `UsageError` that names the flag, the backend and the fix.
-
-Also the limits and parsers that every program's flags share (`strict_flags`): integer flags
-take digits up to `MAX_INT`, and path flags expand `~` wherever they are given.
+"""What the program knows of each flag beside its value (`defined`), which flag values each
+non-TensorFlow Keras backend refuses (`TABLE`), and the limits and parsers every program's
+flags share (`strict_flags`).
 """
 from __future__ import annotations
 
@@ -36,22 +26,16 @@ def defined(holder: flags.FlagHolder, *, essential: bool = False, trajectory: bo
             aet_only: bool = False, minimum: int | None = None, finite: bool = False,
             float32: bool = False,
             valid: Sequence[tuple[Callable[[Any], bool], str]] = ()) -> flags.FlagHolder:
-    """Records, where the flag of ``holder`` is defined, what the program needs to know of it
-    beside its value; returns ``holder``. ``essential``: a run resumes only with the value it
-    started with (`essential_flags`); ``trajectory``: a pretraining run that has trained
-    resumes with another value only under ``--allow_flag_changes`` (`trajectory_flags`);
-    ``aet_only``: only the AET pretext reads it (`aet_only_flags`: RotNet ignores it). The
-    checks absl runs while parsing, in this order: ``finite`` (no inf or nan), ``float32`` (a
-    number the loss or the optimizer computes with: 0, or a size float32 holds, `in_float32`),
-    ``minimum`` (an integer flag's lower bound) and each ``(test, message)`` of ``valid``; None
-    (the flag not set) passes the first three."""
+    """Records what the program knows of the flag of ``holder``; returns ``holder``.
+    ``essential``: a run resumes only with its value; ``trajectory``: a trained run resumes
+    with another value only under ``--allow_flag_changes``; ``aet_only``: RotNet ignores it.
+    Validators, in order: ``finite``, ``float32`` (0 or `in_float32`), ``minimum`` (None
+    passes these three), then each ``(test, message)`` of ``valid``."""
     name = holder.name
-    if essential:
-        _ESSENTIAL.append(name)
-    if trajectory:
-        _TRAJECTORY.append(name)
-    if aet_only:
-        _AET_ONLY.append(name)
+    for marked, names in ((essential, _ESSENTIAL), (trajectory, _TRAJECTORY),
+                          (aet_only, _AET_ONLY)):
+        if marked:
+            names.append(name)
     if finite:
         flags.register_validator(name, lambda v: v is None or math.isfinite(v),
                                  message=f"--{name} must be a finite number, not inf or nan.")
@@ -71,17 +55,17 @@ def defined(holder: flags.FlagHolder, *, essential: bool = False, trajectory: bo
 
 
 def essential_flags() -> tuple[str, ...]:
-    """The flags marked ``essential`` (`defined`), in the order they were defined."""
+    """The flags marked ``essential`` (`defined`), in definition order."""
     return tuple(_ESSENTIAL)
 
 
 def trajectory_flags() -> tuple[str, ...]:
-    """The flags marked ``trajectory`` (`defined`), in the order they were defined."""
+    """The flags marked ``trajectory`` (`defined`), in definition order."""
     return tuple(_TRAJECTORY)
 
 
 def aet_only_flags() -> tuple[str, ...]:
-    """The flags marked ``aet_only`` (`defined`), in the order they were defined."""
+    """The flags marked ``aet_only`` (`defined`), in definition order."""
     return tuple(_AET_ONLY)
 
 
@@ -97,13 +81,10 @@ def ignored_by_rotnet(values: Mapping[str, Any], given: Collection[str]) -> str 
 
 @dataclass(frozen=True)
 class Rule:
-    """`refused(value, present)` is True for the values a non-TensorFlow backend cannot run
-    (`present`: the flag was given, not defaulted); `why` says what the flag needs there and
-    the fix; `example` is one refused value (the table's test uses it); with
-    `unless_tensorflow_importable` the value is refused only where TensorFlow cannot be
-    imported (the adapter then uses TensorFlow beside the backend), and, when `stages` is not
-    empty, only in those `--stage` values; `native` lists `(stage, value)` pairs that the
-    backend runs by itself although `refused` says otherwise."""
+    """`refused(value, present)`: True for a value a non-TensorFlow backend cannot run
+    (`present`: given, not defaulted); `why`: what it needs there and the fix; `example`: one
+    refused value. `unless_tensorflow_importable`: refused only where TensorFlow is not
+    importable (in `stages` only, when given); `native`: `(stage, value)` pairs run anyway."""
 
     refused: Callable[[Any, bool], bool]
     why: str
@@ -172,19 +153,14 @@ def tensorflow_importable() -> bool:
 
 
 def refusals(backend: str, values: Mapping[str, Any], given: Collection[str]) -> list[str]:
-    """The messages of every refused flag: ``values`` maps a flag's name to its value (the
-    run's, `config.RunConfig.values`), ``given`` names those given on the command line or in a
-    flagfile (not defaulted). Empty under TensorFlow."""
+    """The message of every refused flag (``given``: not defaulted); empty under TensorFlow."""
     if backend == "tensorflow":
         return []
-    out = []
-    stage = values.get("stage")
+    out, stage = [], values.get("stage")
     for name, rule in TABLE.items():
-        if name not in values:
+        if name not in values or not rule.refused(values[name], name in given):
             continue
         value = values[name]
-        if not rule.refused(value, name in given):
-            continue
         stage_ok = not rule.stages or stage in rule.stages
         if rule.unless_tensorflow_importable and stage_ok and tensorflow_importable():
             continue
@@ -198,25 +174,20 @@ def refusals(backend: str, values: Mapping[str, Any], given: Collection[str]) ->
 
 def check(backend: str, values: Mapping[str, Any], given: Collection[str]) -> None:
     """Raises `UsageError` with the first refusal of `refusals`."""
-    found = refusals(backend, values, given)
-    if found:
+    if found := refusals(backend, values, given):
         raise UsageError(found[0])
 
 
 # --- the limits and parsers every program's flags share ----------------------------------------
 
-#: float32 is the dtype of the weights, of their updates and of the learning rate under every
-#: --mixed_precision: a mixed policy computes the layers in bfloat16 or float16 but keeps the
-#: variables and the optimizer in float32 (tests/test_flag_values_are_in_range.py trains at a
-#: rate that is 0 in float16). Its smallest normal number (a smaller one is 0 where denormals
-#: are flushed, as TensorFlow does on CPUs) and its largest.
+#: float32 (the weights, updates and rate under every --mixed_precision): its smallest normal
+#: number (smaller is 0 where denormals are flushed, as on TensorFlow's CPUs) and its largest.
 FLOAT32_TINY = 2.0**-126
 FLOAT32_MAX = (2.0 - 2.0**-23) * 2.0**127
 
 
 def in_float32(value: float) -> bool:
-    """Whether ``value`` is a positive normal float32 number: from `FLOAT32_TINY` to
-    `FLOAT32_MAX` (neither 0 nor a denormal nor infinite there)."""
+    """Whether ``value`` is from `FLOAT32_TINY` to `FLOAT32_MAX` (a normal float32)."""
     return FLOAT32_TINY <= value <= FLOAT32_MAX
 
 
@@ -228,15 +199,11 @@ def as_float32(value: float) -> float:
         return math.copysign(math.inf, value)
 
 
-#: The largest value of an integer flag (steps, epochs, examples, seeds, intervals, seconds):
-#: int32's. A step counter is an int32 under Keras on JAX (no x64) and NumPy's seeds stop at
-#: 2**32: a larger count (`--train_steps=10**21`) would end in a traceback deep in the run.
+#: The largest integer flag: int32's (step counters under Keras on JAX, NumPy's seeds).
 MAX_INT = 2**31 - 1
-#: `--cpu_devices`: logical devices on one CPU share its cores (they exercise the mirrored path,
-#: they add no speed) and Keras traces the train step once per replica, so more only stalls the
-#: start: 100000 hangs before the first step, 64 starts within a minute.
+#: `--cpu_devices`: each logical device adds a traced step and no speed (64 starts in a minute).
 MAX_CPU_DEVICES = 64
-#: `--train_seconds`: a year. A larger budget is a typo, and its step count would pass MAX_INT.
+#: `--train_seconds`: a year; a larger budget is a typo.
 MAX_TRAIN_SECONDS = 365 * 24 * 3600.0
 
 
@@ -244,8 +211,7 @@ class WholeNumberParser(flags.IntegerParser):
     """An integer flag's parser whose refusal names the fix (`--train_steps=1e21`, `=1.5`)."""
 
     def convert(self, argument: int | str) -> int:
-        """The int of `argument` (digits; 0x/0o prefixes as absl's); a ValueError that says how
-        to write it otherwise."""
+        """The int of `argument` (as absl's); a ValueError that says how to write it."""
         try:
             return super().convert(argument)
         except ValueError:
@@ -254,10 +220,7 @@ class WholeNumberParser(flags.IntegerParser):
 
 
 class PathParser(flags.ArgumentParser):
-    """A path flag's parser: `~` and `~user` are expanded, as the shell does on a command line,
-    so that a flagfile's `--model_dir=~/runs/x` names the same directory (absl already expands
-    `--flagfile=~/...`). `$VARIABLES` are left alone: a path may hold a `$`, and the shell has
-    expanded them on the command line already."""
+    """A path flag's parser: `~` and `~user` expanded (also in a flagfile), `$VARIABLES` not."""
 
     def parse(self, argument: str) -> str:
         """`argument` with `~` expanded; a ValueError for a NUL byte (no path holds one)."""
@@ -267,10 +230,8 @@ class PathParser(flags.ArgumentParser):
 
 
 def strict_flags(flag_values: flags.FlagValues, modules: str | Sequence[str]) -> None:
-    """Every integer flag of the ``modules`` (a module's name, or the names its flags were
-    defined under) gets `WholeNumberParser` and the upper bound `MAX_INT`; every flag named in
-    `PATH_FLAGS` gets `PathParser`; every text flag is one line (of flags.cfg). Call
-    once, after defining the flags."""
+    """For the flags of ``modules``: integers get `WholeNumberParser` and `MAX_INT`,
+    `PATH_FLAGS` get `PathParser`, text must be one line. Call once, after defining them."""
     modules = (modules,) if isinstance(modules, str) else tuple(modules)
     for flag in (f for module in modules for f in flag_values.get_flags_for_module(module)):
         if isinstance(flag.parser, flags.IntegerParser):

@@ -1,13 +1,10 @@
 """The flagfiles of a command line, read with limits before absl reads them.
 
-absl reads every ``--flagfile=`` (nested ones too) whole with a plain `open`: a FIFO blocks it,
-``/dev/zero`` fills the memory, a file naming itself under another spelling recurses until the
-stack overflows, bytes that are not text end in a traceback. `expand` reads them first, as absl
-would, and refuses (`UsageError` naming the file, the flagfile that named it and the fix) a
-flagfile that is not a regular file or is over `MAX_FLAGFILE_BYTES`, more than `MAX_FLAGFILES`
-flagfiles or `MAX_FLAGFILE_BYTES` in all, a loop, and bytes not in the locale's encoding. A
-missing file and ``--flagfile`` without a name stay absl's errors. `parse_command_line` is
-`absl.app.run`'s parser for `aetv2_tf.train`, `.export` and `.report`.
+absl reads each ``--flagfile=`` whole with a plain `open` (a FIFO blocks it, ``/dev/zero``
+fills the memory, a loop overflows the stack). `expand` reads them first, as absl would, and
+refuses (`UsageError` naming the file, the flagfile that named it and the fix) what is not a
+regular file, too large (`MAX_FLAGFILE_BYTES`, one or all), too many (`MAX_FLAGFILES`), a loop,
+or not text in the locale's encoding; a missing file stays absl's error.
 """
 
 from __future__ import annotations
@@ -43,9 +40,8 @@ class _Reader:
         self.files, self.size = 0, 0
 
     def lines(self, name: str, chain: tuple[tuple[str, tuple[int, int]], ...]) -> list[str]:
-        """The flag lines of the flagfile ``name``, nested ones expanded, as absl's
-        `FlagValues._get_flag_file_lines` gives them; ``chain``: ``(name, (st_dev, st_ino))``
-        of the flagfiles that named it, outermost first."""
+        """The flag lines of the flagfile ``name``, nested ones expanded (as absl's
+        `_get_flag_file_lines`); ``chain``: ``(name, (st_dev, st_ino))`` of those naming it."""
         if not name:  # absl skips `--flagfile=` (an empty name)
             return []
         where = f"--flagfile={name}" + (f" (named in {chain[-1][0]})" if chain else "")
@@ -84,8 +80,7 @@ class _Reader:
                            (*chain, (name, identity)))
 
     def _flags(self, lines: list[str], chain) -> list[str]:
-        """The flags of a flagfile's ``lines``: no blank lines and comments, each nested
-        flagfile's flags in its place."""
+        """The flags of ``lines``: no blanks or comments, nested flagfiles expanded."""
         out = []
         for line in lines:
             if line.isspace() or line.startswith(("#", "//")):
@@ -100,9 +95,8 @@ class _Reader:
 
 
 def expand(args: Sequence[str]) -> list[str]:
-    """``args`` (without the program's name) with each flagfile's flags in its place, as
-    absl's `FlagValues.read_flags_from_files` expands them (GNU rules: nothing after ``--``),
-    read with the limits above: `UsageError`, or absl's `flags.Error` for what absl refuses."""
+    """``args`` (no program name) with each flagfile's flags in its place, as absl's
+    `read_flags_from_files` (nothing after ``--``); `UsageError`, or absl's `flags.Error`."""
     reader, out, rest = _Reader(), [], list(args)
     while rest:
         arg = rest.pop(0)
@@ -121,8 +115,8 @@ def expand(args: Sequence[str]) -> list[str]:
 
 
 def parse_command_line(argv: Sequence[str]) -> list[str]:
-    """`absl.app.run`'s ``flags_parser``: `expand` (exit 2 ``error: ...``, or exit 1 in absl's
-    words), then `absl.app.parse_flags_with_usage` of ``argv``, whose result it returns."""
+    """`absl.app.run`'s ``flags_parser``: `expand` (exit 2, or 1 for absl's errors), then
+    `absl.app.parse_flags_with_usage` of ``argv``."""
     try:
         expand(argv[1:])
     except UsageError as e:

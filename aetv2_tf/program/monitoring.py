@@ -1,7 +1,5 @@
-"""What a training run shows while it runs: the progress bar on the console and the scalars and
-image pairs written for TensorBoard and train/log.csv, in the same order: the loss and its
-terms first (`metrics.shown_order`). Both are Keras callbacks of the pretext stage, on every
-backend; TensorFlow is imported only by the TensorBoard log.
+"""What a training run shows while it runs: the progress bar, and the scalars and image pairs
+for TensorBoard and train/log.csv (the loss and its terms first, `metrics.shown_order`).
 """
 
 from __future__ import annotations
@@ -17,11 +15,8 @@ from aetv2_tf.program.run_length import due
 
 
 class ProgressBar(ShownOrderBar):
-    """The library's progress bar (`models.displayed_loss.ShownOrderBar`: the loss and its terms
-    first), which also ends an epoch that training left early at the step reached, where
-    Keras's draws it to the end: partly drawn while ``finished()`` is False (stopped by a
-    signal or a stop flag: the run goes on when rerun), full at that count when it is True (the
-    run's last, short epoch)."""
+    """`ShownOrderBar` that ends an epoch left early at the step reached: partly drawn while
+    ``finished()`` is False (the run goes on when rerun), full at that count when True."""
 
     def __init__(self, finished):
         super().__init__()
@@ -65,8 +60,7 @@ class TensorBoardLog:
 
 
 class CsvScalars:
-    """A run's scalars as the rows of a CSV file at ``path`` (`scalar_logs.CsvLog`: its columns
-    are the first row's; a resumed run appends); images are not kept there."""
+    """A run's scalars as the rows of a CSV file at ``path`` (`scalar_logs.CsvLog`)."""
 
     def __init__(self, path: str):
         self.path = path
@@ -87,9 +81,8 @@ class CsvScalars:
 
 
 def model_prediction(model: keras.Model, inputs) -> np.ndarray:
-    """The decoded parameters (B, 8) of ``inputs``: a direct call, not predict_on_batch, which
-    would gather across workers while only the chief draws images (a collective on one worker
-    hangs a multi-worker run)."""
+    """The decoded parameters (B, 8) of ``inputs``: a direct call (predict_on_batch would
+    gather across workers while only the chief draws)."""
     output = model(inputs, training=False)
     return keras.ops.convert_to_numpy(keras.ops.cast(output, "float32"))
 
@@ -98,15 +91,11 @@ class PretextSummaries(keras.callbacks.Callback):
     """Scalars every ``every`` steps and (x, t(x)) image pairs every ``image_every`` steps, into
     each of ``logs`` (`TensorBoardLog`, `CsvScalars`).
 
-    Scalars: what the model shows, in the order shown (`metrics.shown_order`: `loss`, its terms,
-    `angle_deg`, `rotation_accuracy`, `l2_penalty`; means over the steps since the previous
-    summary, recovered from Keras' running means since the start of the epoch), then
-    `learning_rate` (``lr_fn(step)``), `pairs_per_sec`. Images `pairs`: x beside t(x), with the
-    true corner quadrilateral (green) and the predicted one (red, ``predict(model, inputs)``)
-    drawn on t(x) by ``draw_fn``. ``sample``: ``((x, tx), params)`` normalised pairs, or
-    ``((x, tx), params, inputs)`` where the model takes other inputs for them
-    (``--warp=device``: the uint8 images and homographies); None: no images. ``step_fn()``:
-    the step reached (`run_control.RunControl.step`).
+    Scalars: the model's metrics in `metrics.shown_order` (means since the previous summary),
+    then `learning_rate` (``lr_fn(step)``) and `pairs_per_sec`. Images `pairs`: x beside t(x),
+    the true (green) and predicted (red) corner quadrilaterals drawn by ``draw_fn``.
+    ``sample``: ``((x, tx), params)`` normalised pairs, or ``((x, tx), params, inputs)`` where
+    the model takes other inputs; None: no images. ``step_fn()``: the step reached.
     """
 
     def __init__(self, logs: list, step_fn, lr_fn, every: int, image_every: int,

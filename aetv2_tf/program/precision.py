@@ -1,14 +1,9 @@
 """`--mixed_precision`: the Keras dtype policy, and on a CPU `auto` decided by measurement.
 
-Whether bfloat16 is faster than float32 on a CPU depends on the CPU, not on a flag list: with AMX
-tiles it is several times faster, with AVX512_BF16 alone it was 0.7x on one Intel machine and
-1.74x on an AMD EPYC (BENCHMARKS.md). So on a CPU, `auto` TIMES both: a short probe runs the
-convolutions of a NIN block forward and backward (the layers that dominate the pretext step) in
-float32 and in bfloat16, interleaved, and picks bfloat16 only when it is at least `MARGIN`
-times faster. The decision is cached per machine (CPU model, core count, TensorFlow version,
-oneDNN on or off) in `$AETV2_CACHE_DIR` (default `$XDG_CACHE_HOME/aetv2_tf` or
-`~/.cache/aetv2_tf`), so later runs skip the probe. Accelerators keep fixed rules: bfloat16 on
-TPUs, float16 on GPUs.
+Whether bfloat16 beats float32 on a CPU depends on the CPU (BENCHMARKS.md), so `auto` times a
+NIN block's convolutions in both and picks bfloat16 only when `MARGIN` times faster; the
+decision is cached per machine (`machine_key`) in `$AETV2_CACHE_DIR` (default
+`$XDG_CACHE_HOME/aetv2_tf` or `~/.cache/aetv2_tf`).
 """
 
 from __future__ import annotations
@@ -24,7 +19,7 @@ from aetv2_tf.errors import UsageError
 from aetv2_tf.files.digests import sha256
 from aetv2_tf.files.safe_paths import read_json, write_atomically
 
-MARGIN = 1.1  # bfloat16 must beat float32 by 10% to be chosen: rounding costs something
+MARGIN = 1.1  # bfloat16 must beat float32 by 10% to be chosen
 PROBE_POLICIES = ("float32", "mixed_bfloat16")
 
 
@@ -37,11 +32,7 @@ class Choice(NamedTuple):
 
 
 def cpu_model() -> tuple[str, str]:
-    """The CPU's model name and a digest of its feature flags (from /proc/cpuinfo).
-
-    Virtual machines often report a generic name ("Intel(R) Xeon(R) Processor") for CPUs with
-    and without AMX, so the flags are part of the machine's identity.
-    """
+    """The CPU's model name and a digest of its feature flags (VMs share generic names)."""
     name, flags = platform.processor() or platform.machine(), ""
     try:
         with open("/proc/cpuinfo") as f:
@@ -58,9 +49,7 @@ def cpu_model() -> tuple[str, str]:
 
 
 def onednn_state() -> str:
-    """"on" or "off": whether TensorFlow runs its oneDNN CPU kernels in this process (decided
-    once, when TensorFlow is imported: `TF_ENABLE_ONEDNN_OPTS`, which `aetv2_tf` sets to 1 unless
-    the user set it), or "unknown" where this TensorFlow build does not say."""
+    """Whether TensorFlow runs its oneDNN CPU kernels here: "on", "off" or "unknown"."""
     try:
         from tensorflow.python.util import _pywrap_util_port
 
@@ -70,8 +59,7 @@ def onednn_state() -> str:
 
 
 def machine_key() -> str:
-    """What the cached decision depends on: CPU model and flags, visible cores, TF version and
-    whether its oneDNN kernels are on (bfloat16 runs on them), and their ISA cap if one is set."""
+    """The cache key: CPU model and flags, visible cores, TF version, oneDNN and its ISA cap."""
     import tensorflow as tf
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -94,12 +82,8 @@ def decide(rates: dict[str, float], margin: float = MARGIN) -> str:
 
 
 def probe_rates(batch: int = 16, steps: int = 4, rounds: int = 3) -> dict[str, float]:
-    """Steps/s of a NIN-block forward + backward pass in float32 and bfloat16, interleaved.
-
-    The block (5x5x96 -> 192, 1x1 -> 192, 1x1 -> 192 on 16x16 maps, as NIN's block 2) carries
-    most of the pretext step's arithmetic; about 1-2 s in all on 2 cores (a 2-core Xeon
-    with AMX: bfloat16 2.9-3.1x here, 2.8x in the real step; BENCHMARKS.md).
-    """
+    """Steps/s of NIN block 2's convolutions (5x5x96 -> 192, 1x1 -> 192, 1x1 -> 192 on 16x16
+    maps) forward and backward, in float32 and bfloat16, interleaved (0.0: failed)."""
     import numpy as np
     import tensorflow as tf
 
@@ -129,8 +113,8 @@ def probe_rates(batch: int = 16, steps: int = 4, rounds: int = 3) -> dict[str, f
     for name, fn in list(fns.items()):  # trace and warm up
         try:
             tf.nest.map_structure(lambda g: g.numpy(), fn())
-        except tf.errors.OpError as e:  # no bfloat16 kernel here (seen: oneDNN capped to AVX2
-            if name == "float32":  # by ONEDNN_MAX_CPU_ISA on an AVX-512 CPU): rate 0
+        except tf.errors.OpError as e:  # no bfloat16 kernel here: rate 0
+            if name == "float32":
                 raise
             from absl import logging
 
@@ -157,11 +141,8 @@ def _load_cache(path: str) -> dict:
 
 def auto_cpu_policy(path: str | None = None,
                     probe: Callable[[], dict[str, float]] = probe_rates) -> Choice:
-    """`auto` on a CPU: the cached decision for this machine, else `probe()` and cache it.
-
-    A cache that cannot be read or written is not an error: the probe then runs every time. A
-    probe whose bfloat16 step failed is not cached (it may have been a passing condition).
-    """
+    """`auto` on a CPU: the cached decision for this machine, else `probe()` and cache it (an
+    unusable cache is no error; a failed bfloat16 probe is not cached)."""
     path = path or cache_file()
     key = machine_key()
     cached = _load_cache(path).get(key)
@@ -197,15 +178,10 @@ def _rates_text(rates: dict | None) -> str:
 
 
 def choose_precision(name: str, backend: str = "tensorflow", accelerator: str = "") -> Choice:
-    """The Keras dtype policy for `--mixed_precision`, with the reason; one rule for every
-    backend (`accelerator`: "tpu", "gpu" or "" for a CPU, as the backend's adapter sees it).
-
-    `none` -> float32; explicit policies pass through; `auto`: mixed_bfloat16 on TPUs; on GPUs
-    mixed_float16 under TensorFlow (dynamic loss scaling) and mixed_bfloat16 elsewhere (the JAX
-    GPU rates of BENCHMARKS.md); on CPUs, under TensorFlow the faster of float32 and
-    mixed_bfloat16 as measured by `auto_cpu_policy`, elsewhere float32 (bfloat16 gained nothing
-    under JAX on the CPUs measured, BENCHMARKS.md).
-    """
+    """The Keras dtype policy for `--mixed_precision`, with the reason (`accelerator`: "tpu",
+    "gpu" or "" for a CPU). `auto`: mixed_bfloat16 on TPUs; on GPUs mixed_float16 under
+    TensorFlow, else mixed_bfloat16; on CPUs `auto_cpu_policy` under TensorFlow, else float32
+    (BENCHMARKS.md)."""
     if name == "none":
         return Choice("float32", "--mixed_precision=none")
     if name != "auto":

@@ -1,10 +1,5 @@
-"""The lock of a `--model_dir`: one writing process at a time, and readers told when a run is
-training now.
-
-`lock` takes ``<model_dir>/.lock`` (an exclusive ``flock``, released by the OS when the process
-ends, however it ends) for the process that writes the run (`rundir.prepare`); `refuse_training`
-lets a reader (a probe's ``--pretrained``, the export) say that the run it reads is training,
-instead of reading checkpoints that change under it.
+"""The lock of a `--model_dir`: one writing process at a time (`lock`), and readers told when
+a run is training now (`refuse_training`).
 """
 
 from __future__ import annotations
@@ -24,12 +19,9 @@ _LOCKS: dict[str, object] = {}  # model_dir -> the open lock file this process h
 
 
 def lock(model_dir: str) -> None:
-    """Takes `<model_dir>/.lock` for this process (an exclusive `flock`, released by the OS when
-    the process ends, however it ends) and writes its pid, host and start time into it; a
-    model_dir that another live process holds is refused, naming that process; a lock that is
-    a symbolic link or not a regular file is refused (`safe_paths.open_for_writing`), never
-    written through. Held until the process exits; taking it again in the same process is a
-    no-op."""
+    """Takes `<model_dir>/.lock` (an exclusive `flock`, released by the OS when the process
+    ends) and writes the pid, host and start time into it; UsageError naming the holder when
+    another process holds it, or when it is a link or not a regular file. Idempotent."""
     import fcntl
     import socket
     import time
@@ -38,7 +30,6 @@ def lock(model_dir: str) -> None:
     if key in _LOCKS:
         return
     path = os.path.join(model_dir, LOCK_NAME)
-    # held open for the life of the process; never through a link (it would be truncated)
     handle = open_for_writing(path, "a+", PART_FIX)
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -58,11 +49,9 @@ def lock(model_dir: str) -> None:
 
 
 def refuse_training(model_dir: str, what: str) -> None:
-    """UsageError when another live process holds `model_dir`'s lock (`lock`): a run that is
-    training now, whose checkpoints change under a reader (`what`: how the reader names it, e.g.
-    ``--pretrained=runs/x``). The run's own process and its children (the export a run starts
-    in a child process once it has trained) read it. The lock is read, never created or
-    written: a shared `flock` tried and released at once."""
+    """UsageError when another live process holds `model_dir`'s lock (`what`: how the reader
+    names the run, e.g. ``--pretrained=runs/x``); the run's own process and its children (the
+    export it starts) read it. A shared `flock` tried; nothing written."""
     import fcntl
     import socket
 

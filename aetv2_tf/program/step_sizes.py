@@ -1,13 +1,8 @@
 """The optimizer's rates that the flags give, in float32: refused where one is 0.
 
-The rate, the weights and their updates are float32 under every ``--mixed_precision``; a rate
-below float32's smallest normal number (`flag_support.FLOAT32_TINY`) is 0 where denormals are
-flushed (TensorFlow on CPUs): no weight would change, and the run would end "Done". `check`
-computes, in float32 as `method.optimizers.Schedule` and Keras do, each rate a schedule holds
-for a stretch of the run: the peak, the warm-up's first step (peak / ``--warmup_steps``), the
-rate after the last drop of ``step`` (peak x ``--lr_drop_factor`` ** drops), the end of
-``aetv1`` (peak x 1e-4), and for Adam each times ``sqrt(1 - --adam_beta2)``, its first step's
-first factor. A cosine's last steps approach 0 by design: not judged.
+A rate below `flag_support.FLOAT32_TINY` is 0 where denormals are flushed: no weight would
+change. Judged: the peak, the warm-up's first rate, the rate after the last ``step`` drop, the
+end of ``aetv1``, and for Adam each times ``sqrt(1 - beta_2)``; a cosine's end is not.
 """
 
 from __future__ import annotations
@@ -53,7 +48,7 @@ def scheduled_rates(v: Mapping[str, Any]) -> list[tuple[str, float]]:
 
 def check(v: Mapping[str, Any]) -> None:
     """`UsageError` for the first of `scheduled_rates` that is 0 in float32, else a warning
-    logged for a step too small for a weight of 1 (a KNN probe trains nothing: not judged)."""
+    logged for a step too small for a weight of 1 (a KNN probe: not judged)."""
     if v["stage"] == "probe" and v["probe"] == "knn":
         return
     for what, rate in scheduled_rates(v):
@@ -69,8 +64,7 @@ def check(v: Mapping[str, Any]) -> None:
 
 
 def small_step_warning(v: Mapping[str, Any]) -> str | None:
-    """A warning when Adam's peak step changes no float32 weight of size 1 (BatchNorm's scales
-    start there); None otherwise (SGD's step scales with the gradient: not judged)."""
+    """A warning when Adam's peak step changes no float32 weight of size 1; else None."""
     if v["optimizer"] != "adam":
         return None
     step = as_float32(v["learning_rate"])

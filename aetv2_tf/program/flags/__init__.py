@@ -1,16 +1,6 @@
-"""Command-line flags of `python -m aetv2_tf.train` (absl), with their validation.
-
-The flags are defined by what they are for, one module each (`MODULES`: ``--helpfull`` lists
-them so): the stage, the loss, the model, the data, the optimizer, training (length, stops,
-seed), the machine, the outputs and the probe stages. Each module names the `GROUP` of
-`program.config.RunConfig` its flags fill, and writes beside each flag what else the program
-knows of it (`flag_support.defined`: essential, trajectory, its checks). A flagfile is just
-these flags, one per line (`configs/*.cfg`), and flags given after ``--flagfile`` on the
-command line override it; every flagfile is read first by `parse_command_line`
-(`program.flagfiles`: a regular text file of at most 1 MiB, no loop, else exit 2). A value out
-of its flag's domain stops the program while parsing (exit 1), with a message that names the
-flag, the range and the fix; `program.config` reads the parsed flags once, into a `RunConfig`,
-and checks their combinations (`program.step_sizes`: the learning rates in float32).
+"""Command-line flags of `python -m aetv2_tf.train` (absl), one module per purpose (`MODULES`),
+each naming the `GROUP` of `config.RunConfig` its flags fill (`flag_support.defined`: what else
+the program knows of each). A value out of its flag's domain stops the parse (exit 1).
 """
 
 from __future__ import annotations

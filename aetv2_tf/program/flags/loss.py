@@ -61,10 +61,9 @@ defined(flags.DEFINE_float(
                                         "model frame): the loss inverts the frame it scales.")])
 defined(flags.DEFINE_enum(
     "residual_frame", "loss", ["loss", "unit"],
-    "geodesic loss: the frame of the projection residual ||M - P||_F^2: loss (the frame of the "
-    "angle, --loss_frame/--loss_frame_scale) or unit (M = T^-1 T_hat in the unit model frame, "
-    "while the angle is taken in the zoomed frame: the residual then sees scale, shear and "
-    "perspective errors at their own size)."), essential=True, aet_only=True)
+    "geodesic loss: the frame of the projection residual ||M - P||_F^2: loss (the angle's, "
+    "--loss_frame/--loss_frame_scale) or unit (M = T^-1 T_hat in the unit model frame)."),
+    essential=True, aet_only=True)
 defined(flags.DEFINE_enum(
     "mse_target", "model", ["model", "official"],
     "mse loss only: model (the MSE on T's model-frame parameters, see --mse_normalize) or "

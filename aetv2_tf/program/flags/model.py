@@ -22,10 +22,9 @@ defined(flags.DEFINE_float(
                                         "theta = pi).")])
 defined(flags.DEFINE_enum(
     "siamese_batch_norm", "per_branch", ["per_branch", "joint"],
-    "AET pretext: per_branch (default: two encoder calls, x then t(x), each with its own "
-    "BatchNorm statistics and moving-average update, as the published AETv1 code; better "
-    "features than joint at both seeds measured, docs/reproduction.md) or joint (one call on x "
-    "and t(x) together: one set of statistics)."), essential=True, aet_only=True)
+    "AET pretext: per_branch (two encoder calls, x then t(x), each with its own BatchNorm "
+    "statistics, as the AETv1 code; docs/reproduction.md) or joint (one call on both)."),
+    essential=True, aet_only=True)
 defined(flags.DEFINE_enum("backbone", "nin", ["nin", "alexnet"],
                           "Encoder: NIN (CIFAR) or AlexNet."), essential=True)
 defined(flags.DEFINE_enum(

@@ -17,9 +17,7 @@ flags.DEFINE_bool("overwrite", False,
                   "deleted). Without it such a run is refused.")
 flags.DEFINE_bool("allow_flag_changes", False,
                   "Resume a pretraining run with other values of the flags that change its "
-                  "trajectory (learning rate and schedule, length, weight decay, optimiser "
-                  "settings, warm-up, data selection, augmentation, precision); each change is "
-                  "appended to <model_dir>/flags_history.jsonl with its step.")
+                  "trajectory; each change is appended to <model_dir>/flags_history.jsonl.")
 defined(flags.DEFINE_integer("checkpoint_every_steps", 1000,
                              "Checkpoint interval in steps (> 0)."), minimum=1)
 defined(flags.DEFINE_integer("keep_checkpoints", 3, "How many recent checkpoints to keep."),

@@ -20,10 +20,8 @@ defined(flags.DEFINE_integer("train_steps", 0, "Training steps (overrides --epoc
 defined(flags.DEFINE_float(
     "train_seconds", 0.0,
     "pretext: size the run to about this many seconds of training on this machine (overrides "
-    "--epochs, and --train_steps unless that is given after it on the command line, as after a "
-    "flagfile's line): a throwaway model times a few steps, the step count (and so the "
-    "learning-rate schedule) follows from the rate and is recorded in <model_dir>/budget.json, "
-    "which a resumed run reuses. 0: off."),
+    "--epochs, and --train_steps unless given after it): the step count, timed on a throwaway "
+    "model, is recorded in <model_dir>/budget.json for a resumed run. 0: off."),
     finite=True,
     valid=[(lambda v: v >= 0, "--train_seconds must be >= 0 (0: off)."),
            (lambda v: v <= MAX_TRAIN_SECONDS,
@@ -35,10 +33,9 @@ defined(flags.DEFINE_integer(
     "time-limited job slots: rerun the same command to continue."), minimum=0)
 defined(flags.DEFINE_float(
     "stop_after_seconds", 0.0,
-    "End this invocation at the first step that ends this many seconds after the program "
-    "started (start-up and compilation count), with a checkpoint; 0: run to the end. For job "
-    "slots of a fixed length: the learning-rate schedule stays that of the whole run; rerun the "
-    "same command to continue."),
+    "End this invocation, checkpointed, at the first step ending this many seconds after the "
+    "program started (0: run to the end); the schedule stays the whole run's: rerun the same "
+    "command to continue."),
     finite=True, valid=[(lambda v: v >= 0, "--stop_after_seconds must be >= 0 (0: off)."),
                         (lambda v: v <= MAX_TRAIN_SECONDS,
                          f"--stop_after_seconds must be at most {MAX_TRAIN_SECONDS:.0f} (a "
@@ -56,8 +53,6 @@ defined(flags.DEFINE_enum(
 defined(flags.DEFINE_float(
     "max_loss_growth", 10.0,
     "Stop training (exit 7, the last good checkpoint kept) when the loss grows past this many "
-    "times its first logged value: a finite divergence. 10 because every logged run of this "
-    "project peaked at its first value (docs/reliability.md), so a tenfold rise is no noise; "
-    "0: off."),
+    "times its first logged value: a finite divergence (docs/reliability.md). 0: off."),
     valid=[(lambda v: v == 0 or 1 < v < math.inf,
             "--max_loss_growth must be 0 (off) or a finite factor above 1, e.g. 10.")])
