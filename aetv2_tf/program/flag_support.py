@@ -23,7 +23,7 @@ _AET_ONLY: list[str] = []
 
 
 def defined(holder: flags.FlagHolder, *, essential: bool = False, trajectory: bool = False,
-            aet_only: bool = False, minimum: int | None = None, finite: bool = False,
+            aet_only: bool = False, minimum: float | None = None, finite: bool = False,
             float32: bool = False,
             valid: Sequence[tuple[Callable[[Any], bool], str]] = ()) -> flags.FlagHolder:
     """Records what the program knows of the flag of ``holder``; returns ``holder``.
@@ -47,8 +47,9 @@ def defined(holder: flags.FlagHolder, *, essential: bool = False, trajectory: bo
                     "a smaller size is 0 and a larger one infinite.")
     if minimum is not None:
         kind = "non-negative" if minimum == 0 else "positive"
+        number = "integer" if isinstance(holder.default, int) else "number"
         flags.register_validator(name, lambda v: v is None or v >= minimum,
-                                 message=f"--{name} must be >= {minimum}; pass a {kind} integer.")
+                                 message=f"--{name} must be >= {minimum}; pass a {kind} {number}.")
     for test, message in valid:
         flags.register_validator(name, test, message=message)
     return holder

@@ -15,8 +15,7 @@ defined(flags.DEFINE_enum(
 defined(flags.DEFINE_float(
     "projection_weight", 1.0,
     "lambda of Eq. (11): weight of the projection residual ||M - P||_F^2 (>= 0)."),
-    essential=True, aet_only=True, finite=True, float32=True,
-    valid=[(lambda v: v >= 0, "--projection_weight must be >= 0 (the paper uses 1).")])
+    essential=True, aet_only=True, finite=True, float32=True, minimum=0)
 defined(flags.DEFINE_integer(
     "angle_power", 1,
     "geodesic loss: 1 minimises the angle theta (the paper's Eq. 11), 2 minimises theta^2 "
@@ -27,20 +26,17 @@ defined(flags.DEFINE_float(
     "residual_scale", 0.0,
     "geodesic loss: b > 0 bounds the residual's growth, r -> b log(1 + r / b); 0: the paper's "
     "r."),
-    essential=True, aet_only=True, finite=True, float32=True,
-    valid=[(lambda v: v >= 0, "--residual_scale must be >= 0 (0: off).")])
+    essential=True, aet_only=True, finite=True, float32=True, minimum=0)
 defined(flags.DEFINE_float(
     "chordal_weight", 0.0,
     "geodesic loss: weight of ||M - I||_F^2 (M = T^{-1} T_hat, unit determinant), the "
     "first-order full-group distance; a gradient at theta = pi. 0: off."),
-    essential=True, aet_only=True, finite=True, float32=True,
-    valid=[(lambda v: v >= 0, "--chordal_weight must be >= 0 (0: off).")])
+    essential=True, aet_only=True, finite=True, float32=True, minimum=0)
 defined(flags.DEFINE_float(
     "mse_weight", 0.0,
     "geodesic loss: weight of an added AETv1 parameter MSE (std-normalised). 0: off (the "
     "paper)."),
-    essential=True, aet_only=True, finite=True, float32=True,
-    valid=[(lambda v: v >= 0, "--mse_weight must be >= 0 (0: off).")])
+    essential=True, aet_only=True, finite=True, float32=True, minimum=0)
 defined(flags.DEFINE_integer(
     "mse_decay_steps", 0,
     "geodesic loss: the --mse_weight term decays linearly to 0 at this step (an MSE warm-up; "

@@ -56,8 +56,7 @@ defined(flags.DEFINE_float("adam_beta2", 0.999, "Adam beta_2, from 0 to below 1.
                            "is 1 there): Adam multiplies its step by sqrt(1 - beta_2^t), which "
                            "is 0 at 1 (no weight would ever change); 0.999 is the default.")])
 defined(flags.DEFINE_float("weight_decay", 5e-4, "Weight decay on kernels (>= 0)."),
-        trajectory=True, finite=True, float32=True,
-        valid=[(lambda v: v >= 0, "--weight_decay must be >= 0.")])
+        trajectory=True, finite=True, float32=True, minimum=0)
 defined(flags.DEFINE_enum(
     "weight_decay_mode", "l2", ["l2", "decoupled"],
     "l2: add wd/2 ||w||^2 to the loss (PyTorch optimizer semantics, as the AETv1 code and the "

@@ -22,9 +22,8 @@ defined(flags.DEFINE_float(
     "pretext: size the run to about this many seconds of training on this machine (overrides "
     "--epochs, and --train_steps unless given after it): the step count, timed on a throwaway "
     "model, is recorded in <model_dir>/budget.json for a resumed run. 0: off."),
-    finite=True,
-    valid=[(lambda v: v >= 0, "--train_seconds must be >= 0 (0: off)."),
-           (lambda v: v <= MAX_TRAIN_SECONDS,
+    finite=True, minimum=0,
+    valid=[(lambda v: v <= MAX_TRAIN_SECONDS,
             f"--train_seconds must be at most {MAX_TRAIN_SECONDS:.0f} (a year); for longer runs "
             "pass --train_steps or --epochs.")])
 defined(flags.DEFINE_integer(
@@ -36,10 +35,10 @@ defined(flags.DEFINE_float(
     "End this invocation, checkpointed, at the first step ending this many seconds after the "
     "program started (0: run to the end); the schedule stays the whole run's: rerun the same "
     "command to continue."),
-    finite=True, valid=[(lambda v: v >= 0, "--stop_after_seconds must be >= 0 (0: off)."),
-                        (lambda v: v <= MAX_TRAIN_SECONDS,
-                         f"--stop_after_seconds must be at most {MAX_TRAIN_SECONDS:.0f} (a "
-                         "year); 0 runs to the end.")])
+    finite=True, minimum=0,
+    valid=[(lambda v: v <= MAX_TRAIN_SECONDS,
+            f"--stop_after_seconds must be at most {MAX_TRAIN_SECONDS:.0f} (a year); 0 runs to "
+            "the end.")])
 defined(flags.DEFINE_integer("steps_per_execution", 1,
                              "Steps run inside one tf.function call (fewer Python round trips)."),
         minimum=1)
