@@ -35,15 +35,15 @@ class WeightsImage(io.BytesIO):
 
 
 def write_bytes(path: str, data: bytes | memoryview) -> None:
-    """`data` into a new file at `path` (replaced if it exists), flushed to the disk; a full
-    disk or a file-size limit raises OSError (ENOSPC, EFBIG) with the file closed."""
+    """`data` into the file at `path` (replaced if it exists; `safe_paths.write_atomically`,
+    the caller, flushes it to the disk); a full disk or a file-size limit raises OSError
+    (ENOSPC, EFBIG) with the file closed."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
     fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o644)
     try:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
-        os.fsync(fd)
     finally:
         os.close(fd)
 
