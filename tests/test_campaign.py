@@ -194,11 +194,18 @@ def test_legs_resume_each_run_from_its_checkpoint_and_land_in_the_ledger(tiny_pa
     rows = ledger_rows(results)
     assert [r[:4] for r in rows] == [["1", rows[0][1], "cpu", "aetv1"], ["1", rows[0][1], "cpu",
                                                                           "aetv2"]]
-    assert rows[1][9] == f"`{first['runs']['aetv2']['checkpoint']['sha256'][:16]}`"
+    assert rows[1][11] == f"`{first['runs']['aetv2']['checkpoint']['sha256'][:16]}`"
+    # The whole run's steps as the program counts them: 1,500 epochs of 320 // 32 steps.
+    assert first["images"] == 320
+    assert [r[4:6] for r in rows] == [["1 of 15,000", "32 (0.0 %)"]] * 2
+    wall = first["runs"]["aetv2"]["wall_s"]
+    assert rows[1][9] == f"{wall / 60:.1f} / {wall / 60:.1f}"
+    rate = first["runs"]["aetv2"]["pairs_per_sec"]
+    assert rows[1][10] == f"{14_999 * 32 / rate / 60:,.0f}"
 
     console = (tmp_path / "out1" / "console.txt").read_text()
-    assert "[aetv1] Stopped (pretext) at step 1" in console  # each run's own output
-    assert "[aetv2] Stopped (pretext) at step 1" in console
+    assert "[aetv1] Stopped (pretext) at step 1 of 15000" in console  # each run's own output
+    assert "[aetv2] Stopped (pretext) at step 1 of 15000" in console
 
     run_leg(tmp_path / "out2", results, work, tiny_pack, "--runs=aetv2")
     second = json.loads((tmp_path / "out2" / "leg.json").read_text())
@@ -212,24 +219,31 @@ def test_legs_resume_each_run_from_its_checkpoint_and_land_in_the_ledger(tiny_pa
     cut.mkdir()
     cut_leg = leg.Leg(argparse.Namespace(out=cut, seconds=900, mode="sequential",
                                          train_flag=[]))
+    cut_leg.record.update(images=second["images"])  # what the leg records after unpacking
     cut_leg.record["runs"]["aetv2"] = {"resumed_from": entry["resumed_from"], "exit": None}
     leg.record_shipment(cut_leg, "aetv2", work / "aetv2", wall=16.0)
     cut_entry = json.loads((cut / "leg.json").read_text())["runs"]["aetv2"]
     assert (cut_entry["exit"], cut_entry["steps"], cut_entry["pairs"]) == (None, 2, 64)
     assert cut_entry["pairs_per_sec"] == 2.0 and "summary" not in cut_entry
     assert land.land(cut, results) == 2
-    assert ledger_rows(results)[-1][3:8] == ["aetv2", "2", "64", "16", "2"]
+    assert ledger_rows(results)[-1][3:11] == [
+        "aetv2", "2 of 15,000", "64 (0.0 %)", "16", "2", "-",
+        f"0.3 / {(wall + 16) / 60:.1f}", f"{14_998 * 32 / 2 / 60:,.0f}"]
     without = {k: v for k, v in cut_entry.items() if k not in ("steps", "pairs")}
     staged = tmp_path / "staged"
     staged.mkdir()
-    (staged / "flags.json").write_text(json.dumps({"batch_size": 32}))
-    assert land.completed(without, staged) == dict(without, steps=2, pairs=64)
+    (staged / "flags.json").write_text(json.dumps({"batch_size": 32, "epochs": 1500,
+                                                   "train_steps": 0}))
+    assert land.completed(without, staged, 320) == dict(without, batch=32, steps=2, pairs=64,
+                                                        total_steps=15_000)
+    assert land.completed(without, staged, None)["total_steps"] is None
     assert sorted(p.name for p in (results / "aetv2" / "checkpoints").iterdir()) == [
         "ckpt-2.weights.h5", "ckpt-2.weights.h5.sha256"]
     assert sorted(p.name for p in (results / "aetv1" / "checkpoints").iterdir()) == [
         "ckpt-1.weights.h5", "ckpt-1.weights.h5.sha256"]
     assert (results / "legs" / "leg-2.txt").is_file()
-    assert [r[0] + r[3] + r[4] for r in ledger_rows(results)] == ["1aetv11", "1aetv21", "2aetv22"]
+    assert [r[0] + r[3] + r[4] for r in ledger_rows(results)] == [
+        "1aetv11 of 15,000", "1aetv21 of 15,000", "2aetv22 of 15,000"]
 
     with pytest.raises(land.LandingError, match="not past the one"):
         land.land(tmp_path / "out2", results)  # the same step again: refused
@@ -247,3 +261,30 @@ def test_legs_resume_each_run_from_its_checkpoint_and_land_in_the_ledger(tiny_pa
                       f"--results={results}", f"--work={work}", f"--pack={tiny_pack}",
                       "--runs=aetv2", *TINY, env={"KERAS_BACKEND": "jax"}, check=False)
     assert proc.returncode == 2 and "has no ckpt-2.weights.h5.sha256" in proc.stdout
+
+
+@pytest.mark.parametrize("key, value, says", [
+    ("device", "GPU 0 | H200", "device is 'GPU 0 | H200', not one line of text without '|'"),
+    ("images", -5, "images is -5, not a count"),
+    ("runs", {"aetv3": {}}, "it names the run 'aetv3', not one of ['aetv1', 'aetv2']"),
+    ("runs", {"aetv2": {"wall_s": float("nan")}}, "aetv2: wall_s is nan, not a finite number"),
+    ("runs", {"aetv2": {"parts": ["aetv2.tar.0"], "checkpoint": {"step": "2"}}},
+     "aetv2: its shipped checkpoint is"),
+])
+def test_a_leg_record_that_is_not_a_legs_is_refused_and_nothing_lands(key, value, says,
+                                                                     tmp_path, capsys):
+    returned, results = tmp_path / "returned", tmp_path / "results"
+    returned.mkdir()
+    record = {"started": "2026-11-29 06:00:00 UTC", "device": "cpu", "images": 320, "runs": {}}
+    (returned / "leg.json").write_text(json.dumps({**record, key: value}))
+    assert land.main([str(returned), f"--results={results}"]) == 2
+    assert says in capsys.readouterr().err
+    assert not results.exists()
+
+
+def test_the_committed_ledger_has_the_rows_land_writes():
+    """results/campaign/LEDGER.md begins as `land` begins a ledger, so its rows line up."""
+    text = (leg.RESULTS / land.LEDGER).read_text()
+    assert text.startswith(land.LEDGER_INTRO + land.LEDGER_HEADER)
+    columns = land.LEDGER_HEADER.splitlines()[0].count("|")
+    assert all(line.count("|") == columns for line in text.splitlines() if line.startswith("|"))

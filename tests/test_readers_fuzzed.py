@@ -1,10 +1,10 @@
 """Every reader of what a user or another program hands over, fed generated and mutated inputs
 (Hypothesis): CIFAR-10 pickles, results.json (the report's reader and the library's), a
-checkpoint's `.sha256` sidecar, an export's manifest, and the library's array inputs (the checks
-and the feature extractor's entries). The property is the same for each: it returns, or refuses
-with a ValueError subclass (`UsageError`, `DataError`, `ResultsError`, ...) whose message names
-the problem; never another exception, never a crash, and every example within Hypothesis's
-deadline (no hang).
+checkpoint's `.sha256` sidecar, an export's manifest, a campaign leg's record, and the library's
+array inputs (the checks and the feature extractor's entries). The property is the same for
+each: it returns, or refuses with a ValueError subclass (`UsageError`, `DataError`,
+`ResultsError`, ...) whose message names the problem; never another exception, never a crash,
+and every example within Hypothesis's deadline (no hang).
 
 The fast tier runs `EXAMPLES` examples per reader (200; the model's entries 50);
 ``AETV2_FUZZ_EXAMPLES=10000 python -m pytest -n 0 -p no:randomly tests/test_readers_fuzzed.py``
@@ -192,6 +192,47 @@ def test_export_manifests(manifest):
         refused_properly(lambda: check_export_target(folder))
     assert why is None or why.strip()
     assert record is None or isinstance(record, dict)
+
+
+# ------------------------------------------------------------ a campaign leg's record, landed
+VALID_LEG = {"started": "2026-11-29 06:00:00 UTC", "device": "GPU 0: NVIDIA H200", "images": 50000,
+             "runs": {"aetv2": {"parts": ["aetv2.tar.0"], "tar_sha256": "0" * 64,
+                                "checkpoint": {"step": 2000, "file": "checkpoints/ckpt-2000"
+                                               ".weights.h5", "sha256": "a" * 64},
+                                "start_step": 0, "steps": 2000, "pairs": 1_024_000,
+                                "wall_s": 240.5, "pairs_per_sec": 4257.9, "loss": 0.61}}}
+LEG_KEYS = sorted(VALID_LEG) + [f"runs.aetv2.{k}" for k in sorted(VALID_LEG["runs"]["aetv2"])]
+
+
+def _with(key: str, value) -> bytes:
+    record = json.loads(json.dumps(VALID_LEG))
+    *outer, last = key.split(".")
+    target = record
+    for name in outer:
+        target = target[name]
+    target[last] = value
+    return json.dumps(record).encode()
+
+
+@FUZZ
+@given(mutated(json.dumps(VALID_LEG).encode())
+       | st.builds(_with, st.sampled_from(LEG_KEYS), JSON_VALUES)
+       | st.builds(lambda v: json.dumps(v).encode(), JSON_VALUES))
+def test_leg_records(data):
+    """`land.read_leg` on any leg.json: a record or a LandingError naming the file; a record it
+    returns gives each shipped run one ledger row of the header's 13 cells."""
+    from experiments.campaign import land
+
+    with tempfile.TemporaryDirectory() as root:
+        returned = pathlib.Path(root)
+        (returned / "leg.json").write_bytes(data)
+        (returned / "flags.json").write_text('{"batch_size": 512, "epochs": 1500}')
+        record = refused_properly(lambda: land.read_leg(returned), names="leg.json")
+        for run, entry in (record or {"runs": {}})["runs"].items():
+            if entry.get("parts"):
+                row = land.ledger_row(1, record, run, land.completed(
+                    entry, returned, record.get("images")), spent_s=600.0)
+                assert row.count("|") == 14 and row.endswith("|\n"), row
 
 
 # --------------------------------------------------------------------- the library's arrays

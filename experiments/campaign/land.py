@@ -19,7 +19,9 @@ import argparse
 import hashlib
 import io
 import json
+import math
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -31,16 +33,21 @@ from experiments.campaign import pack
 
 LEDGER = "LEDGER.md"
 LEDGER_HEADER = (
-    "| leg | date | device | run | steps | pairs | wall (s) | pairs/s | loss | checkpoint "
-    "SHA-256 | authors' KNN (%) |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+    "| leg | date | device | run | steps (of the run) | pairs (share of the run) | wall (s) "
+    "| pairs/s | loss | device min (leg / all legs) | device min still needed | checkpoint "
+    "SHA-256 | authors' KNN (%) |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 LEDGER_INTRO = """# The campaign's ledger: one row per run per leg
 
 Each leg is `python -m experiments.campaign.leg` on a lent device (docs/campaign.md), landed here
-by `python -m experiments.campaign.land`; steps and pairs are the run's totals after the leg,
-wall and pairs/s the leg's own (start-up and compilation included in the wall time), the loss the
-mean of the run's last logged interval, the KNN the authors' protocol on this repository's CPU
-(50,000 vs 10,000 images). The paper's Table 2 KNN: AETv1 77.61, AETv2 78.74 (1,500 epochs =
-75 M pairs each).
+by `python -m experiments.campaign.land`. Steps and pairs are the run's totals after the leg, of
+its whole schedule (1,500 epochs of 97 steps at batch 512: 145,500 steps, 74,496,000 pairs);
+wall and pairs/s are the leg's own (start-up and compilation included); device minutes are the
+run's wall time in this leg and in all landed legs (the machine's start and the transfers, the
+same for both runs of a loan, are not in them); the minutes still needed are the pairs left at
+this leg's pairs/s. The loss is the mean of the run's last logged interval, the KNN the
+authors' protocol on this repository's CPU (50,000 vs 10,000 images). The paper's Table 2 KNN:
+AETv1 77.61, AETv2 78.74 (1,500 epochs = 75 M pairs each).
 
 """
 
@@ -50,6 +57,7 @@ class LandingError(ValueError):
 
 
 def read_leg(returned: pathlib.Path) -> dict:
+    """``returned/leg.json``, its values checked (`check_record`)."""
     path = returned / "leg.json"
     try:
         record = json.loads(path.read_text())
@@ -57,7 +65,54 @@ def read_leg(returned: pathlib.Path) -> dict:
         raise LandingError(f"{path}: not readable ({e}); nothing was landed") from e
     if not isinstance(record, dict) or not isinstance(record.get("runs"), dict):
         raise LandingError(f"{path} is not a leg's record; nothing was landed")
+    if problem := check_record(record):
+        raise LandingError(f"{path}: {problem}; it is not what a leg writes: nothing was landed")
     return record
+
+
+#: leg.json's values that reach the ledger, and what each must be (absent or None: "-").
+COUNTS = ("images", "steps", "pairs", "start_step")
+NUMBERS = ("wall_s", "pairs_per_sec", "loss")
+TEXTS = ("started", "device")
+HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def check_record(record: dict) -> str | None:
+    """What is wrong with a leg's record (None: nothing): a run not of the campaign's, counts
+    that are not non-negative integers, numbers that are not finite, texts that would break a
+    Markdown row, a shipped checkpoint without its step, file and SHA-256."""
+    def wrong(values: dict, where: str) -> str | None:
+        for key in COUNTS:
+            v = values.get(key)
+            if v is not None and (type(v) is not int or v < 0):
+                return f"{where}{key} is {v!r}, not a count"
+        for key in NUMBERS:
+            v = values.get(key)
+            if v is not None and (type(v) not in (int, float) or not math.isfinite(v)):
+                return f"{where}{key} is {v!r}, not a finite number"
+        for key in TEXTS:
+            v = values.get(key)
+            if v is not None and (not isinstance(v, str) or not v.isprintable() or "|" in v):
+                return f"{where}{key} is {v!r}, not one line of text without '|'"
+        return None
+
+    if problem := wrong(record, ""):
+        return problem
+    for run, entry in record["runs"].items():
+        if run not in legs.RUNS:
+            return f"it names the run {run!r}, not one of {list(legs.RUNS)}"
+        if not isinstance(entry, dict):
+            return f"the run {run!r} has {entry!r}, not a run's entry"
+        if problem := wrong(entry, f"{run}: "):
+            return problem
+        if not entry.get("parts"):
+            continue
+        point = entry.get("checkpoint")
+        if not (isinstance(point, dict) and type(point.get("step")) is int
+                and isinstance(point.get("file"), str)
+                and HEX64.match(str(point.get("sha256")))):
+            return f"{run}: its shipped checkpoint is {point!r}, not a step, file and SHA-256"
+    return None
 
 
 def joined_tar(returned: pathlib.Path, run: str, entry: dict) -> bytes:
@@ -113,27 +168,51 @@ def install(run: str, staged: pathlib.Path, target: pathlib.Path) -> dict:
     return new
 
 
-def ledger_row(number: int, record: dict, run: str, entry: dict, knn: str = "-") -> str:
+def ledger_row(number: int, record: dict, run: str, entry: dict, spent_s: float,
+               knn: str = "-") -> str:
+    """The run's row of leg ``number``; ``entry``: its `completed` record, ``spent_s``: its
+    wall seconds in all landed legs."""
     def value(key, fmt="{}"):
         return fmt.format(entry[key]) if entry.get(key) is not None else "-"
 
-    return (f"| {number} | {record.get('started', '-')[:10]} | {record.get('device', '-')} | "
-            f"{run} | {value('steps', '{:,}')} | {value('pairs', '{:,}')} | "
-            f"{value('wall_s', '{:.0f}')} | {value('pairs_per_sec', '{:,.0f}')} | "
-            f"{value('loss', '{:.4f}')} | `{entry['checkpoint']['sha256'][:16]}` | {knn} |\n")
+    total, batch, rate = entry.get("total_steps"), entry.get("batch"), entry.get("pairs_per_sec")
+    steps, share, needed = value("steps", "{:,}"), value("pairs", "{:,}"), "-"
+    minutes = f"{entry['wall_s'] / 60:.1f} / {spent_s / 60:.1f}" if entry.get("wall_s") else "-"
+    if total:
+        steps += f" of {total:,}"
+        share += f" ({100 * entry['steps'] / total:.1f} %)"
+        if rate:
+            needed = f"{(total - entry['steps']) * batch / rate / 60:,.0f}"
+    return (f"| {number} | {(record.get('started') or '-')[:10]} | "
+            f"{record.get('device') or '-'} | "
+            f"{run} | {steps} | {share} | {value('wall_s', '{:.0f}')} | "
+            f"{value('pairs_per_sec', '{:,.0f}')} | {value('loss', '{:.4f}')} | "
+            f"{minutes} | {needed} | `{entry['checkpoint']['sha256'][:16]}` | {knn} |\n")
 
 
-def completed(entry: dict, staged: pathlib.Path) -> dict:
-    """The run's entry with its steps and pairs after the leg: leg.json's, else (a record
-    written before the run's end, the leg cut by the tool) the step of the checkpoint it
-    shipped and that times the batch of the flags shipped with it."""
+def completed(entry: dict, staged: pathlib.Path, images: int | None) -> dict:
+    """The run's entry with its batch, its steps and pairs after the leg and its whole run's
+    steps (``total_steps``: ``--train_steps``, else ``--epochs`` of ``images // --batch_size``
+    steps, as the program counts them; None when the leg did not say how many images it
+    trained on). Steps and pairs are leg.json's, else (a record written before the run's end,
+    the leg cut by the tool) the step of the checkpoint it shipped and that times the batch."""
+    flags = json.loads((staged / "flags.json").read_text())
+    batch = int(flags["batch_size"])
     steps = entry.get("steps")
     if steps is None:
         steps = entry["checkpoint"]["step"]
     pairs = entry.get("pairs")
     if pairs is None:
-        pairs = steps * int(json.loads((staged / "flags.json").read_text())["batch_size"])
-    return dict(entry, steps=steps, pairs=pairs)
+        pairs = steps * batch
+    total = int(flags.get("train_steps") or 0) or (
+        int(flags["epochs"]) * max(images // batch, 1) if images else None)
+    return dict(entry, batch=batch, steps=steps, pairs=pairs, total_steps=total)
+
+
+def spent_seconds(results: pathlib.Path, run: str) -> float:
+    """The run's wall seconds in all the legs landed in ``results`` (their ``leg.json``)."""
+    return sum(json.loads(p.read_text())["runs"].get(run, {}).get("wall_s") or 0.0
+               for p in (results / "legs").glob("leg-*.json"))
 
 
 def knn_top1(results: pathlib.Path, run: str, number: int, work: pathlib.Path) -> str:
@@ -158,8 +237,6 @@ def land(returned: pathlib.Path, results: pathlib.Path, knn: bool = False,
     landed = {}
     with tempfile.TemporaryDirectory() as tmp:
         for run, entry in record["runs"].items():
-            if run not in legs.RUNS:
-                raise LandingError(f"leg.json names the run {run!r}, not one of {list(legs.RUNS)}")
             if not entry.get("parts"):
                 print(f"{run}: nothing returned (no checkpoint written in this leg)")
                 continue
@@ -170,7 +247,7 @@ def land(returned: pathlib.Path, results: pathlib.Path, knn: bool = False,
             new = install(run, pathlib.Path(tmp) / run, results / run)
             if new["sha256"] != entry["checkpoint"]["sha256"]:
                 raise LandingError(f"{run}: installed checkpoint differs from leg.json's")
-            landed[run] = completed(entry, pathlib.Path(tmp) / run)
+            landed[run] = completed(entry, pathlib.Path(tmp) / run, record.get("images"))
     (results / "legs").mkdir(parents=True, exist_ok=True)
     pack.write_bytes(results / "legs" / f"leg-{number}.json", (returned / "leg.json").read_bytes())
     if (returned / "console.txt").is_file():
@@ -180,7 +257,7 @@ def land(returned: pathlib.Path, results: pathlib.Path, knn: bool = False,
     for run, entry in landed.items():
         score = knn_top1(results, run, number, work or legs.REPO / "runs" / "campaign_knn") \
             if knn else "-"
-        text += ledger_row(number, record, run, entry, score)
+        text += ledger_row(number, record, run, entry, spent_seconds(results, run), score)
         print(f"{run}: landed at step {entry['steps']:,} (KNN {score})")
     pack.write_bytes(ledger, text.encode())
     return number

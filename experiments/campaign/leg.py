@@ -19,13 +19,14 @@ once, each process with its share of the device's memory):
    ``--out``; it does so each time the run writes a checkpoint, so a leg cut short by the tool's
    limit still returns the run's last checkpoint (what is under $OUT comes back).
 
-``--out/leg.json`` (rewritten after every shipment) says what each run did: steps before and
-after, pairs, wall time, pairs/s, the checkpoint's and the tar's SHA-256 (from the moment a
-checkpoint is shipped: a leg cut by the tool still names its step, its pairs and its rate from
-the run's start to that checkpoint), and once the run's process has ended its final loss and
-exit status. ``--out/console.txt`` has everything printed, each run's output line by line while
-it trains (prefixed ``[<run>]``). The data is the JPEG pack (`experiments.campaign.pack`,
-carried as an ignored folder), unpacked and checked first.
+``--out/leg.json`` (rewritten after every shipment) says how many images the runs train on and
+what each run did: steps before and after, pairs, wall time, pairs/s, the checkpoint's and the
+tar's SHA-256 (from the moment a checkpoint is shipped: a leg cut by the tool still names its
+step, its pairs and its rate from the run's start to that checkpoint), and once the run's
+process has ended its final loss and exit status. ``--out/console.txt`` has everything
+printed, each run's output line by line while it trains (prefixed ``[<run>]``). The data is
+the JPEG pack (`experiments.campaign.pack`, carried as an ignored folder), unpacked and checked
+first.
 `experiments.campaign.land` puts the returned files into results/campaign/ and adds the ledger
 rows; docs/campaign.md has the whole procedure.
 """
@@ -312,7 +313,9 @@ def main(argv: list[str] | None = None) -> int:
     except pack.PackError as e:
         leg.say(f"error: {e}")
         return 2
-    leg.say(f"data: {args.pack} unpacked into {data}; device: {leg.record['device']}")
+    leg.record["images"] = pack.read_manifest(args.pack)["images"]
+    leg.say(f"data: {args.pack}'s {leg.record['images']:,} images unpacked into {data}; "
+            f"device: {leg.record['device']}")
     leg.save()
     train(leg, runs, data)
     leg.say("leg done: " + ", ".join(f"{r} exit {e.get('exit')}"
