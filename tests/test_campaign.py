@@ -8,6 +8,7 @@ leg's deadline (``--stop_after_seconds``) ends a run with a checkpoint."""
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import pathlib
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 
 from aetv2_tf.data.sources import load_cifar10
+from benchmarks import device_wheels
 from experiments.campaign import land, leg, luggage, pack, prepare
 from experiments.scale import make_devdata
 from tests.cli import REPO, run_module
@@ -118,22 +120,39 @@ def test_prepare_counts_the_whole_checkout_and_refuses_what_would_not_fit(tiny_p
     (root / "README.md").write_bytes(b"r" * 1000)
     git(root, "add", "-A")
     git(root, "commit", "-q", "-m", "x")
-    (root / ".whl").mkdir()
-    for name in ("keras-3.15.1-py3-none-any.whl", "namex-0.1.0-py3-none-any.whl",
-                 "optree-0.17.0-cp312-cp312-manylinux_2_17_x86_64.whl"):
-        (root / ".whl" / name).write_bytes(b"w" * 1000)
     shutil.copytree(tiny_pack, root / pack.PACK_FOLDER)
     monkeypatch.setattr(luggage, "repository_root", lambda inside=None: root)
+    assert prepare.main([]) == 2  # the wheels: not in this checkout's git history
+    assert "cannot be read" in capsys.readouterr().err
+    assert device_wheels.restore(root, history=REPO) == []  # this repository's history has them
     assert prepare.main([]) == 0
     printed = capsys.readouterr().out
     expected = luggage.travelling_bytes(root, [".whl", pack.PACK_FOLDER])
     assert f"the call sends {expected / 2**20:.1f} MiB" in printed
     assert printed.splitlines()[-1] == prepare.device_call()
     assert prepare.device_call() in (REPO / "docs" / "campaign.md").read_text()  # as documented
-    with open(root / ".whl" / "huge.whl", "wb") as f:
+    with open(root / pack.PACK_FOLDER / "huge.bin", "wb") as f:
         f.truncate(62 * 2**20)
     assert prepare.main([]) == 2
     assert "more than 62 MiB of the tool's 64 MiB" in capsys.readouterr().err
+
+
+def test_the_device_wheels_come_from_git_checked_and_nothing_else_is_installed(tmp_path):
+    """Restored from this repository's history by SHA-256; a damaged wheel or another file in
+    .whl/ (the device installs .whl/*.whl) is reported and left as it is."""
+    assert device_wheels.restore(tmp_path, history=REPO) == []
+    folder = tmp_path / device_wheels.FOLDER
+    assert sorted(p.name for p in folder.iterdir()) == sorted(device_wheels.WHEELS)
+    for name, (_, digest) in device_wheels.WHEELS.items():
+        assert hashlib.sha256((folder / name).read_bytes()).hexdigest() == digest
+    keras_wheel = folder / "keras-3.15.1-py3-none-any.whl"
+    keras_wheel.write_bytes(b"damaged")
+    (folder / "optree-0.17.0-cp312-cp312-manylinux_2_17_x86_64.whl").write_bytes(b"old")
+    problems = device_wheels.restore(tmp_path, history=REPO)
+    assert len(problems) == 2 and "keras-3.15.1-py3-none-any.whl is not the wheel" in problems[0]
+    assert "holds optree-0.17.0" in problems[1] and "move them out" in problems[1]
+    assert keras_wheel.read_bytes() == b"damaged"  # never replaced
+    assert prepare.CARRY[0] == device_wheels.FOLDER
 
 
 def test_make_devdata_finds_the_repository_and_counts_all_of_it(cifar10_dir, tmp_path, capsys):

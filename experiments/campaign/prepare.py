@@ -3,9 +3,8 @@
     python -m experiments.campaign.prepare [--seconds=480]
 
 Makes the JPEG pack if it is not there (`experiments.campaign.pack`, ignored ``.devdata/``),
-checks the wheels of ``.whl/`` (Keras and what it needs beyond the device's own packages: the
-device has JAX, NumPy, h5py, absl-py, rich, ml-dtypes, Pillow; not Keras, namex, optree) and
-the campaign's checkpoints (their SHA-256), adds up what the call sends exactly as the tool
+restores the device's wheels into ``.whl/`` from git (`benchmarks.device_wheels`), checks the
+campaign's checkpoints (their SHA-256), adds up what the call sends exactly as the tool
 does (`luggage.travelling_bytes`: the checkout's tracked and untracked-not-ignored files, plus
 the carried ``.whl`` and pack; refused above `luggage.REFUSE_ABOVE`, 62 of the tool's 64 MiB)
 and prints the device call. Exit 2 when something is missing or the call would not fit, with
@@ -18,18 +17,13 @@ import argparse
 import pathlib
 import sys
 
+from benchmarks import device_wheels
 from benchmarks.device_step import SETUP
 from experiments.campaign import leg as legs
 from experiments.campaign import luggage, pack
 
 #: What the leg's call carries beside the checkout (both ignored there).
-CARRY = [".whl", pack.PACK_FOLDER]
-WHEELS = ("keras-3.15.1-", "namex-", "optree-")
-WHEEL_HELP = (
-    "python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 "
-    "--implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 "
-    "--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl keras==3.15.1 "
-    "namex optree")
+CARRY = [device_wheels.FOLDER, pack.PACK_FOLDER]
 
 
 def device_command(seconds: float, runs: str) -> str:
@@ -47,11 +41,7 @@ def device_call(seconds: float = 480.0, runs: str = ",".join(legs.RUNS)) -> str:
 
 def check(repo: pathlib.Path, pack_dir: pathlib.Path, results: pathlib.Path) -> list[str]:
     """What is wrong with the call's luggage (empty: nothing), each with its fix."""
-    problems = []
-    wheels = sorted(p.name for p in (repo / ".whl").glob("*.whl"))
-    for prefix in WHEELS:
-        if not any(w.startswith(prefix) for w in wheels):
-            problems.append(f".whl/ has no {prefix}*.whl; fetch the wheels: {WHEEL_HELP}")
+    problems = device_wheels.restore(repo)
     try:
         pack.read_manifest(pack_dir)
     except pack.PackError as e:
