@@ -6,8 +6,9 @@ repository's git history, where they were committed once (2026-11-26), each chec
     python -m benchmarks.device_wheels        # restores what is missing; exit 2 with the fix
 
 No download: a machine of this project reaches no package index (``pip download`` hangs, then
-fails). A file in ``.whl/`` under one of these names whose SHA-256 differs, or any other file
-there (the device installs ``.whl/*.whl``), is reported and left as it is, never replaced.
+fails). A file in ``.whl/`` under one of these names whose SHA-256 differs, any other file
+there (the device installs ``.whl/*.whl``), or a ``.whl`` that is a link or a file, is reported
+and left as it is, never replaced or written through.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ def restore(checkout: pathlib.Path = REPO, history: pathlib.Path | None = None) 
     checked), each with its fix."""
     repo = history or checkout
     folder, problems = checkout / FOLDER, []
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        return [f"{folder} is a symbolic link or not a folder; nothing was written through it: "
+                "move it away and run python -m benchmarks.device_wheels"]
     for name, (blob, digest) in WHEELS.items():
         path = folder / name
         if path.is_symlink() or path.exists():
@@ -62,8 +66,9 @@ def restore(checkout: pathlib.Path = REPO, history: pathlib.Path | None = None) 
         write_atomically(path, proc.stdout)
     if others := sorted(set(p.name for p in folder.iterdir()) - set(WHEELS)) \
             if folder.is_dir() else []:
-        problems.append(f"{folder} holds {', '.join(others)}, which the device would install "
-                        "too (`.whl/*.whl`); move them out of it")
+        problems.append(f"{folder} holds {', '.join(others)}, none of the device's wheels "
+                        "(all of the folder travels, and the device installs .whl/*.whl); move "
+                        "them out of it")
     return problems
 
 

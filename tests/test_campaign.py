@@ -152,6 +152,13 @@ def test_the_device_wheels_come_from_git_checked_and_nothing_else_is_installed(t
     assert len(problems) == 2 and "keras-3.15.1-py3-none-any.whl is not the wheel" in problems[0]
     assert "holds optree-0.17.0" in problems[1] and "move them out" in problems[1]
     assert keras_wheel.read_bytes() == b"damaged"  # never replaced
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / device_wheels.FOLDER).symlink_to(elsewhere)
+    assert "is a symbolic link or not a folder" in device_wheels.restore(linked, history=REPO)[0]
+    assert list(elsewhere.iterdir()) == []  # nothing written through the link
     assert prepare.CARRY[0] == device_wheels.FOLDER
 
 
@@ -248,14 +255,6 @@ def test_legs_resume_each_run_from_its_checkpoint_and_land_in_the_ledger(tiny_pa
     assert ledger_rows(results)[-1][3:11] == [
         "aetv2", "2 of 15,000", "64 (0.0 %)", "16", "2", "-",
         f"0.3 / {(wall + 16) / 60:.1f}", f"{14_998 * 32 / 2 / 60:,.0f}"]
-    without = {k: v for k, v in cut_entry.items() if k not in ("steps", "pairs")}
-    staged = tmp_path / "staged"
-    staged.mkdir()
-    (staged / "flags.json").write_text(json.dumps({"batch_size": 32, "epochs": 1500,
-                                                   "train_steps": 0}))
-    assert land.completed(without, staged, 320) == dict(without, batch=32, steps=2, pairs=64,
-                                                        total_steps=15_000)
-    assert land.completed(without, staged, None)["total_steps"] is None
     assert sorted(p.name for p in (results / "aetv2" / "checkpoints").iterdir()) == [
         "ckpt-2.weights.h5", "ckpt-2.weights.h5.sha256"]
     assert sorted(p.name for p in (results / "aetv1" / "checkpoints").iterdir()) == [
@@ -286,9 +285,16 @@ def test_legs_resume_each_run_from_its_checkpoint_and_land_in_the_ledger(tiny_pa
     ("device", "GPU 0 | H200", "device is 'GPU 0 | H200', not one line of text without '|'"),
     ("images", -5, "images is -5, not a count"),
     ("runs", {"aetv3": {}}, "it names the run 'aetv3', not one of ['aetv1', 'aetv2']"),
-    ("runs", {"aetv2": {"wall_s": float("nan")}}, "aetv2: wall_s is nan, not a finite number"),
+    ("runs", {"aetv2": {"wall_s": float("nan")}}, "aetv2: wall_s is nan, not a number from 0"),
     ("runs", {"aetv2": {"parts": ["aetv2.tar.0"], "checkpoint": {"step": "2"}}},
      "aetv2: its shipped checkpoint is"),
+    ("runs", {"aetv2": {"parts": ["aetv2.tar.0"], "checkpoint": {
+        "step": 2, "file": "checkpoints/ckpt-2.weights.h5", "sha256": "a" * 64 + "\n"}}},
+     "aetv2: its shipped checkpoint is"),
+    ("runs", {"aetv2": {"steps": 10**400}}, "aetv2: steps is 1000"),
+    ("runs", {"aetv2": {"wall_s": 10**400}}, "not a number from 0 to 1e+15"),
+    ("runs", {"aetv2": {"pairs_per_sec": -3.0}}, "pairs_per_sec is -3.0, not a number from 0"),
+    ("runs", {"aetv2": {"parts": 5}}, "aetv2: its parts are 5, not a list of file names"),
 ])
 def test_a_leg_record_that_is_not_a_legs_is_refused_and_nothing_lands(key, value, says,
                                                                      tmp_path, capsys):
@@ -307,3 +313,56 @@ def test_the_committed_ledger_has_the_rows_land_writes():
     assert text.startswith(land.LEDGER_INTRO + land.LEDGER_HEADER)
     columns = land.LEDGER_HEADER.splitlines()[0].count("|")
     assert all(line.count("|") == columns for line in text.splitlines() if line.startswith("|"))
+
+
+def returned_leg(out: pathlib.Path, work: pathlib.Path, runs: dict[str, tuple[int, dict]],
+                 images: int = 320) -> pathlib.Path:
+    """A leg's returned folder as `leg` writes it, for runs {name: (checkpoint step, flags)}:
+    each run's flags and a checkpoint file with its digest, shipped by `leg.ship`."""
+    out.mkdir(parents=True)
+    record = {"started": "2026-11-29 06:00:00 UTC", "device": "GPU 0: test", "images": images,
+              "runs": {}}
+    for run, (step, flags) in runs.items():
+        model_dir = work / run
+        shutil.rmtree(model_dir, ignore_errors=True)
+        (model_dir / "checkpoints").mkdir(parents=True)
+        (model_dir / "flags.json").write_text(json.dumps(flags))
+        checkpoint = model_dir / "checkpoints" / f"ckpt-{step}.weights.h5"
+        checkpoint.write_bytes(f"{run} weights at {step}".encode())
+        digest = hashlib.sha256(checkpoint.read_bytes()).hexdigest()
+        checkpoint.with_name(checkpoint.name + ".sha256").write_text(f"{digest}  x\n")
+        record["runs"][run] = dict(leg.ship(run, model_dir, out), wall_s=240.0,
+                                   pairs_per_sec=1600.0, exit=0)
+    (out / "leg.json").write_text(json.dumps(record))
+    return out
+
+
+def test_land_checks_every_run_before_it_installs_any(tmp_path):
+    """A run whose returned files fail a check stops the landing before any run is installed;
+    the rows count the whole run's steps from its flags and the images the leg names."""
+    results, work = tmp_path / "results", tmp_path / "work"
+    epochs = {"batch_size": 32, "epochs": 1500, "train_steps": 0}
+    assert land.land(returned_leg(tmp_path / "leg1", work, {"aetv1": (5, epochs)}),
+                     results) == 1
+    before = sorted(p.relative_to(results) for p in results.rglob("*"))
+    ledger = (results / land.LEDGER).read_text()
+    for bad in ({"batch_size": 0, "epochs": 1500}, {"batch_size": 32}):
+        returned = returned_leg(tmp_path / f"bad{len(bad)}", work,
+                                {"aetv1": (10, epochs), "aetv2": (8, bad)})
+        with pytest.raises(land.LandingError, match="aetv2: .*nothing was landed"):
+            land.land(returned, results)
+        assert sorted(p.relative_to(results) for p in results.rglob("*")) == before
+        assert (results / land.LEDGER).read_text() == ledger
+    steps = {"batch_size": 16, "epochs": 1500, "train_steps": 100}
+    seconds = dict(epochs, train_seconds=60.0)
+    assert land.land(returned_leg(tmp_path / "leg2", work, {"aetv1": (10, seconds),
+                                                           "aetv2": (8, steps)}), results) == 2
+    rows = ledger_rows(results)
+    assert [r[3:11] for r in rows] == [
+        ["aetv1", "5 of 15,000", "160 (0.0 %)", "240", "1,600", "-", "4.0 / 4.0",
+         f"{14_995 * 32 / 1600 / 60:,.0f}"],
+        ["aetv1", "10", "320", "240", "1,600", "-", "4.0 / 8.0", "-"],  # --train_seconds
+        ["aetv2", "8 of 100", "128 (8.0 %)", "240", "1,600", "-", "4.0 / 4.0",
+         f"{92 * 16 / 1600 / 60:,.0f}"]]
+    assert sorted(p.name for p in (results / "aetv1" / "checkpoints").iterdir()) == [
+        "ckpt-10.weights.h5", "ckpt-10.weights.h5.sha256"]

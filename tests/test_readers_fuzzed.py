@@ -226,12 +226,13 @@ def test_leg_records(data):
     with tempfile.TemporaryDirectory() as root:
         returned = pathlib.Path(root)
         (returned / "leg.json").write_bytes(data)
-        (returned / "flags.json").write_text('{"batch_size": 512, "epochs": 1500}')
         record = refused_properly(lambda: land.read_leg(returned), names="leg.json")
         for run, entry in (record or {"runs": {}})["runs"].items():
-            if entry.get("parts"):
-                row = land.ledger_row(1, record, run, land.completed(
-                    entry, returned, record.get("images")), spent_s=600.0)
+            if entry.get("parts"):  # as `land.checked_run` completes it
+                step = entry["checkpoint"]["step"]
+                row = land.ledger_row(1, record, run, dict(
+                    entry, batch=512, steps=step, pairs=step * 512, total_steps=145_500),
+                    spent_s=600.0)
                 assert row.count("|") == 14 and row.endswith("|\n"), row
 
 

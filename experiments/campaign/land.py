@@ -2,11 +2,13 @@
 
     python -m experiments.campaign.land <the folder the device tool returned> [--knn]
 
-For each run that `leg` shipped: its parts joined and checked against the tar's SHA-256 in
-``leg.json``, the tar's members checked (only `leg.SHIPPED` files and one checkpoint of that
-run, no links), the checkpoint checked against its ``.sha256``, then installed in
-``results/campaign/<run>/``: the new checkpoint replaces the run's previous one (a leg that did
-not move the run forward is refused), the flags and the training log replace theirs. The leg's
+``leg.json``'s values are checked first (`check_record`). For each run that `leg` shipped: its
+parts joined and checked against the tar's SHA-256 in ``leg.json``, the tar's members checked
+(only `leg.SHIPPED` files and one checkpoint of that run, no links), the checkpoint checked
+against its ``.sha256`` and ``leg.json``, and its flags (`checked_run`); once every run has
+passed, each is installed in ``results/campaign/<run>/``: the new checkpoint replaces the
+run's previous one (a leg that did not move the run forward is refused), the flags and the
+training log replace theirs. The leg's
 ``leg.json`` and ``console.txt`` are kept as ``results/campaign/legs/leg-<n>.{json,txt}``, and
 each run gets a row in ``results/campaign/LEDGER.md`` (`LEDGER_HEADER`). ``--knn`` scores each
 landed run's newest checkpoint with the authors' KNN (``configs/cifar10_probe_knn.cfg``: all
@@ -19,7 +21,6 @@ import argparse
 import hashlib
 import io
 import json
-import math
 import pathlib
 import re
 import shutil
@@ -39,15 +40,18 @@ LEDGER_HEADER = (
     "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 LEDGER_INTRO = """# The campaign's ledger: one row per run per leg
 
-Each leg is `python -m experiments.campaign.leg` on a lent device (docs/campaign.md), landed here
-by `python -m experiments.campaign.land`. Steps and pairs are the run's totals after the leg, of
-its whole schedule (1,500 epochs of 97 steps at batch 512: 145,500 steps, 74,496,000 pairs);
-wall and pairs/s are the leg's own (start-up and compilation included); device minutes are the
-run's wall time in this leg and in all landed legs (the machine's start and the transfers, the
-same for both runs of a loan, are not in them); the minutes still needed are the pairs left at
-this leg's pairs/s. The loss is the mean of the run's last logged interval, the KNN the
-authors' protocol on this repository's CPU (50,000 vs 10,000 images). The paper's Table 2 KNN:
-AETv1 77.61, AETv2 78.74 (1,500 epochs = 75 M pairs each).
+Each leg is `python -m experiments.campaign.leg` on a lent device (docs/campaign.md, which has
+the runs and their whole schedules), landed here by `python -m experiments.campaign.land`. Steps
+and pairs are those of the checkpoint installed (the run's totals after the leg), beside the
+whole run's steps as its flags count them and the share reached; wall is the run's time in the
+leg (start-up and compilation included), pairs/s the program's own rate for a run that ended by
+itself (from its first step: compilation included, start-up not), else the rate from the run's
+start to its last shipped checkpoint; device minutes are the run's wall time in this leg and in
+all landed legs (the machine's start and the transfers, shared by the runs of a loan, are not
+in them); the minutes still needed are the pairs left at this leg's pairs/s. The loss is the
+mean of the run's last logged interval, the KNN the authors' protocol on this repository's CPU
+(50,000 vs 10,000 images). The paper's Table 2 KNN: AETv1 77.61, AETv2 78.74 (1,500 epochs =
+75 M pairs each).
 
 """
 
@@ -70,26 +74,31 @@ def read_leg(returned: pathlib.Path) -> dict:
     return record
 
 
-#: leg.json's values that reach the ledger, and what each must be (absent or None: "-").
+#: leg.json's values that reach the ledger, and what each must be (absent or None: "-"):
+#: counts are integers in [0, `MAX_COUNT`], numbers in [their lower bound, `MAX_NUMBER`].
 COUNTS = ("images", "steps", "pairs", "start_step")
-NUMBERS = ("wall_s", "pairs_per_sec", "loss")
+NUMBERS = {"wall_s": 0.0, "pairs_per_sec": 0.0, "loss": -1e15}
 TEXTS = ("started", "device")
-HEX64 = re.compile(r"^[0-9a-f]{64}$")
+MAX_COUNT, MAX_NUMBER = 2**53, 1e15
+HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+def is_count(v: object) -> bool:
+    return type(v) is int and 0 <= v <= MAX_COUNT
 
 
 def check_record(record: dict) -> str | None:
     """What is wrong with a leg's record (None: nothing): a run not of the campaign's, counts
-    that are not non-negative integers, numbers that are not finite, texts that would break a
-    Markdown row, a shipped checkpoint without its step, file and SHA-256."""
+    and numbers out of their ranges (`COUNTS`, `NUMBERS`), texts that would break a Markdown
+    row, a shipped run without its parts' names or its checkpoint's step, file and SHA-256."""
     def wrong(values: dict, where: str) -> str | None:
         for key in COUNTS:
-            v = values.get(key)
-            if v is not None and (type(v) is not int or v < 0):
+            if (v := values.get(key)) is not None and not is_count(v):
                 return f"{where}{key} is {v!r}, not a count"
-        for key in NUMBERS:
+        for key, low in NUMBERS.items():
             v = values.get(key)
-            if v is not None and (type(v) not in (int, float) or not math.isfinite(v)):
-                return f"{where}{key} is {v!r}, not a finite number"
+            if v is not None and not (type(v) in (int, float) and low <= v <= MAX_NUMBER):
+                return f"{where}{key} is {v!r}, not a number from {low:g} to {MAX_NUMBER:g}"
         for key in TEXTS:
             v = values.get(key)
             if v is not None and (not isinstance(v, str) or not v.isprintable() or "|" in v):
@@ -105,12 +114,14 @@ def check_record(record: dict) -> str | None:
             return f"the run {run!r} has {entry!r}, not a run's entry"
         if problem := wrong(entry, f"{run}: "):
             return problem
-        if not entry.get("parts"):
+        if not (parts := entry.get("parts")):
             continue
+        if not isinstance(parts, list) or not all(isinstance(p, str) for p in parts):
+            return f"{run}: its parts are {parts!r}, not a list of file names"
         point = entry.get("checkpoint")
-        if not (isinstance(point, dict) and type(point.get("step")) is int
+        if not (isinstance(point, dict) and is_count(point.get("step"))
                 and isinstance(point.get("file"), str)
-                and HEX64.match(str(point.get("sha256")))):
+                and HEX64.fullmatch(str(point.get("sha256")))):
             return f"{run}: its shipped checkpoint is {point!r}, not a step, file and SHA-256"
     return None
 
@@ -144,16 +155,11 @@ def next_leg(results: pathlib.Path) -> int:
     return max(found, default=0) + 1
 
 
-def install(run: str, staged: pathlib.Path, target: pathlib.Path) -> dict:
+def install(staged: pathlib.Path, target: pathlib.Path, new: dict) -> None:
     """The staged run folder's files into ``target`` (the run's folder in results/campaign),
-    the previous checkpoint (written by an earlier landing) removed; returns the new one."""
-    new = legs.checked_checkpoint(staged)
-    if new is None:
-        raise LandingError(f"{run}: the returned files hold no checkpoint")
+    the previous checkpoint (written by an earlier landing) removed; ``new``: the staged
+    checkpoint, checked by `checked_run`."""
     old = legs.newest_checkpoint(target) if target.is_dir() else None
-    if old is not None and old[0] >= new["step"]:
-        raise LandingError(f"{run}: the returned checkpoint (step {new['step']}) is not past "
-                           f"the one in {target} (step {old[0]}); nothing was landed")
     for name in legs.SHIPPED:
         if (staged / name).is_file():
             (target / name).parent.mkdir(parents=True, exist_ok=True)
@@ -165,48 +171,64 @@ def install(run: str, staged: pathlib.Path, target: pathlib.Path) -> dict:
     if old is not None:
         for suffix in ("", ".sha256"):
             old[1].with_name(old[1].name + suffix).unlink(missing_ok=True)
-    return new
 
 
 def ledger_row(number: int, record: dict, run: str, entry: dict, spent_s: float,
                knn: str = "-") -> str:
-    """The run's row of leg ``number``; ``entry``: its `completed` record, ``spent_s``: its
+    """The run's row of leg ``number``; ``entry``: its `checked_run` record, ``spent_s``: its
     wall seconds in all landed legs."""
     def value(key, fmt="{}"):
         return fmt.format(entry[key]) if entry.get(key) is not None else "-"
 
     total, batch, rate = entry.get("total_steps"), entry.get("batch"), entry.get("pairs_per_sec")
     steps, share, needed = value("steps", "{:,}"), value("pairs", "{:,}"), "-"
-    minutes = f"{entry['wall_s'] / 60:.1f} / {spent_s / 60:.1f}" if entry.get("wall_s") else "-"
+    leg_minutes = "-" if entry.get("wall_s") is None else f"{entry['wall_s'] / 60:.1f}"
     if total:
         steps += f" of {total:,}"
         share += f" ({100 * entry['steps'] / total:.1f} %)"
         if rate:
-            needed = f"{(total - entry['steps']) * batch / rate / 60:,.0f}"
+            needed = f"{max(total - entry['steps'], 0) * batch / rate / 60:,.0f}"
     return (f"| {number} | {(record.get('started') or '-')[:10]} | "
             f"{record.get('device') or '-'} | "
             f"{run} | {steps} | {share} | {value('wall_s', '{:.0f}')} | "
             f"{value('pairs_per_sec', '{:,.0f}')} | {value('loss', '{:.4f}')} | "
-            f"{minutes} | {needed} | `{entry['checkpoint']['sha256'][:16]}` | {knn} |\n")
+            f"{leg_minutes} / {spent_s / 60:.1f} | {needed} | "
+            f"`{entry['checkpoint']['sha256'][:16]}` | {knn} |\n")
 
 
-def completed(entry: dict, staged: pathlib.Path, images: int | None) -> dict:
-    """The run's entry with its batch, its steps and pairs after the leg and its whole run's
-    steps (``total_steps``: ``--train_steps``, else ``--epochs`` of ``images // --batch_size``
-    steps, as the program counts them; None when the leg did not say how many images it
-    trained on). Steps and pairs are leg.json's, else (a record written before the run's end,
-    the leg cut by the tool) the step of the checkpoint it shipped and that times the batch."""
-    flags = json.loads((staged / "flags.json").read_text())
-    batch = int(flags["batch_size"])
-    steps = entry.get("steps")
-    if steps is None:
-        steps = entry["checkpoint"]["step"]
-    pairs = entry.get("pairs")
-    if pairs is None:
-        pairs = steps * batch
-    total = int(flags.get("train_steps") or 0) or (
-        int(flags["epochs"]) * max(images // batch, 1) if images else None)
-    return dict(entry, batch=batch, steps=steps, pairs=pairs, total_steps=total)
+def checked_run(run: str, entry: dict, staged: pathlib.Path, target: pathlib.Path,
+                images: int | None) -> dict:
+    """The run's entry as its ledger row shows it, after checking what was staged for it: its
+    checkpoint (its ``.sha256``, leg.json's step and SHA-256, past the one in ``target``) and
+    its flags. Adds ``batch``; ``steps`` and ``pairs``: the checkpoint's step and that times the
+    batch (what is installed); ``total_steps``: the whole run's, ``--train_steps``, else
+    ``--epochs`` of ``images // --batch_size`` steps (the program's count for the campaign's
+    runs; None for a run whose count depends on what is not shipped: ``--train_seconds``,
+    ``--train_examples``, RotNet, or a leg that did not record its images)."""
+    try:
+        new = legs.checked_checkpoint(staged)
+        flags = json.loads((staged / "flags.json").read_text())
+        batch, epochs = flags["batch_size"], flags["epochs"]
+        train_steps = flags.get("train_steps") or 0
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise LandingError(f"{run}: the returned files are not a run's ({e}); nothing was "
+                           "landed") from e
+    if new is None or (new["step"], new["sha256"]) != (entry["checkpoint"]["step"],
+                                                       entry["checkpoint"]["sha256"]):
+        raise LandingError(f"{run}: the returned checkpoint is not the one leg.json names; "
+                           "nothing was landed")
+    if not (is_count(batch) and batch >= 1 and is_count(epochs) and is_count(train_steps)):
+        raise LandingError(f"{run}: its flags.json has --batch_size={batch!r}, --epochs="
+                           f"{epochs!r}, --train_steps={train_steps!r}; nothing was landed")
+    old = legs.newest_checkpoint(target) if target.is_dir() else None
+    if old is not None and old[0] >= new["step"]:
+        raise LandingError(f"{run}: the returned checkpoint (step {new['step']}) is not past "
+                           f"the one in {target} (step {old[0]}); nothing was landed")
+    total = train_steps or (
+        None if images is None or flags.get("train_seconds") or flags.get("train_examples")
+        or flags.get("pretext", "aet") != "aet" else epochs * max(images // batch, 1))
+    return dict(entry, checkpoint=new, batch=batch, steps=new["step"],
+                pairs=new["step"] * batch, total_steps=total)
 
 
 def spent_seconds(results: pathlib.Path, run: str) -> float:
@@ -242,12 +264,10 @@ def land(returned: pathlib.Path, results: pathlib.Path, knn: bool = False,
                 continue
             extract(run, joined_tar(returned, run, entry), pathlib.Path(tmp),
                     entry["checkpoint"]["file"])
-            landed[run] = entry
+            landed[run] = checked_run(run, entry, pathlib.Path(tmp) / run, results / run,
+                                      record.get("images"))
         for run, entry in landed.items():  # every run checked before any is installed
-            new = install(run, pathlib.Path(tmp) / run, results / run)
-            if new["sha256"] != entry["checkpoint"]["sha256"]:
-                raise LandingError(f"{run}: installed checkpoint differs from leg.json's")
-            landed[run] = completed(entry, pathlib.Path(tmp) / run, record.get("images"))
+            install(pathlib.Path(tmp) / run, results / run, entry["checkpoint"])
     (results / "legs").mkdir(parents=True, exist_ok=True)
     pack.write_bytes(results / "legs" / f"leg-{number}.json", (returned / "leg.json").read_bytes())
     if (returned / "console.txt").is_file():
