@@ -208,6 +208,13 @@ MAX_CPU_DEVICES = 64
 MAX_TRAIN_SECONDS = 365 * 24 * 3600.0
 
 
+def at_most_a_year(name: str, instead: str) -> tuple[Callable[[float], bool], str]:
+    """The rule value <= `MAX_TRAIN_SECONDS` of a duration flag, with its message: what
+    --``name`` must be, then ``instead``."""
+    return (lambda v: v <= MAX_TRAIN_SECONDS,
+            f"--{name} must be at most {MAX_TRAIN_SECONDS:.0f} (a year); {instead}")
+
+
 class WholeNumberParser(flags.IntegerParser):
     """An integer flag's parser whose refusal names the fix (`--train_steps=1e21`, `=1.5`)."""
 

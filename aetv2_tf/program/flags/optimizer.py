@@ -1,13 +1,17 @@
 """The optimizer, its learning-rate schedule and weight decay (pretext and probe heads)."""
 
+from collections.abc import Callable
+
 from absl import flags
 
 from aetv2_tf.program.flag_support import FLOAT32_MAX, FLOAT32_TINY, as_float32, defined, in_float32
 
 
-def below_one(value: float) -> bool:
-    """0 <= ``value`` < 1, also once rounded to float32 (a momentum, an Adam beta)."""
-    return 0 <= value and as_float32(value) < 1
+def below_one(name: str, why: str) -> tuple[Callable[[float], bool], str]:
+    """The rule 0 <= value < 1, also once rounded to float32 (a momentum, an Adam beta), with
+    its message: what --``name`` must be, then ``why``."""
+    return (lambda v: 0 <= v and as_float32(v) < 1,
+            f"--{name} must be >= 0 and below 1, also in float32 (0.99999999 is 1 there): {why}")
 
 #: The `config.RunConfig` field these flags fill: the recipe's `OptimizerSpec`
 #: (`config.recipe_of`).
@@ -41,20 +45,18 @@ defined(flags.DEFINE_float("lr_drop_factor", 0.2, "lr_schedule=step: the factor 
                                       "multiplies the rate by it (0.1 divides it by 10).")])
 defined(flags.DEFINE_float("momentum", 0.9, "SGD momentum (Nesterov), from 0 to below 1."),
         trajectory=True, finite=True,
-        valid=[(below_one, "--momentum must be >= 0 and below 1, also in float32 (0.99999999 "
-                           "is 1 there): SGD keeps momentum times its last step, which grows "
-                           "without end at 1 or more (0.9 is the default).")])
+        valid=[below_one("momentum", "SGD keeps momentum times its last step, which grows "
+                                     "without end at 1 or more (0.9 is the default).")])
 defined(flags.DEFINE_float("adam_beta1", 0.9, "Adam beta_1, from 0 to below 1."),
         trajectory=True, finite=True,
-        valid=[(below_one, "--adam_beta1 must be >= 0 and below 1, also in float32 (0.99999999 "
-                           "is 1 there): Adam divides its step by 1 - beta_1^t, which is 0 at 1 "
-                           "(an infinite step) and negative above (a reversed one); 0.9 is the "
-                           "default.")])
+        valid=[below_one("adam_beta1", "Adam divides its step by 1 - beta_1^t, which is 0 at 1 "
+                                       "(an infinite step) and negative above (a reversed one); "
+                                       "0.9 is the default.")])
 defined(flags.DEFINE_float("adam_beta2", 0.999, "Adam beta_2, from 0 to below 1."),
         trajectory=True, finite=True,
-        valid=[(below_one, "--adam_beta2 must be >= 0 and below 1, also in float32 (0.99999999 "
-                           "is 1 there): Adam multiplies its step by sqrt(1 - beta_2^t), which "
-                           "is 0 at 1 (no weight would ever change); 0.999 is the default.")])
+        valid=[below_one("adam_beta2", "Adam multiplies its step by sqrt(1 - beta_2^t), which "
+                                       "is 0 at 1 (no weight would ever change); 0.999 is the "
+                                       "default.")])
 defined(flags.DEFINE_float("weight_decay", 5e-4, "Weight decay on kernels (>= 0)."),
         trajectory=True, finite=True, float32=True, minimum=0)
 defined(flags.DEFINE_enum(

@@ -4,7 +4,7 @@ import math
 
 from absl import flags
 
-from aetv2_tf.program.flag_support import MAX_TRAIN_SECONDS, defined
+from aetv2_tf.program.flag_support import at_most_a_year, defined
 
 #: The `config.RunConfig` field these flags fill (`config.TrainConfig`).
 GROUP = "train"
@@ -23,9 +23,7 @@ defined(flags.DEFINE_float(
     "--epochs, and --train_steps unless given after it): the step count, timed on a throwaway "
     "model, is recorded in <model_dir>/budget.json for a resumed run. 0: off."),
     finite=True, minimum=0,
-    valid=[(lambda v: v <= MAX_TRAIN_SECONDS,
-            f"--train_seconds must be at most {MAX_TRAIN_SECONDS:.0f} (a year); for longer runs "
-            "pass --train_steps or --epochs.")])
+    valid=[at_most_a_year("train_seconds", "for longer runs pass --train_steps or --epochs.")])
 defined(flags.DEFINE_integer(
     "stop_after_steps", 0,
     "End this invocation after this many steps (checkpointed; 0: run to the end). For "
@@ -36,9 +34,7 @@ defined(flags.DEFINE_float(
     "program started (0: run to the end); the schedule stays the whole run's: rerun the same "
     "command to continue."),
     finite=True, minimum=0,
-    valid=[(lambda v: v <= MAX_TRAIN_SECONDS,
-            f"--stop_after_seconds must be at most {MAX_TRAIN_SECONDS:.0f} (a year); 0 runs to "
-            "the end.")])
+    valid=[at_most_a_year("stop_after_seconds", "0 runs to the end.")])
 defined(flags.DEFINE_integer("steps_per_execution", 1,
                              "Steps run inside one tf.function call (fewer Python round trips)."),
         minimum=1)
